@@ -1,0 +1,26 @@
+"""AgentJet client: run unmodified agents anywhere and turn their LLM calls into training data."""
+
+from agentjet_client.agent import SwarmAgent, swarm_agent
+from agentjet_client.capture import EpisodeRecorder
+from agentjet_client.client import SwarmClient
+from agentjet_client.episode import Episode
+from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedRequest, ServerError, ServerUnreachable
+from agentjet_client.runner import RunConfig, RunReport, Runner
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentJetError",
+    "AgentLoadError",
+    "Episode",
+    "EpisodeRecorder",
+    "RejectedRequest",
+    "RunConfig",
+    "RunReport",
+    "Runner",
+    "ServerError",
+    "ServerUnreachable",
+    "SwarmAgent",
+    "SwarmClient",
+    "swarm_agent",
+]

@@ -1,0 +1,63 @@
+"""``@swarm_agent``: mark the function that runs one episode, and where its tasks come from.
+
+    @swarm_agent(tasks=lambda: [{"id": "t1", "question": "..."}])
+    async def solve(task, episode):
+        llm = episode.async_openai()
+        ...
+        return reward
+
+The function takes ``(task, episode)`` and returns the episode's reward (a number; a bool
+counts as 0/1). It may be sync or async. ``tasks`` is a list of dicts or a callable returning
+an iterable of dicts; each task's ``"id"`` (or its index) is its GRPO group key.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+Task = dict[str, Any]
+TaskSource = Iterable[Task] | Callable[[], Iterable[Task]]
+
+
+@dataclass
+class SwarmAgent:
+    fn: Callable[..., Any]
+    tasks: TaskSource
+    name: str
+    tag: str | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def load_tasks(self) -> list[tuple[str, Task]]:
+        """``(task id, task)`` pairs; raises ValueError when the source yields nothing usable."""
+        source = self.tasks() if callable(self.tasks) else self.tasks
+        out = []
+        for index, task in enumerate(source):
+            if not isinstance(task, dict):
+                raise ValueError(f"task {index} of agent '{self.name}' is a {type(task).__name__}; tasks must be dicts")
+            out.append((str(task.get("id", f"task-{index}")), task))
+        if not out:
+            raise ValueError(f"agent '{self.name}' has no tasks; give @swarm_agent(tasks=...) a non-empty list")
+        return out
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def swarm_agent(
+    fn: Callable[..., Any] | None = None, *, tasks: TaskSource, name: str | None = None, tag: str | None = None
+) -> Any:
+    """Decorator: turn ``fn(task, episode) -> reward`` into a ``SwarmAgent``."""
+
+    def wrap(f: Callable[..., Any]) -> SwarmAgent:
+        params = inspect.signature(f).parameters
+        if len(params) < 2:
+            raise TypeError(f"@swarm_agent function '{f.__name__}' must take (task, episode)")
+        return SwarmAgent(fn=f, tasks=tasks, name=name or f.__name__, tag=tag)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,116 @@
+"""``agentjet-client``: run an agent against a swarm server, or look at a server's state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from agentjet_client.errors import AgentJetError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories.")
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent")],
+    server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="episodes running at once")] = 16,
+    group_size: Annotated[int, typer.Option(min=1, help="episodes per task (one GRPO group)")] = 8,
+    episodes: Annotated[int, typer.Option(min=0, help="episodes to run in total (0 = until Ctrl-C)")] = 0,
+    timeout: Annotated[float, typer.Option(min=0.001, help="seconds before an episode is abandoned")] = 300.0,
+    seed: Annotated[int | None, typer.Option(help="seed for the task order")] = None,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+) -> None:
+    """Run the agent in CODE_DIR over its tasks and push every episode to the server.
+
+    Example: agentjet-client run --code-dir examples/arithmetic --server http://127.0.0.1:8000 --episodes 1600
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentjet_client.client import SwarmClient
+    from agentjet_client.loader import load_agent
+    from agentjet_client.runner import RunConfig, RunReport, Runner
+
+    try:
+        agent, version = load_agent(code_dir)
+        client = SwarmClient(server, api_key=api_key)
+        client.status()
+    except (AgentJetError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"[green]agentjet-client[/green] agent [bold]{agent.name}[/bold] (code {version}) -> {server}")
+    last_print = [0.0]
+
+    def progress(report: RunReport) -> None:
+        now = time.monotonic()
+        if now - last_print[0] < 2.0 and report.finished != episodes:
+            return
+        last_print[0] = now
+        total = f"/{episodes}" if episodes else ""
+        console.print(
+            f"episodes {report.finished}{total}  mean reward (last 64) {report.recent_mean(64):.3f}  "
+            f"policy v{report.last_version if report.last_version is not None else '-'}  "
+            f"accepted {report.accepted}  rejected {report.rejected}  failed {report.failed}"
+        )
+
+    config = RunConfig(episodes=episodes, group_size=group_size, concurrency=concurrency, timeout=timeout, seed=seed)
+    runner = Runner(client, agent, config, code_version=version, on_progress=progress)
+    try:
+        report = asyncio.run(runner.run())
+    except KeyboardInterrupt:
+        report = runner.report
+        err.print("interrupted")
+    finally:
+        client.close()
+    console.print(
+        f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  "
+        f"mean reward first 10% {report.mean(0.0, 0.1):.3f}  last 20% {report.mean(0.8, 1.0):.3f}  "
+        f"policy v{report.first_version} -> v{report.last_version}  "
+        f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  failed {report.failed}"
+    )
+    if report.reject_reasons:
+        console.print(f"rejections: {dict(report.reject_reasons)}")
+
+
+@app.command()
+def status(
+    server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
+) -> None:
+    """Show the server's policy version and trajectory counts, as this client sees them.
+
+    Example: agentjet-client status --server http://127.0.0.1:8000
+    """
+    from agentjet_client.client import SwarmClient
+
+    try:
+        with SwarmClient(server, api_key=api_key, attempts=1) as client:
+            st = client.status()
+    except (AgentJetError, ValueError) as exc:
+        _fail(str(exc))
+    t = st.trajectories
+    console.print(
+        f"server {server}: model {st.model}  policy v{st.policy_version}  step {st.learner.step}  "
+        f"accepted {t.accepted}  rejected {t.rejected}  buffered {t.buffered}  trained {t.trained}  "
+        f"admission budget {st.admission_budget}"
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

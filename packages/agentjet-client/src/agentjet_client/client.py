@@ -1,0 +1,174 @@
+"""``SwarmClient``: the client's connection to one AgentJet server.
+
+    client = SwarmClient("http://127.0.0.1:8000")
+    with client.episode(task_id="t1") as episode:
+        llm = episode.openai()
+        ...                                   # the agent's own code
+        result = client.submit([episode.to_trajectory(reward=1.0)])
+
+Its own HTTP calls (submit, status) go through ``transport`` (an httpx2 transport; tests hand
+in an in-process one) and are retried with exponential backoff and jitter on connection
+errors, 5xx and 429. A 4xx is the request's fault and is raised at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx2
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from agentjet_client.episode import Episode
+from agentjet_client.errors import RejectedRequest, ServerError, ServerUnreachable
+from agentjet_client.protocol import (
+    ServerStatus,
+    Trajectory,
+    TrajectoryBatch,
+    TrajectoryBatchResult,
+)
+from agentjet_client.proxy import CaptureProxy
+
+MAX_SUBMIT_BATCH = 256
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, ServerUnreachable):
+        return True
+    return isinstance(exc, ServerError) and not isinstance(exc, RejectedRequest)
+
+
+def normalise_server_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"server URL '{url}' must start with http:// or https:// (e.g. http://127.0.0.1:8000)")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+class SwarmClient:
+    def __init__(
+        self,
+        server_url: str,
+        api_key: str | None = None,
+        *,
+        client_id: str | None = None,
+        transport: httpx2.BaseTransport | None = None,
+        async_transport_factory: Callable[[], httpx2.AsyncBaseTransport] | None = None,
+        timeout: float = 30.0,
+        attempts: int = 6,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.server_url = normalise_server_url(server_url)
+        self.api_key = api_key
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
+        self._transport = transport
+        self._async_transport_factory = async_transport_factory
+        self._http = httpx2.Client(transport=transport, timeout=timeout)
+        self._attempts = attempts
+        self._sleep = sleep
+        self._episodes: dict[str, Episode] = {}
+        self._lock = threading.Lock()
+        self._proxy: CaptureProxy | None = None
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.server_url}/v1"
+
+    # ------------------------------------------------------------------ episodes and capture
+
+    def episode(self, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None) -> Episode:
+        ep = Episode(self, task_id, task_tag=task_tag, episode_id=episode_id)
+        with self._lock:
+            self._episodes[ep.id] = ep
+        return ep
+
+    def forget_episode(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    def _lookup(self, episode_id: str) -> Any:
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+        return ep.recorder if ep is not None else None
+
+    def proxy_url(self, episode_id: str, agent: str) -> str:
+        with self._lock:
+            if self._proxy is None:
+                transport = self._async_transport_factory() if self._async_transport_factory else None
+                proxy = CaptureProxy(self.server_url, self._lookup, api_key=self.api_key, transport=transport)
+                proxy.start()
+                self._proxy = proxy
+        return self._proxy.url_for(episode_id, agent)
+
+    def make_sync_transport(self) -> httpx2.BaseTransport:
+        return self._transport or httpx2.HTTPTransport()
+
+    def make_async_transport(self) -> httpx2.AsyncBaseTransport:
+        return self._async_transport_factory() if self._async_transport_factory else httpx2.AsyncHTTPTransport()
+
+    # ------------------------------------------------------------------ server calls
+
+    def _headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _request(self, method: str, path: str, json_body: Any = None) -> Any:
+        def once() -> Any:
+            try:
+                response = self._http.request(method, f"{self.server_url}{path}", json=json_body, headers=self._headers())
+            except httpx2.HTTPError as exc:
+                raise ServerUnreachable(
+                    f"cannot reach the AgentJet server at {self.server_url} ({type(exc).__name__}: {exc}); "
+                    "is `agentjet-server up` running there?"
+                ) from exc
+            if response.status_code >= 400:
+                try:
+                    message = response.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = response.text[:500]
+                cls = RejectedRequest if 400 <= response.status_code < 500 and response.status_code != 429 else ServerError
+                raise cls(response.status_code, message)
+            return response.json()
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential_jitter(initial=0.2, max=10.0),
+            retry=retry_if_exception(_retryable),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        return retrying(once)
+
+    def submit(self, trajectories: Iterable[Trajectory]) -> TrajectoryBatchResult:
+        """Push trajectories (idempotent by id: a resend is answered ``duplicate``)."""
+        items = list(trajectories)
+        if not items:
+            raise ValueError("submit() needs at least one trajectory")
+        results = []
+        version = 0
+        for start in range(0, len(items), MAX_SUBMIT_BATCH):
+            batch = TrajectoryBatch(trajectories=items[start : start + MAX_SUBMIT_BATCH])
+            data = self._request("POST", "/v1/trajectories", batch.model_dump(mode="json"))
+            answer = TrajectoryBatchResult.model_validate(data)
+            results.extend(answer.results)
+            version = answer.policy_version
+        return TrajectoryBatchResult(results=results, policy_version=version)
+
+    def status(self) -> ServerStatus:
+        return ServerStatus.model_validate(self._request("GET", "/v1/status"))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        if self._proxy is not None:
+            self._proxy.stop()
+            self._proxy = None
+        self._http.close()
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,124 @@
+"""An episode: one run of an agent on one task, and everything its LLM calls sampled.
+
+Give the agent a captured model handle and it trains unchanged:
+
+* ``episode.openai(agent=...)`` / ``episode.async_openai(agent=...)`` — OpenAI SDK clients;
+* ``episode.base_url`` / ``episode.url_for(agent)`` — the loopback capture proxy, for any
+  program in any language that speaks the OpenAI API over HTTP;
+* ``episode.api_key`` — a key to send with those requests.
+
+``episode.to_trajectory(reward)`` turns the captured turns into what the server trains on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+
+from agentjet_client.capture import EpisodeRecorder
+from agentjet_client.protocol import Trajectory, TrajectoryStatus
+from agentjet_client.transport import AsyncCaptureTransport, CaptureTransport
+
+if TYPE_CHECKING:
+    import openai
+
+    from agentjet_client.client import SwarmClient
+
+
+class Episode:
+    def __init__(self, client: SwarmClient, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None) -> None:
+        self.client = client
+        self.id = episode_id or uuid.uuid4().hex
+        self.task_id = task_id
+        self.task_tag = task_tag
+        self.recorder = EpisodeRecorder()
+        self._closers: list[Any] = []
+        self._async_clients: list[Any] = []
+
+    @property
+    def api_key(self) -> str:
+        return self.client.api_key or "agentjet-no-key"
+
+    @property
+    def base_url(self) -> str:
+        """The capture proxy's base URL for the default agent."""
+        return self.url_for("default")
+
+    def url_for(self, agent: str) -> str:
+        return self.client.proxy_url(self.id, agent)
+
+    def openai(self, agent: str = "default", **kwargs: Any) -> openai.OpenAI:
+        """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
+        import openai
+
+        inner = self.client.make_sync_transport()
+        http = httpx2.Client(transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0))
+        self._closers.append(http)
+        kwargs.setdefault("max_retries", 2)
+        return openai.OpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
+
+    def async_openai(self, agent: str = "default", **kwargs: Any) -> openai.AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
+        import openai
+
+        inner = self.client.make_async_transport()
+        http = httpx2.AsyncClient(transport=AsyncCaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0))
+        self._async_clients.append(http)
+        kwargs.setdefault("max_retries", 2)
+        return openai.AsyncOpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
+
+    def to_trajectory(
+        self,
+        reward: float,
+        *,
+        status: TrajectoryStatus = "complete",
+        error: str | None = None,
+        code_version: str | None = None,
+        agent_rewards: dict[str, float] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Trajectory:
+        turns = self.recorder.turns
+        if status == "complete" and not turns:
+            status, error = "failed", error or "the episode made no captured LLM call"
+        meta = dict(metadata or {})
+        if self.recorder.failures:
+            meta["capture_failures"] = self.recorder.failures
+        return Trajectory(
+            id=self.id,
+            task_id=self.task_id,
+            task_tag=self.task_tag,
+            client_id=self.client.client_id,
+            code_version=code_version,
+            status=status,
+            turns=turns,
+            reward=reward,
+            agent_rewards=agent_rewards,
+            error=error[:4000] if error else None,
+            metadata=meta,
+        )
+
+    def close(self) -> None:
+        self.client.forget_episode(self.id)
+        for http in self._closers:
+            http.close()
+        self._closers.clear()
+
+    async def aclose(self) -> None:
+        for http in self._async_clients:
+            await http.aclose()
+        self._async_clients.clear()
+        self.close()
+
+    def __enter__(self) -> Episode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Episode:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

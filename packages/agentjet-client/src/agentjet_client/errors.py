@@ -1,0 +1,35 @@
+"""The client's exceptions, rooted in one class.
+
+    AgentJetError
+    ├── ServerError          the server answered with an error (status_code, message)
+    │   └── RejectedRequest  a 4xx: the request itself is wrong; retrying will not help
+    ├── ServerUnreachable    no answer from the server (after retries)
+    └── AgentLoadError       the code dir has no usable @swarm_agent, or it fails to import
+
+Capture never raises into agent code: its failures are logged and counted on the recorder.
+"""
+
+from __future__ import annotations
+
+
+class AgentJetError(Exception):
+    """Base of everything the client raises on purpose."""
+
+
+class ServerError(AgentJetError):
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"server answered {status_code}: {message}")
+        self.status_code = status_code
+        self.message = message
+
+
+class RejectedRequest(ServerError):
+    """The server refused the request as invalid (4xx)."""
+
+
+class ServerUnreachable(AgentJetError):
+    """The server could not be reached."""
+
+
+class AgentLoadError(AgentJetError):
+    """The agent code could not be loaded."""

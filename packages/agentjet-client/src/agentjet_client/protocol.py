@@ -1,0 +1,446 @@
+"""The wire protocol: every type that crosses the network between client and server.
+
+Both packages import these models; nothing else defines a wire type. Routes are versioned
+under ``/v1``.
+
+Two families live here:
+
+* OpenAI Chat Completions types. Requests are parsed strictly (an unknown or misspelt field
+  is a 400 that names it), responses allow extra fields so that a newer server never breaks
+  an older client. OpenAI fields come first in the spec's order; our extension sits in one
+  marked block at the end of each model.
+* AgentJet's own types (trajectories, status). They forbid unknown fields.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROTOCOL_VERSION = "v1"
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI Chat Completions: requests
+# ---------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Open):
+    """One message of a conversation. Content may be a string or a list of text parts."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The message's content flattened to one string."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedToolChoiceFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedToolChoiceFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class ChatCompletionRequest(_Strict):
+    """``POST /v1/chat/completions``. Unknown fields are rejected so a typo is never ignored."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    parallel_tool_calls: bool | None = None
+    presence_penalty: float | None = None
+    reasoning_effort: str | None = None
+    response_format: dict[str, Any] | None = None
+    seed: int | None = None
+    service_tier: str | None = None
+    stop: str | list[str] | None = None
+    store: bool | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    tool_choice: ToolChoice | None = None
+    tools: list[ToolDefinition] | None = None
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences are allowed; pass fewer")
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise ValueError("stop sequences must be non-empty strings")
+        return value
+
+    @model_validator(mode="after")
+    def _check_unsupported(self) -> ChatCompletionRequest:
+        if self.frequency_penalty not in (None, 0, 0.0) or self.presence_penalty not in (None, 0, 0.0):
+            raise ValueError(
+                "frequency_penalty and presence_penalty are not supported: a penalised sample "
+                "has no exact behaviour log-probability for training; leave them unset or 0"
+            )
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported; leave it unset")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("only response_format {'type': 'text'} is supported")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {tool.function.name for tool in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice names '{self.tool_choice.function.name}', which is not in tools"
+                )
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def completion_limit(self, default: int) -> int:
+        """The completion token budget: ``max_completion_tokens`` wins over ``max_tokens``."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return default
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI Chat Completions: responses
+# ---------------------------------------------------------------------------------------------
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class TopLogprob(_Open):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Open):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(_Open):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(_Open):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class AgentJetExtension(_Open):
+    """Our extension on each choice: exactly what was sampled, by which policy version.
+
+    ``completion_versions[i]`` is the policy version whose weights produced token ``i``;
+    ``policy_version`` is the oldest of them (what staleness is measured from).
+    """
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    completion_versions: list[int]
+    finish_reason: FinishReason
+    policy_version: int
+
+
+class Choice(_Open):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason
+    # --- AgentJet extension ---
+    agentjet: AgentJetExtension | None = None
+
+
+class Usage(_Open):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(_Open):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+
+
+class ToolCallDelta(_Open):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: dict[str, str] | None = None
+
+
+class ChoiceDelta(_Open):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(_Open):
+    index: int
+    delta: ChoiceDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    # --- AgentJet extension (only on the chunk that carries finish_reason) ---
+    agentjet: AgentJetExtension | None = None
+
+
+class ChatCompletionChunk(_Open):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Open):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "agentjet"
+
+
+class ModelList(_Open):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(_Open):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Open):
+    """OpenAI's error shape; every non-2xx answer of the server has this body."""
+
+    error: ErrorDetail
+
+
+# ---------------------------------------------------------------------------------------------
+# AgentJet: trajectories
+# ---------------------------------------------------------------------------------------------
+
+TokenId = Annotated[int, Field(ge=0)]
+MAX_TURNS = 512
+
+
+class Turn(_Strict):
+    """One sampled completion: the exact tokens the policy saw and produced."""
+
+    agent: str = Field(default="default", min_length=1, max_length=128)
+    model: str | None = None
+    policy_version: int = Field(ge=0)
+    request_messages: list[dict[str, Any]] = Field(default_factory=list)
+    prompt_token_ids: list[TokenId] = Field(min_length=1)
+    completion_token_ids: list[TokenId] = Field(min_length=1)
+    completion_logprobs: list[float]
+    completion_versions: list[int] | None = None
+    finish_reason: FinishReason
+    reward: float | None = None
+    started_at: float | None = None
+    latency_s: float | None = Field(default=None, ge=0.0)
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Turn:
+        n = len(self.completion_token_ids)
+        if len(self.completion_logprobs) != n:
+            raise ValueError(
+                f"completion_logprobs has {len(self.completion_logprobs)} entries but "
+                f"completion_token_ids has {n}; send one log-probability per completion token"
+            )
+        if self.completion_versions is not None and len(self.completion_versions) != n:
+            raise ValueError("completion_versions must have one entry per completion token")
+        if any(not math.isfinite(lp) or lp > 1e-4 for lp in self.completion_logprobs):
+            raise ValueError("completion_logprobs must be finite log-probabilities (<= 0)")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise ValueError("turn reward must be a finite number")
+        return self
+
+    @property
+    def oldest_version(self) -> int:
+        if self.completion_versions:
+            return min(self.completion_versions)
+        return self.policy_version
+
+
+TrajectoryStatus = Literal["complete", "truncated", "failed"]
+
+
+class Trajectory(_Strict):
+    """What a client pushes for one finished episode.
+
+    ``id`` is the idempotency key (a resend is reported as duplicate), ``task_id`` the GRPO
+    group key, ``task_tag`` names the task family in a multi-task mix.
+    """
+
+    id: str = Field(min_length=1, max_length=128)
+    task_id: str = Field(min_length=1, max_length=256)
+    task_tag: str | None = Field(default=None, max_length=128)
+    client_id: str | None = Field(default=None, max_length=128)
+    code_version: str | None = Field(default=None, max_length=128)
+    status: TrajectoryStatus = "complete"
+    turns: list[Turn] = Field(default_factory=list, max_length=MAX_TURNS)
+    reward: float = 0.0
+    agent_rewards: dict[str, float] | None = None
+    error: str | None = Field(default=None, max_length=4000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Trajectory:
+        if not math.isfinite(self.reward):
+            raise ValueError("reward must be a finite number (got NaN or infinity)")
+        if self.status == "complete" and not self.turns:
+            raise ValueError(
+                "a complete trajectory needs at least one turn; mark an episode that made no "
+                "LLM call as status='failed'"
+            )
+        for name, value in (self.agent_rewards or {}).items():
+            if not math.isfinite(value):
+                raise ValueError(f"agent_rewards['{name}'] must be a finite number")
+        return self
+
+    @property
+    def oldest_version(self) -> int | None:
+        if not self.turns:
+            return None
+        return min(turn.oldest_version for turn in self.turns)
+
+
+class TrajectoryBatch(_Strict):
+    """``POST /v1/trajectories``."""
+
+    trajectories: list[Trajectory] = Field(min_length=1, max_length=1024)
+
+
+SubmitStatus = Literal["accepted", "duplicate", "rejected"]
+
+
+class TrajectoryResult(_Strict):
+    id: str
+    status: SubmitStatus
+    reason: str | None = None
+
+
+class TrajectoryBatchResult(_Strict):
+    results: list[TrajectoryResult]
+    policy_version: int
+
+
+# ---------------------------------------------------------------------------------------------
+# AgentJet: status
+# ---------------------------------------------------------------------------------------------
+
+
+class TrajectoryCounts(_Strict):
+    accepted: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    rejected_by_reason: dict[str, int] = Field(default_factory=dict)
+    buffered: int = 0
+    trained: int = 0
+
+
+class LearnerInfo(_Strict):
+    algorithm: str
+    step: int
+    batch_groups: int
+    group_size: int
+    max_staleness: int
+    last_loss: float | None = None
+    last_step_seconds: float | None = None
+    last_mean_reward: float | None = None
+
+
+class ServerStatus(_Strict):
+    """``GET /v1/status``: what the server is doing, and how many episodes it wants now."""
+
+    model: str
+    policy_version: int
+    trajectories: TrajectoryCounts
+    learner: LearnerInfo
+    admission_budget: int = Field(
+        description="Episodes a runner may start now so that they land within the staleness bound"
+    )
+    uptime_s: float
+
+
+class Health(_Strict):
+    status: Literal["ok"] = "ok"
+    policy_version: int

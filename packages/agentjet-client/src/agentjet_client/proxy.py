@@ -1,0 +1,137 @@
+"""The loopback capture proxy: a base URL any program in any language can call.
+
+``http://127.0.0.1:PORT/episodes/<episode id>/<agent>/v1`` forwards every request to the
+server's ``/v1`` and records chat completions into that episode as that agent. It runs on its
+own thread and event loop, started on first use by ``SwarmClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx2
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body
+
+logger = logging.getLogger(__name__)
+
+_HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "authorization", "accept-encoding"}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "proxy_error", "param": None, "code": None}}, status_code=status)
+
+
+class CaptureProxy:
+    """Forwards ``/episodes/{id}/{agent}/v1/...`` to ``upstream`` and records chat calls."""
+
+    def __init__(
+        self,
+        upstream: str,
+        lookup: Callable[[str], EpisodeRecorder | None],
+        api_key: str | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.lookup = lookup
+        self.api_key = api_key
+        self._transport = transport
+        self._client: httpx2.AsyncClient | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+        self.app = Starlette(routes=[Route("/episodes/{episode}/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"])])
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url_for(self, episode_id: str, agent: str) -> str:
+        return f"{self.base}/episodes/{episode_id}/{agent}/v1"
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="agentjet-proxy", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the capture proxy did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _http(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(transport=self._transport, timeout=httpx2.Timeout(600.0, connect=10.0))
+        return self._client
+
+    async def _forward(self, request: Request) -> Response:
+        episode = request.path_params["episode"]
+        agent = request.path_params["agent"]
+        recorder = self.lookup(episode)
+        if recorder is None:
+            return _error(404, f"episode '{episode}' is not open in this client; use the base_url of a live episode")
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        elif "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        url = f"{self.upstream}/v1/{request.path_params['path']}"
+        capture = is_chat_request(request.method, url)
+        started = time.time()
+        upstream_request = self._http().build_request(request.method, url, content=body, headers=headers, params=request.query_params)
+        try:
+            upstream = await self._http().send(upstream_request, stream=True)
+        except httpx2.HTTPError as exc:
+            return _error(502, f"could not reach the AgentJet server at {self.upstream}: {exc}")
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}}
+        if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
+            return StreamingResponse(self._relay(upstream, agent, recorder, body, started, capture), status_code=200, headers=out_headers)
+        data = await upstream.aread()
+        await upstream.aclose()
+        if capture and upstream.status_code == 200:
+            try:
+                parsed: Any = json.loads(data)
+            except ValueError:
+                parsed = None
+            recorder.record_response(agent, parse_request_body(body), parsed, started)
+        return Response(data, status_code=upstream.status_code, headers=out_headers)
+
+    async def _relay(
+        self, upstream: httpx2.Response, agent: str, recorder: EpisodeRecorder, body: bytes, started: float, capture: bool
+    ) -> AsyncIterator[bytes]:
+        collector = SSECollector()
+        try:
+            async for chunk in upstream.aiter_bytes():
+                collector.feed(chunk)
+                yield chunk
+        except (httpx2.HTTPError, asyncio.CancelledError) as exc:
+            recorder.fail(f"stream interrupted: {type(exc).__name__}")
+            raise
+        finally:
+            await upstream.aclose()
+        if capture:
+            recorder.record_chunks(agent, parse_request_body(body), collector.chunks, started)

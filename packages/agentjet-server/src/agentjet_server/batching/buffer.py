@@ -1,0 +1,57 @@
+"""Groups accepted trajectories by task id until batches of complete GRPO groups are ready.
+
+A group is complete when ``group_size`` trajectories of one task id have arrived (failed or
+truncated ones count towards completion, so a crashed sibling never holds a group open; the
+learner trains only the complete ones). Further trajectories of the same task id open a new
+group. Complete groups are trained first-in, first-out, ``batch_groups`` at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+
+from agentjet_client.protocol import Trajectory
+
+
+class GroupBuffer:
+    def __init__(self, group_size: int, batch_groups: int) -> None:
+        if group_size < 1 or batch_groups < 1:
+            raise ValueError("group_size and batch_groups must be at least 1")
+        self.group_size = group_size
+        self.batch_groups = batch_groups
+        self._open: OrderedDict[str, list[Trajectory]] = OrderedDict()
+        self._ready: deque[list[Trajectory]] = deque()
+        self._cond = threading.Condition()
+
+    def add(self, trajectory: Trajectory) -> None:
+        with self._cond:
+            group = self._open.setdefault(trajectory.task_id, [])
+            group.append(trajectory)
+            if len(group) >= self.group_size:
+                del self._open[trajectory.task_id]
+                self._ready.append(group)
+                if len(self._ready) >= self.batch_groups:
+                    self._cond.notify_all()
+
+    def take_batch(self, timeout: float | None = None) -> list[list[Trajectory]] | None:
+        """Wait up to ``timeout`` seconds for ``batch_groups`` complete groups and remove them."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._ready) >= self.batch_groups, timeout=timeout):
+                return None
+            return [self._ready.popleft() for _ in range(self.batch_groups)]
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def buffered(self) -> int:
+        """Trajectories waiting to be trained (in open and complete groups)."""
+        with self._cond:
+            return sum(len(g) for g in self._open.values()) + sum(len(g) for g in self._ready)
+
+    @property
+    def ready_groups(self) -> int:
+        with self._cond:
+            return len(self._ready)

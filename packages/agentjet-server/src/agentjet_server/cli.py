@@ -1,0 +1,113 @@
+"""``agentjet-server``: start a swarm server, or ask one what it is doing."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from agentjet_server.errors import AgentJetServerError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
+console = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    model: Annotated[Path | None, typer.Option(help="local Hugging Face model dir (default: embedded tiny model)")] = None,
+    model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
+    state_dir: Annotated[Path, typer.Option(help="where the server keeps its state")] = Path(".agentjet/server"),
+    algorithm: Annotated[str, typer.Option(help="policy optimisation algorithm")] = "grpo",
+    batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 4,
+    group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 8,
+    max_staleness: Annotated[int, typer.Option(help="reject trajectories more than this many versions old")] = 4,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 2e-3,
+    device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
+    api_key: Annotated[list[str] | None, typer.Option(help="accepted client key (repeatable); none = open")] = None,
+    admin_key: Annotated[list[str] | None, typer.Option(help="accepted admin key (repeatable)")] = None,
+    seed: Annotated[int, typer.Option(help="random seed of the learner")] = 0,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "info",
+) -> None:
+    """Serve a model through an OpenAI-compatible API and train it from pushed trajectories.
+
+    Example: agentjet-server up --port 8000 --batch-groups 4 --group-size 8
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentjet_server.settings import ServerSettings
+
+    try:
+        settings = ServerSettings(
+            host=host, port=port, model=model, model_name=model_name, state_dir=state_dir,
+            algorithm=algorithm,  # type: ignore[arg-type]
+            batch_groups=batch_groups, group_size=group_size, max_staleness=max_staleness, lr=lr,
+            device=device, api_keys=api_key or [], admin_keys=admin_key or [], seed=seed,
+        )
+    except ValidationError as exc:
+        _fail("; ".join(f"--{'-'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()))
+    try:
+        serve(settings)
+    except AgentJetServerError as exc:
+        _fail(str(exc))
+
+
+def serve(settings: Any) -> None:
+    import uvicorn
+
+    from agentjet_server.app import create_app
+    from agentjet_server.embedded import ensure_embedded_model
+    from agentjet_server.engine.hf import TransformersEngine
+
+    path = settings.model or ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"))
+    engine = TransformersEngine(path, model_name=settings.model_name, device=settings.device, max_batch=settings.max_batch)
+    app = create_app(engine, settings, model_path=str(path))
+    if not settings.auth_enabled:
+        console.print("[yellow]warning:[/yellow] no --api-key given: the server accepts requests without a key")
+    console.print(
+        f"[green]agentjet-server[/green] serving [bold]{engine.model_name}[/bold] on http://{settings.host}:{settings.port}/v1 "
+        f"(GRPO: {settings.batch_groups} groups x {settings.group_size} per step, max staleness {settings.max_staleness})"
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+@app.command()
+def status(
+    server: Annotated[str, typer.Option(help="server base URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(help="API key", envvar="AGENTJET_API_KEY")] = None,
+) -> None:
+    """Show a server's policy version, learner step and trajectory counts.
+
+    Example: agentjet-server status --server http://127.0.0.1:8000
+    """
+    from agentjet_client.client import SwarmClient
+    from agentjet_client.errors import AgentJetError
+
+    try:
+        with SwarmClient(server, api_key=api_key) as client:
+            st = client.status()
+    except AgentJetError as exc:
+        _fail(str(exc))
+    t = st.trajectories
+    console.print(
+        f"model {st.model}  policy v{st.policy_version}  step {st.learner.step}  "
+        f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected} {t.rejected_by_reason or ''}  "
+        f"buffered {t.buffered}  trained {t.trained}  admission budget {st.admission_budget}"
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

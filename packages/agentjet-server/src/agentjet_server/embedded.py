@@ -1,0 +1,247 @@
+"""The embedded default model: a tiny Qwen2-architecture model built locally, no downloads.
+
+``agentjet-server up`` with no ``--model`` serves this so the whole loop can be watched on a
+laptop CPU. It is built in three stages and cached on disk (the cache key covers every
+setting below, so a change rebuilds it):
+
+1. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, ChatML special tokens, tool-call tags)
+   trained on a small generated corpus, with the ChatML chat template that supports tools;
+2. a ``Qwen2ForCausalLM`` of about half a million parameters from a fresh config;
+3. a short supervised warm-up on the *format* of the demo task: prompts are real demo prompts,
+   targets are random digits followed by ``<|im_end|>``. The model learns to answer with one
+   digit and stop, but not which digit: the answer has to be learned with RL.
+
+The demo task (``examples/arithmetic``) asks ``What is A + B?`` with ``A + B <= 9``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agentjet_server.chat_format import CHATML_TOOLS_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EXTRA_TOKENS = [TOOL_CALL_OPEN, TOOL_CALL_CLOSE]
+# Qwen2's pre-tokenizer split, so that AutoTokenizer (which installs it for qwen2 models)
+# tokenizes exactly as the tokenizer was trained.
+QWEN2_SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+EMBEDDED_SPEC = {
+    "name": "agentjet-tiny",
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "warmup_steps": 150,
+    "warmup_batch": 32,
+    "warmup_lr": 3e-3,
+    "seed": 1234,
+    "format_version": 3,
+}
+
+_WORDS = (
+    "the a an of to and in is it that for on with as was at by be this from or have not are "
+    "but what all were when we there can which their said if do will each about how up out "
+    "them then she many some so these would other into has more her two like him see time "
+    "could no make than first been its who now people my made over did down only way find use "
+    "may water long little very after words called just where most know get through back much "
+    "before go good new write our used me man too any day same right look think also around "
+    "another came come work three word must because does part even place well such here take "
+    "why help put different away again off went old number great tell men say small every "
+    "found still between name should home big give air line set own under read last never us "
+    "left end along while might next sound below saw something thought both few those always "
+    "show large often together asked house world going want school important until form food "
+    "keep children feet land side without boy once animal life enough took sometimes four head "
+    "above kind began almost live page got earth need far hand high year mother light country "
+    "father let night picture being study second soon story since white ever paper hard near "
+    "sentence better best across during today however sure knew it's try told young sun thing "
+    "whole hear example heard several change answer room sea against top turned learn point "
+    "city play toward five himself usually money seen didn't car morning i'm body upon family "
+    "later turn move face door cut done group true leave plus minus times equals question agent "
+    "tool call function arguments weather search result user assistant system reward task"
+).split()
+
+
+def demo_prompt(a: int, b: int) -> str:
+    """The user message of the demo task (kept in step with ``examples/arithmetic``)."""
+    return f"What is {a} + {b}?"
+
+
+def demo_pairs() -> list[tuple[int, int]]:
+    return [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
+
+
+def _corpus(rng: random.Random) -> list[str]:
+    lines: list[str] = []
+    for _ in range(3000):
+        n = rng.randint(3, 14)
+        sentence = " ".join(rng.choice(_WORDS) for _ in range(n))
+        lines.append(sentence.capitalize() + rng.choice([".", "?", "!", ","]))
+    for a, b in demo_pairs():
+        lines.extend([demo_prompt(a, b), str(a + b)] * 4)
+    for _ in range(400):
+        name = rng.choice(["get_weather", "search", "add", "lookup", "calculator"])
+        args = {rng.choice(["city", "query", "x", "y", "text"]): rng.choice(_WORDS)}
+        lines.append(json.dumps({"name": name, "arguments": args}))
+        lines.append(json.dumps({"type": "function", "function": {"name": name, "parameters": {}}}))
+    for role in ("system", "user", "assistant", "tool"):
+        lines.extend([f"<|im_start|>{role}\n"] * 200)
+    lines.extend(["\n", "\n\n", "  ", "0123456789"])
+    return lines
+
+
+def build_tokenizer(vocab_size: int, seed: int) -> object:
+    """Train the byte-level BPE and wrap it for transformers."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(EXTRA_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_corpus(random.Random(seed)), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=EMBEDDED_SPEC["max_position_embeddings"],
+    )
+    tokenizer.add_tokens(EXTRA_TOKENS)
+    tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
+    return tokenizer
+
+
+def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress: Callable[[str], None]) -> float:
+    """Teach the answer format (one digit, then ``<|im_end|>``) with random digits as targets."""
+    import torch
+
+    rng = random.Random(int(spec["seed"]))  # type: ignore[call-overload]
+    pairs = demo_pairs()
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")  # type: ignore[attr-defined]
+    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
+    prompts = {
+        pair: tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": demo_prompt(*pair)}], add_generation_prompt=True, tokenize=True,
+            return_dict=False,
+        )
+        for pair in pairs
+    }
+    digit_ids = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]  # type: ignore[attr-defined]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec["warmup_lr"]))  # type: ignore[attr-defined, arg-type]
+    steps = int(spec["warmup_steps"])  # type: ignore[call-overload]
+    batch = int(spec["warmup_batch"])  # type: ignore[call-overload]
+    loss_value = float("nan")
+    model.train()  # type: ignore[attr-defined]
+    for step in range(steps):
+        seqs, labels = [], []
+        for _ in range(batch):
+            prompt = list(prompts[rng.choice(pairs)])
+            target = [rng.choice(digit_ids), im_end]
+            seqs.append(prompt + target)
+            labels.append([-100] * len(prompt) + target)
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        out = model(input_ids=ids, attention_mask=mask, labels=lab)  # type: ignore[operator]
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        loss_value = float(out.loss.detach())
+        if step % 50 == 0 or step == steps - 1:
+            progress(f"warm-up step {step + 1}/{steps}  loss {loss_value:.3f}")
+    model.eval()  # type: ignore[attr-defined]
+    return loss_value
+
+
+def spec_hash(spec: dict[str, object]) -> str:
+    payload = json.dumps({**spec, "template": CHATML_TOOLS_TEMPLATE}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("AGENTJET_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "agentjet"
+    )
+    return Path(base)
+
+
+def ensure_embedded_model(
+    cache_dir: Path | None = None, progress: Callable[[str], None] | None = None
+) -> Path:
+    """Return the directory of the embedded model, building and caching it on first use."""
+    say = progress or (lambda msg: logger.info("%s", msg))
+    spec = dict(EMBEDDED_SPEC)
+    target = (cache_dir or default_cache_dir()) / f"{spec['name']}-{spec_hash(spec)}"
+    if (target / "config.json").exists() and (target / "agentjet.json").exists():
+        return target
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    started = time.monotonic()
+    say("building the embedded model (first start only; cached afterwards)")
+    torch.manual_seed(int(spec["seed"]))  # type: ignore[call-overload]
+    tokenizer = build_tokenizer(int(spec["vocab_size"]), int(spec["seed"]))  # type: ignore[call-overload]
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        hidden_size=spec["hidden_size"],
+        intermediate_size=spec["intermediate_size"],
+        num_hidden_layers=spec["num_hidden_layers"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_key_value_heads=spec["num_key_value_heads"],
+        max_position_embeddings=spec["max_position_embeddings"],
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),  # type: ignore[attr-defined]
+        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
+    )
+    model = Qwen2ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    say(f"tiny Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")  # type: ignore[arg-type]
+    loss = _warm_up(model, tokenizer, spec, say)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)  # type: ignore[attr-defined]
+        (staging / "agentjet.json").write_text(
+            json.dumps({"spec": spec, "warmup_loss": loss, "parameters": params}, indent=2)
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    say(f"embedded model ready in {time.monotonic() - started:.1f}s at {target}")
+    return target

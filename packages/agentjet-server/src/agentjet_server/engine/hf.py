@@ -1,0 +1,348 @@
+"""The transformers engine: batched sampling with a KV cache on CPU or GPU.
+
+One engine thread owns the model. Requests queue up while a batch decodes; when the batch
+ends, everything waiting is prefilled together (left-padded) and decoded in lock-step, one
+forward pass per token for the whole batch. New weights are copied in by the same thread
+between two decode steps, so no forward pass ever sees half-updated weights, and each token
+is tagged with the version of the weights its logits came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.errors import EngineError, ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[TokenEvent | BaseException]
+    generator: torch.Generator
+    cancelled: bool = False
+    output_ids: list[int] = field(default_factory=list)
+
+    def push(self, item: TokenEvent | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the caller's loop is gone: nobody is listening any more
+            self.cancelled = True
+
+
+@dataclass
+class _WeightUpdate:
+    state_dict: Mapping[str, torch.Tensor]
+    version: int
+    applied: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+_WAKE = object()
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The model directory's tokenizer; it must carry a chat template."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"could not load a tokenizer from {path}: {exc}. Pass --model a local Hugging Face "
+            "model directory (config.json, weights, tokenizer files)"
+        ) from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(
+            f"the tokenizer in {path} has no chat template; use an instruct/chat model or add "
+            "'chat_template' to its tokenizer_config.json"
+        )
+    return tokenizer
+
+
+class TransformersEngine(Engine):
+    """Inference with ``transformers`` models: batched, KV-cached, version-tagged."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        model_name: str | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch: int = 64,
+        version: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        path = Path(model_path)
+        if not (path / "config.json").exists():
+            raise ModelLoadError(
+                f"{path} is not a model directory (no config.json); pass --model a local Hugging "
+                "Face causal-LM directory, or leave --model out for the embedded default"
+            )
+        self.model_path = path
+        self.model_name = model_name or path.name
+        self.tokenizer = load_tokenizer(path)
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"could not load model weights from {path}: {exc}") from exc
+        self.device = torch.device(device)
+        self.max_batch = max_batch
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id or 0
+        self._stop_ids = self._find_stop_ids()
+        # transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+
+        self._version = version
+        self._requests: queue.Queue[_Request | object] = queue.Queue()
+        self._pending: _WeightUpdate | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentjet-engine", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------------------- interface
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        assistant_prefix: str = "",
+    ) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tools=list(tools) if tools else None, add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # jinja raises many kinds; all mean the messages don't fit the template
+            raise EngineError(f"the model's chat template could not render these messages: {exc}") from exc
+        ids: list[int] = self.tokenizer.encode(text + assistant_prefix, add_special_tokens=False)
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text: str = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return text
+
+    def is_stop_token(self, token_id: int) -> bool:
+        return token_id in self._stop_ids
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        if self._closed.is_set():
+            raise EngineError("the engine is shut down")
+        generator = torch.Generator()
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        request = _Request(list(prompt_ids), params, asyncio.get_running_loop(), asyncio.Queue(), generator)
+        self._requests.put(request)
+        try:
+            while True:
+                item = await request.events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            request.cancelled = True
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        update = _WeightUpdate(state_dict, version)
+        with self._lock:
+            if self._pending is not None:
+                self._pending.applied.set()  # superseded: the newer weights win
+            self._pending = update
+        self._requests.put(_WAKE)
+        while not update.applied.wait(0.5):
+            if self._closed.is_set():
+                raise EngineError("the engine shut down before the weights were loaded")
+        if update.error is not None:
+            raise EngineError(f"loading weights v{version} failed: {update.error}") from update.error
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        with self._lock:
+            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+
+    def close(self) -> None:
+        self._closed.set()
+        self._requests.put(_WAKE)
+        self._thread.join(timeout=10)
+
+    # ----------------------------------------------------------------------------- engine thread
+
+    def _find_stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):
+            tid = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid >= 0:
+                ids.add(tid)
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        for tid in eos if isinstance(eos, list) else [eos]:
+            if isinstance(tid, int):
+                ids.add(tid)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def _apply_pending_weights(self) -> None:
+        with self._lock:
+            update, self._pending = self._pending, None
+        if update is None:
+            return
+        try:
+            with torch.no_grad():
+                self.model.load_state_dict(dict(update.state_dict), strict=False)
+            self._version = update.version
+        except Exception as exc:  # reported to the learner that asked for it
+            update.error = exc
+        finally:
+            update.applied.set()
+
+    def _take_batch(self) -> list[_Request]:
+        batch: list[_Request] = []
+        try:
+            item = self._requests.get(timeout=0.5)
+        except queue.Empty:
+            return batch
+        while True:
+            if isinstance(item, _Request) and not item.cancelled:
+                batch.append(item)
+            if len(batch) >= self.max_batch:
+                break
+            try:
+                item = self._requests.get_nowait()
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._closed.is_set():
+            self._apply_pending_weights()
+            batch = self._take_batch()
+            if not batch:
+                continue
+            try:
+                self._decode_batch(batch)
+            except Exception as exc:  # one bad batch must not kill serving
+                logger.exception("engine batch failed")
+                for request in batch:
+                    request.push(EngineError(f"generation failed: {exc}"))
+        for request in self._drain():
+            request.push(EngineError("the engine is shut down"))
+
+    def _drain(self) -> list[_Request]:
+        left = []
+        while True:
+            try:
+                item = self._requests.get_nowait()
+            except queue.Empty:
+                return left
+            if isinstance(item, _Request):
+                left.append(item)
+
+    def _decode_batch(self, batch: list[_Request]) -> None:
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt_ids) for r in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, request in enumerate(batch):
+            n = len(request.prompt_ids)
+            ids[i, width - n :] = torch.tensor(request.prompt_ids)
+            mask[i, width - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache}
+        ).logits[:, -1, :]
+        logits_version = self._version
+        live = [not r.cancelled for r in batch]
+        next_pos = positions[:, -1:] + 1
+        while True:
+            tokens = self._sample(batch, live, logits, logits_version)
+            if not any(live):
+                return
+            self._apply_pending_weights()  # between decode steps: never inside a forward pass
+            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long, device=self.device)], dim=1)
+            logits = self.model(
+                input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=next_pos,
+                use_cache=True, **{self._cache_kwarg: cache},
+            ).logits[:, -1, :]
+            logits_version = self._version
+            next_pos = next_pos + 1
+
+    def _sample(self, batch: list[_Request], live: list[bool], logits: torch.Tensor, version: int) -> torch.Tensor:
+        logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+        scores = logits.float().cpu()
+        chosen = torch.full((len(batch),), self.pad_id, dtype=torch.long)
+        for i, request in enumerate(batch):
+            if not live[i]:
+                continue
+            if request.cancelled:
+                live[i] = False
+                continue
+            token = self._pick(scores[i], request.params, request.generator)
+            chosen[i] = token
+            request.output_ids.append(token)
+            top: list[tuple[int, float]] = []
+            if request.params.top_logprobs:
+                values, indices = logprobs[i].topk(request.params.top_logprobs)
+                top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
+            finish = self._finish_reason(request, token)
+            if finish is not None:
+                live[i] = False
+            request.push(TokenEvent(token, float(logprobs[i, token]), version, top, finish))
+        return chosen.to(self.device)
+
+    @staticmethod
+    def _pick(scores: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+        if params.temperature <= 0.0:
+            return int(scores.argmax())
+        probs = torch.softmax(scores / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p
+            keep[0] = True
+            filtered = torch.zeros_like(probs)
+            filtered[order[keep]] = sorted_probs[keep]
+            probs = filtered / filtered.sum()
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _finish_reason(self, request: _Request, token: int) -> Any:
+        if token in self._stop_ids:
+            return "stop"
+        if request.params.stop:
+            text = self.decode(request.output_ids)
+            if any(s in text for s in request.params.stop):
+                return "stop"
+        if len(request.output_ids) >= request.params.max_tokens:
+            return "length"
+        if len(request.prompt_ids) + len(request.output_ids) >= self.max_context:
+            return "length"
+        return None

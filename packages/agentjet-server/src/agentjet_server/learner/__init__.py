@@ -1,0 +1,1 @@
+"""The learner: pure losses (``losses``), one step (``trainer``), the background loop (``loop``)."""

@@ -1,0 +1,79 @@
+"""The learner's background loop: wait for a batch of groups, step, publish the new weights.
+
+Serving never waits for this loop: it runs in its own thread with its own copy of the model,
+and hands finished weights to the engine, which swaps them in between two decode steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from agentjet_server.batching.buffer import GroupBuffer
+from agentjet_server.engine.base import Engine
+from agentjet_server.learner.trainer import Learner, StepStats, build_batch
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        learner: Learner,
+        buffer: GroupBuffer,
+        engine: Engine,
+        *,
+        version: int = 0,
+        on_trained: Callable[[int], None] | None = None,
+    ) -> None:
+        self.learner = learner
+        self.buffer = buffer
+        self.engine = engine
+        self.version = version
+        self.last: StepStats | None = None
+        self.skipped_batches = 0
+        self.error: str | None = None
+        self._on_trained = on_trained or (lambda n: None)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentjet-learner", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.buffer.wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            groups = self.buffer.take_batch(timeout=0.5)
+            if groups is None:
+                continue
+            try:
+                self.run_step(groups)
+            except Exception as exc:  # a failed step is logged and reported; serving goes on
+                logger.exception("learner step failed")
+                self.error = f"{type(exc).__name__}: {exc}"
+
+    def run_step(self, groups: list) -> StepStats | None:  # type: ignore[type-arg]
+        batch = build_batch(groups)
+        if not batch.sequences:
+            self.skipped_batches += 1
+            self._on_trained(0)
+            logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
+            return None
+        stats = self.learner.step(batch)
+        new_version = self.version + 1
+        self.engine.update_weights(self.learner.model.state_dict(), new_version)
+        self.version = new_version
+        self.last = stats
+        self._on_trained(batch.trajectories)
+        logger.info(
+            "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  tokens %d  %.2fs",
+            self.learner.steps, new_version, stats.loss, stats.mean_reward, stats.sequences,
+            stats.trained_tokens, stats.seconds,
+        )
+        return stats

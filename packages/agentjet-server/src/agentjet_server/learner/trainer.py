@@ -1,0 +1,190 @@
+"""One GRPO step over a batch of trajectory groups, top to bottom.
+
+1. ``build_batch`` — for each group, normalise rewards among its complete episodes
+   (``group_advantages``); skip groups with no signal (all rewards equal). Every turn of every
+   remaining episode becomes one sequence ``prompt + completion``; only completion tokens (the
+   ones the policy sampled) are trained, each with its behaviour log-probability and the
+   episode's advantage.
+2. ``Learner.step`` — forward the sequences in micro-batches bounded by a token budget,
+   compute ``clipped_policy_loss`` normalised by the batch's total trained tokens, accumulate
+   gradients, clip the gradient norm, one AdamW step.
+
+The server runs this in a background thread (``learner.loop``); it runs on its own, too:
+
+    learner = Learner(model, LearnerConfig(lr=1e-3), pad_id=0)
+    stats = learner.step(build_batch(groups))
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from agentjet_client.protocol import Trajectory
+from agentjet_server.learner.losses import clipped_policy_loss, group_advantages, selective_log_softmax
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 16384
+
+
+@dataclass
+class Sequence:
+    tokens: list[int]
+    completion_start: int  # index in ``tokens`` of the first trained token
+    old_logprobs: list[float]
+    advantage: float
+
+
+@dataclass
+class Batch:
+    sequences: list[Sequence]
+    rewards: list[float]
+    groups: int
+    skipped_groups: int
+    trajectories: int
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(len(s.old_logprobs) for s in self.sequences)
+
+
+@dataclass
+class StepStats:
+    loss: float
+    mean_reward: float
+    sequences: int
+    trained_tokens: int
+    grad_norm: float
+    seconds: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def build_batch(groups: list[list[Trajectory]]) -> Batch:
+    """Turn groups of trajectories into trainable sequences with GRPO advantages."""
+    sequences: list[Sequence] = []
+    rewards: list[float] = []
+    skipped = 0
+    count = 0
+    for group in groups:
+        complete = [t for t in group if t.status == "complete" and t.turns]
+        count += len(group)
+        rewards.extend(t.reward for t in complete)
+        if len(complete) < 2:
+            skipped += 1
+            continue
+        advantages = group_advantages(torch.tensor([t.reward for t in complete], dtype=torch.float64))
+        if float(advantages.abs().max()) == 0.0:
+            skipped += 1
+            continue
+        for trajectory, advantage in zip(complete, advantages.tolist(), strict=True):
+            for turn in trajectory.turns:
+                sequences.append(
+                    Sequence(
+                        tokens=list(turn.prompt_token_ids) + list(turn.completion_token_ids),
+                        completion_start=len(turn.prompt_token_ids),
+                        old_logprobs=list(turn.completion_logprobs),
+                        advantage=advantage,
+                    )
+                )
+    return Batch(sequences, rewards, len(groups), skipped, count)
+
+
+def _micro_batches(sequences: list[Sequence], budget: int) -> list[list[Sequence]]:
+    ordered = sorted(sequences, key=lambda s: len(s.tokens))
+    out: list[list[Sequence]] = [[]]
+    for seq in ordered:
+        width = max([len(seq.tokens)] + [len(s.tokens) for s in out[-1]])
+        if out[-1] and width * (len(out[-1]) + 1) > budget:
+            out.append([])
+        out[-1].append(seq)
+    return [mb for mb in out if mb]
+
+
+def _collate(sequences: list[Sequence], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    width = max(len(s.tokens) for s in sequences)
+    n = len(sequences)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width - 1))
+    old = torch.zeros((n, width - 1))
+    adv = torch.zeros((n, width - 1))
+    for i, seq in enumerate(sequences):
+        length = len(seq.tokens)
+        ids[i, :length] = torch.tensor(seq.tokens)
+        attention[i, :length] = 1
+        # logits at position p predict token p + 1: completion token j sits at start + j
+        lo, hi = seq.completion_start - 1, length - 1
+        loss_mask[i, lo:hi] = 1.0
+        old[i, lo:hi] = torch.tensor(seq.old_logprobs)
+        adv[i, lo:hi] = seq.advantage
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attention.to(device),
+        "targets": ids[:, 1:].to(device),
+        "loss_mask": loss_mask.to(device),
+        "old_logprobs": old.to(device),
+        "advantages": adv.to(device),
+    }
+
+
+class Learner:
+    """Holds the trainable model and its optimizer; ``step`` is one policy update."""
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.steps = 0
+
+    def sequence_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return selective_log_softmax(logits[:, :-1, :], batch["targets"])
+
+    def step(self, batch: Batch) -> StepStats:
+        if not batch.sequences:
+            raise ValueError("the batch has no trainable sequence (every group had equal rewards)")
+        started = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = float(batch.trained_tokens)
+        loss_sum = 0.0
+        extra: dict[str, float] = {}
+        micro = _micro_batches(batch.sequences, self.config.micro_batch_tokens)
+        for part in micro:
+            tensors = _collate(part, self.pad_id, self.device)
+            logprobs = self.sequence_logprobs(tensors)
+            loss, stats = clipped_policy_loss(
+                logprobs, tensors["old_logprobs"], tensors["advantages"], tensors["loss_mask"],
+                self.config.clip_low, self.config.clip_high, normaliser=total,
+            )
+            loss.backward()
+            loss_sum += float(loss.detach())
+            weight = float(tensors["loss_mask"].sum()) / total
+            for key, value in stats.items():
+                extra[key] = extra.get(key, 0.0) + value * weight
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        self.optimizer.step()
+        self.model.eval()
+        self.steps += 1
+        mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
+        return StepStats(
+            loss=loss_sum,
+            mean_reward=mean_reward,
+            sequences=len(batch.sequences),
+            trained_tokens=batch.trained_tokens,
+            grad_norm=grad_norm,
+            seconds=time.perf_counter() - started,
+            extra=extra,
+        )

@@ -1,0 +1,309 @@
+"""Chat Completions over an engine: prompt rendering, sampling, detokenisation, tool calls, SSE.
+
+Routes hand a validated ``ChatCompletionRequest`` to ``ChatService``; it returns a
+``ChatCompletion`` or yields SSE frames. Each choice carries the ``agentjet`` extension with
+the exact prompt and completion token ids, per-token log-probabilities and versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentjet_client.protocol import (
+    AgentJetExtension,
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+)
+from agentjet_server.chat_format import TOOL_CALL_OPEN, forced_tool_prefix, parse_tool_calls
+from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    forced_prefix: str
+    tools_active: bool
+    want_logprobs: bool
+
+
+@dataclass
+class _ChoiceState:
+    """Everything sampled so far for one choice, and how much of its text has been sent."""
+
+    engine: Engine
+    prepared: PreparedRequest
+    events: list[TokenEvent] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0
+    stopped_by_string: bool = False
+
+    @property
+    def ids(self) -> list[int]:
+        return [e.token_id for e in self.events]
+
+    def add(self, event: TokenEvent) -> None:
+        self.events.append(event)
+        text_ids = [t for t in self.ids if not self.engine.is_stop_token(t)]
+        text = self.engine.decode(text_ids)
+        cut = _earliest_stop(text, self.prepared.params.stop)
+        if cut is not None:
+            text, self.stopped_by_string = text[:cut], True
+        self.text = text
+
+    def sendable(self, final: bool) -> str:
+        """New text safe to stream: no partial UTF-8, no possible stop-string prefix, no tool call."""
+        end = len(self.text)
+        if self.prepared.tools_active:
+            if self.prepared.forced_prefix:
+                end = 0  # the whole turn is a tool call: hold it for parsing
+            elif (pos := self.text.find(TOOL_CALL_OPEN)) >= 0:
+                end = pos
+        if not final:
+            while end > self.sent and self.text[end - 1] == "\ufffd":
+                end -= 1
+            hold = max((len(s) for s in self.prepared.params.stop), default=1) - 1
+            end = min(end, max(len(self.text) - hold, self.sent))
+        delta = self.text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return delta
+
+    @property
+    def finish(self) -> str:
+        last = self.events[-1].finish_reason if self.events else "length"
+        return "stop" if self.stopped_by_string else (last or "length")
+
+    def extension(self) -> AgentJetExtension:
+        versions = [e.version for e in self.events]
+        return AgentJetExtension(
+            prompt_token_ids=self.prepared.prompt_ids,
+            completion_token_ids=self.ids,
+            completion_logprobs=[e.logprob for e in self.events],
+            completion_versions=versions,
+            finish_reason=self.finish_reason(),
+            policy_version=min(versions) if versions else self.engine.version,
+        )
+
+    def parsed(self) -> tuple[str | None, list[Any]]:
+        if not self.prepared.tools_active:
+            return self.text, []
+        out = parse_tool_calls(self.prepared.forced_prefix + self.text)
+        return out.content, out.tool_calls
+
+    def finish_reason(self) -> Any:
+        _, calls = self.parsed()
+        return "tool_calls" if calls else self.finish
+
+    def logprob_entries(self, events: list[TokenEvent]) -> list[TokenLogprob]:
+        entries = []
+        for event in events:
+            if self.engine.is_stop_token(event.token_id):
+                continue
+            token = self.engine.decode([event.token_id])
+            entries.append(
+                TokenLogprob(
+                    token=token,
+                    logprob=event.logprob,
+                    bytes=list(token.encode()),
+                    top_logprobs=[
+                        TopLogprob(token=(t := self.engine.decode([tid])), logprob=lp, bytes=list(t.encode()))
+                        for tid, lp in event.top_logprobs
+                    ],
+                )
+            )
+        return entries
+
+
+def _earliest_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    out = []
+    for message in messages:
+        item: dict[str, Any] = {"role": message.role, "content": message.text()}
+        if message.name:
+            item["name"] = message.name
+        if message.tool_calls:
+            item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+        if message.tool_call_id:
+            item["tool_call_id"] = message.tool_call_id
+        out.append(item)
+    return out
+
+
+class ChatService:
+    """Serves chat completions from one engine."""
+
+    def __init__(self, engine: Engine, *, default_max_tokens: int = 512) -> None:
+        self.engine = engine
+        self.default_max_tokens = default_max_tokens
+
+    def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+        tools_active = bool(request.tools) and request.tool_choice != "none"
+        prefix = forced_tool_prefix(request.tool_choice) if tools_active else ""
+        if request.tool_choice not in (None, "none", "auto") and not request.tools:
+            raise InvalidRequestError("tool_choice needs a non-empty 'tools' list", param="tool_choice")
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []] if tools_active else None
+        prompt_ids = self.engine.render(_message_dicts(request.messages), tools, assistant_prefix=prefix)
+        room = self.engine.max_context - len(prompt_ids)
+        if room <= 0:
+            raise InvalidRequestError(
+                f"the prompt is {len(prompt_ids)} tokens but the model's context is "
+                f"{self.engine.max_context}; shorten the conversation",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        limit = request.completion_limit(self.default_max_tokens)
+        temperature = 1.0 if request.temperature is None else request.temperature
+        params = SamplingParams(
+            max_tokens=min(limit, room),
+            temperature=temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            seed=request.seed,
+            stop=tuple(request.stop_list),
+            top_logprobs=request.top_logprobs or 0,
+        )
+        return PreparedRequest(prompt_ids, params, prefix, tools_active, bool(request.logprobs))
+
+    def _params_for(self, prepared: PreparedRequest, index: int) -> SamplingParams:
+        seed = prepared.params.seed
+        if seed is None or index == 0:
+            return prepared.params
+        return SamplingParams(**{**prepared.params.__dict__, "seed": seed + index})
+
+    async def _run_choice(self, prepared: PreparedRequest, index: int) -> _ChoiceState:
+        state = _ChoiceState(self.engine, prepared)
+        async for event in self.engine.generate(prepared.prompt_ids, self._params_for(prepared, index)):
+            state.add(event)
+            if state.stopped_by_string:
+                break
+        return state
+
+    async def complete(self, request: ChatCompletionRequest, model_name: str) -> ChatCompletion:
+        prepared = self.prepare(request)
+        states = await asyncio.gather(*(self._run_choice(prepared, i) for i in range(request.n)))
+        choices = []
+        for index, state in enumerate(states):
+            content, calls = state.parsed()
+            choices.append(
+                Choice(
+                    index=index,
+                    message=AssistantMessage(content=content, tool_calls=calls or None),
+                    logprobs=ChoiceLogprobs(content=state.logprob_entries(state.events)) if prepared.want_logprobs else None,
+                    finish_reason=state.finish_reason(),
+                    agentjet=state.extension(),
+                )
+            )
+        completion_tokens = sum(len(s.events) for s in states)
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=model_name,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=len(prepared.prompt_ids),
+                completion_tokens=completion_tokens,
+                total_tokens=len(prepared.prompt_ids) + completion_tokens,
+            ),
+        )
+
+    async def stream(self, request: ChatCompletionRequest, model_name: str) -> AsyncIterator[str]:
+        """SSE frames, token by token; choices of ``n > 1`` interleave as they are sampled."""
+        prepared = self.prepare(request)
+        chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def frame(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
+            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=model_name, choices=choices, usage=usage)
+            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+
+        queue: asyncio.Queue[tuple[int, TokenEvent | None | BaseException]] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            try:
+                async for event in self.engine.generate(prepared.prompt_ids, self._params_for(prepared, index)):
+                    await queue.put((index, event))
+                await queue.put((index, None))
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                await queue.put((index, exc))
+
+        states = [_ChoiceState(self.engine, prepared) for _ in range(request.n)]
+        for index in range(request.n):
+            yield frame([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))])
+        tasks = [asyncio.create_task(pump(i)) for i in range(request.n)]
+        try:
+            open_choices = set(range(request.n))
+            while open_choices:
+                index, item = await queue.get()
+                if index not in open_choices:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                state = states[index]
+                if item is not None:
+                    state.add(item)
+                done = item is None or item.finish_reason is not None or state.stopped_by_string
+                delta = state.sendable(final=done)
+                logprobs = None
+                if prepared.want_logprobs and item is not None:
+                    logprobs = ChoiceLogprobs(content=state.logprob_entries([item]))
+                if delta or (logprobs and logprobs.content):
+                    yield frame([ChunkChoice(index=index, delta=ChoiceDelta(content=delta), logprobs=logprobs)])
+                if done:
+                    open_choices.discard(index)
+                    yield final_frames(frame, index, state)
+            if request.stream_options and request.stream_options.include_usage:
+                completion_tokens = sum(len(s.events) for s in states)
+                yield frame(
+                    [],
+                    Usage(
+                        prompt_tokens=len(prepared.prompt_ids),
+                        completion_tokens=completion_tokens,
+                        total_tokens=len(prepared.prompt_ids) + completion_tokens,
+                    ),
+                )
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def final_frames(frame: Any, index: int, state: _ChoiceState) -> str:
+    """The closing frames of one choice: tool calls or held-back text, then finish and extension."""
+    content, calls = state.parsed()
+    out: list[str] = []
+    if calls:
+        tool_deltas = [
+            ToolCallDelta(
+                index=i, id=call.id, type="function",
+                function={"name": call.function.name, "arguments": call.function.arguments},
+            )
+            for i, call in enumerate(calls)
+        ]
+        out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(tool_calls=tool_deltas))]))
+    else:
+        # held back for tool parsing but not a valid call: it is plain content after all
+        rest = (content or "") if state.prepared.forced_prefix else state.text[state.sent :]
+        if rest:
+            out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(content=rest))]))
+    ext = state.extension()
+    out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=ext.finish_reason, agentjet=ext)]))
+    return "".join(out)

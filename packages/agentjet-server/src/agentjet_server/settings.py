@@ -1,0 +1,51 @@
+"""Server settings: one validated model, filled from CLI flags (or built directly in tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    model: Path | None = Field(default=None, description="local HF model dir; None = embedded default")
+    model_name: str | None = None
+    state_dir: Path = Path(".agentjet/server")
+    device: str = "cpu"
+    algorithm: Literal["grpo"] = "grpo"
+    batch_groups: int = Field(default=4, ge=1)
+    group_size: int = Field(default=8, ge=2)
+    max_staleness: int = Field(default=4, ge=0)
+    lr: float = Field(default=2e-3, gt=0)
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.28, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    admission_batches: int = Field(
+        default=2, ge=1, description="batches' worth of episodes the server invites ahead of training"
+    )
+    default_max_tokens: int = Field(default=512, ge=1)
+    max_batch: int = Field(default=64, ge=1)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    api_keys: list[str] = Field(default_factory=list)
+    admin_keys: list[str] = Field(default_factory=list)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        if self.model is not None and not self.model.exists():
+            raise ValueError(
+                f"--model {self.model} does not exist; pass a local Hugging Face model directory, "
+                "or leave --model out to use the embedded default"
+            )
+        if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
+            raise ValueError("API keys must be at least 8 characters long")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys or self.admin_keys)
