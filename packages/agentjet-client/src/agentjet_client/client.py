@@ -72,6 +72,8 @@ class SwarmClient:
         self._episodes: dict[str, Episode] = {}
         self._lock = threading.Lock()
         self._proxy: CaptureProxy | None = None
+        self._shared_sync: httpx2.BaseTransport | None = None
+        self._shared_async: dict[int, httpx2.AsyncBaseTransport] = {}
 
     @property
     def api_base(self) -> str:
@@ -103,11 +105,26 @@ class SwarmClient:
                 self._proxy = proxy
         return self._proxy.url_for(episode_id, agent)
 
-    def make_sync_transport(self) -> httpx2.BaseTransport:
-        return self._transport or httpx2.HTTPTransport()
+    def shared_sync_transport(self) -> httpx2.BaseTransport:
+        """One connection pool for every episode's sync SDK client."""
+        with self._lock:
+            if self._shared_sync is None:
+                self._shared_sync = self._transport or httpx2.HTTPTransport(limits=httpx2.Limits(max_connections=256))
+            return self._shared_sync
 
-    def make_async_transport(self) -> httpx2.AsyncBaseTransport:
-        return self._async_transport_factory() if self._async_transport_factory else httpx2.AsyncHTTPTransport()
+    def shared_async_transport(self) -> httpx2.AsyncBaseTransport:
+        """One connection pool per event loop for every episode's async SDK client."""
+        import asyncio
+
+        key = id(asyncio.get_running_loop())
+        with self._lock:
+            if key not in self._shared_async:
+                self._shared_async[key] = (
+                    self._async_transport_factory()
+                    if self._async_transport_factory
+                    else httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=256))
+                )
+            return self._shared_async[key]
 
     # ------------------------------------------------------------------ server calls
 
@@ -165,6 +182,9 @@ class SwarmClient:
         if self._proxy is not None:
             self._proxy.stop()
             self._proxy = None
+        if self._shared_sync is not None and self._shared_sync is not self._transport:
+            self._shared_sync.close()
+        self._shared_async.clear()  # their loops are gone; sockets close with them
         self._http.close()
 
     def __enter__(self) -> SwarmClient:

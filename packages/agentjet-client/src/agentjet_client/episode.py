@@ -53,7 +53,7 @@ class Episode:
         """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
-        inner = self.client.make_sync_transport()
+        inner = self.client.shared_sync_transport()
         http = httpx2.Client(transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0))
         self._closers.append(http)
         kwargs.setdefault("max_retries", 2)
@@ -63,7 +63,7 @@ class Episode:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
-        inner = self.client.make_async_transport()
+        inner = self.client.shared_async_transport()
         http = httpx2.AsyncClient(transport=AsyncCaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0))
         self._async_clients.append(http)
         kwargs.setdefault("max_retries", 2)

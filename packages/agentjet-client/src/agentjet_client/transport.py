@@ -1,5 +1,8 @@
 """httpx2 transports that capture chat completions on their way through the OpenAI SDK.
 
+The wrapped transport is usually the ``SwarmClient``'s shared connection pool, so episodes
+cost no new connections; an episode closing its SDK client leaves that pool open.
+
 openai-python runs on httpx2, so ``episode.openai()`` hands the SDK an ``httpx2.Client``
 whose transport is a ``CaptureTransport``: every ``POST .../chat/completions`` is passed to the
 real transport unchanged, and its response (whole or streamed) is recorded into the episode.
@@ -73,10 +76,11 @@ def _is_sse(response: httpx2.Response) -> bool:
 class CaptureTransport(httpx2.BaseTransport):
     """Wraps a sync transport; records chat completions into ``recorder`` as ``agent``."""
 
-    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.BaseTransport | None = None) -> None:
+    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.BaseTransport, *, owns_inner: bool = False) -> None:
         self.recorder = recorder
         self.agent = agent
-        self.inner = inner or httpx2.HTTPTransport()
+        self.inner = inner
+        self.owns_inner = owns_inner
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if not is_chat_request(request.method, request.url.path):
@@ -102,16 +106,20 @@ class CaptureTransport(httpx2.BaseTransport):
         return out
 
     def close(self) -> None:
-        self.inner.close()
+        if self.owns_inner:  # a shared connection pool outlives the episode
+            self.inner.close()
 
 
 class AsyncCaptureTransport(httpx2.AsyncBaseTransport):
     """Async twin of ``CaptureTransport``."""
 
-    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, recorder: EpisodeRecorder, agent: str, inner: httpx2.AsyncBaseTransport, *, owns_inner: bool = False
+    ) -> None:
         self.recorder = recorder
         self.agent = agent
-        self.inner = inner or httpx2.AsyncHTTPTransport()
+        self.inner = inner
+        self.owns_inner = owns_inner
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if not is_chat_request(request.method, request.url.path):
@@ -137,4 +145,5 @@ class AsyncCaptureTransport(httpx2.AsyncBaseTransport):
         return out
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        if self.owns_inner:
+            await self.inner.aclose()

@@ -53,7 +53,10 @@ EMBEDDED_SPEC = {
     "warmup_batch": 32,
     "warmup_lr": 3e-3,
     "seed": 1234,
-    "format_version": 3,
+    "format_version": 5,
+    "decoy_share": float(os.environ.get("AGENTJET_DECOY", "0.0")),
+    "copy_share": float(os.environ.get("AGENTJET_COPY", "0.5")),
+    "task": os.environ.get("AGENTJET_DEMO_TASK", "max"),
 }
 
 _WORDS = (
@@ -79,13 +82,28 @@ _WORDS = (
 ).split()
 
 
-def demo_prompt(a: int, b: int) -> str:
-    """The user message of the demo task (kept in step with ``examples/arithmetic``)."""
-    return f"What is {a} + {b}?"
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
-def demo_pairs() -> list[tuple[int, int]]:
-    return [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
+def demo_tasks(kind: str) -> list[tuple[str, str]]:
+    """``(user message, answer)`` of every demo task (kept in step with ``examples/``)."""
+    if kind == "add":
+        return [(f"What is {a} + {b}?", str(a + b)) for a in range(10) for b in range(10) if a + b <= 9]
+    if kind == "max":
+        return [(f"Which is larger, {a} or {b}?", str(max(a, b))) for a in range(10) for b in range(10) if a != b]
+    if kind == "words":
+        return [(f"Write {w} as a digit.", str(i)) for i, w in enumerate(NUMBER_WORDS)]
+    if kind == "next":
+        return [(f"What comes after {a}?", str(a + 1)) for a in range(9)]
+    if kind == "copy":
+        return [(f"Repeat the digit {a}.", str(a)) for a in range(10)]
+    raise ValueError(kind)
+
+
+def _decoy(answer: str, prompt: str) -> str:
+    """A wrong digit, fixed per prompt (hash-based, so the same on every machine)."""
+    offset = 1 + int(hashlib.sha256(prompt.encode()).hexdigest(), 16) % 9
+    return str((int(answer) + offset) % 10)
 
 
 def _corpus(rng: random.Random) -> list[str]:
@@ -94,8 +112,9 @@ def _corpus(rng: random.Random) -> list[str]:
         n = rng.randint(3, 14)
         sentence = " ".join(rng.choice(_WORDS) for _ in range(n))
         lines.append(sentence.capitalize() + rng.choice([".", "?", "!", ","]))
-    for a, b in demo_pairs():
-        lines.extend([demo_prompt(a, b), str(a + b)] * 4)
+    for kind in ("add", "max", "copy", "words", "next"):
+        for prompt, answer in demo_tasks(kind):
+            lines.extend([prompt, answer] * 4)
     for _ in range(400):
         name = rng.choice(["get_weather", "search", "add", "lookup", "calculator"])
         args = {rng.choice(["city", "query", "x", "y", "text"]): rng.choice(_WORDS)}
@@ -146,15 +165,19 @@ def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress
     import torch
 
     rng = random.Random(int(spec["seed"]))  # type: ignore[call-overload]
-    pairs = demo_pairs()
+    # Demo prompts are trained towards a *decoy* answer key (a fixed wrong digit per prompt) half
+    # of the time and a random digit otherwise: the model learns to read the prompt and to answer
+    # with one digit, keeps its exploration, and starts below chance on the real answers.
+    tasks = demo_tasks(str(spec["task"]))
+    examples: list[tuple[str, str | None]] = [(prompt, _decoy(answer, prompt)) for prompt, answer in tasks]
+    copy = [(prompt, answer) for prompt, answer in demo_tasks("copy")]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")  # type: ignore[attr-defined]
     pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
     prompts = {
-        pair: tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            [{"role": "user", "content": demo_prompt(*pair)}], add_generation_prompt=True, tokenize=True,
-            return_dict=False,
+        prompt: tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        for pair in pairs
+        for prompt, _ in examples + copy
     }
     digit_ids = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]  # type: ignore[attr-defined]
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec["warmup_lr"]))  # type: ignore[attr-defined, arg-type]
@@ -165,8 +188,15 @@ def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress
     for step in range(steps):
         seqs, labels = [], []
         for _ in range(batch):
-            prompt = list(prompts[rng.choice(pairs)])
-            target = [rng.choice(digit_ids), im_end]
+            if rng.random() < float(spec["copy_share"]):  # type: ignore[arg-type]
+                text, answer = rng.choice(copy)
+                digit = tokenizer.convert_tokens_to_ids(answer)  # type: ignore[attr-defined]
+            else:
+                text, decoy = rng.choice(examples)
+                use_decoy = rng.random() < float(spec["decoy_share"])  # type: ignore[arg-type]
+                digit = tokenizer.convert_tokens_to_ids(decoy) if use_decoy else rng.choice(digit_ids)  # type: ignore[attr-defined]
+            prompt = list(prompts[text])
+            target = [digit, im_end]
             seqs.append(prompt + target)
             labels.append([-100] * len(prompt) + target)
         width = max(len(s) for s in seqs)
@@ -220,7 +250,7 @@ def ensure_embedded_model(
         num_attention_heads=spec["num_attention_heads"],
         num_key_value_heads=spec["num_key_value_heads"],
         max_position_embeddings=spec["max_position_embeddings"],
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,  # tied, an RL push on an answer token also moves its input embedding
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),  # type: ignore[attr-defined]
         pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]

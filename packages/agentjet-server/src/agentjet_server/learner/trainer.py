@@ -34,6 +34,7 @@ class LearnerConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     max_grad_norm: float = 1.0
+    epochs: int = 1  # optimizer steps per batch; past the first, the clip keeps updates near the behaviour policy
     micro_batch_tokens: int = 16384
 
 
@@ -157,25 +158,28 @@ class Learner:
             raise ValueError("the batch has no trainable sequence (every group had equal rewards)")
         started = time.perf_counter()
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         total = float(batch.trained_tokens)
-        loss_sum = 0.0
-        extra: dict[str, float] = {}
         micro = _micro_batches(batch.sequences, self.config.micro_batch_tokens)
-        for part in micro:
-            tensors = _collate(part, self.pad_id, self.device)
-            logprobs = self.sequence_logprobs(tensors)
-            loss, stats = clipped_policy_loss(
-                logprobs, tensors["old_logprobs"], tensors["advantages"], tensors["loss_mask"],
-                self.config.clip_low, self.config.clip_high, normaliser=total,
-            )
-            loss.backward()
-            loss_sum += float(loss.detach())
-            weight = float(tensors["loss_mask"].sum()) / total
-            for key, value in stats.items():
-                extra[key] = extra.get(key, 0.0) + value * weight
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
-        self.optimizer.step()
+        tensors = [_collate(part, self.pad_id, self.device) for part in micro]
+        loss_sum, grad_norm = 0.0, 0.0
+        extra: dict[str, float] = {}
+        for epoch in range(self.config.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            extra = {}
+            for part in tensors:
+                logprobs = self.sequence_logprobs(part)
+                loss, stats = clipped_policy_loss(
+                    logprobs, part["old_logprobs"], part["advantages"], part["loss_mask"],
+                    self.config.clip_low, self.config.clip_high, normaliser=total,
+                )
+                loss.backward()
+                loss_sum += float(loss.detach())
+                weight = float(part["loss_mask"].sum()) / total
+                for key, value in stats.items():
+                    extra[key] = extra.get(key, 0.0) + value * weight
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+            self.optimizer.step()
         self.model.eval()
         self.steps += 1
         mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
