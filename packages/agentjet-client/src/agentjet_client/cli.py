@@ -29,8 +29,8 @@ def run(
     code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent")],
     server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="episodes running at once")] = 16,
-    group_size: Annotated[int, typer.Option(min=1, help="episodes per task (one GRPO group)")] = 8,
+    concurrency: Annotated[int, typer.Option(min=1, help="episodes running at once")] = 32,
+    group_size: Annotated[int, typer.Option(min=1, help="episodes per task (one GRPO group)")] = 16,
     episodes: Annotated[int, typer.Option(min=0, help="episodes to run in total (0 = until Ctrl-C)")] = 0,
     timeout: Annotated[float, typer.Option(min=0.001, help="seconds before an episode is abandoned")] = 300.0,
     seed: Annotated[int | None, typer.Option(help="seed for the task order")] = None,
@@ -38,7 +38,7 @@ def run(
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
 
-    Example: agentjet-client run --code-dir examples/arithmetic --server http://127.0.0.1:8000 --episodes 1600
+    Example: agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 16000
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_client.client import SwarmClient

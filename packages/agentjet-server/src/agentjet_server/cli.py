@@ -30,10 +30,10 @@ def up(
     model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
     state_dir: Annotated[Path, typer.Option(help="where the server keeps its state")] = Path(".agentjet/server"),
     algorithm: Annotated[str, typer.Option(help="policy optimisation algorithm")] = "grpo",
-    batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 4,
-    group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 8,
+    batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 10,
+    group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 16,
     max_staleness: Annotated[int, typer.Option(help="reject trajectories more than this many versions old")] = 4,
-    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 2e-3,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-3,
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
     api_key: Annotated[list[str] | None, typer.Option(help="accepted client key (repeatable); none = open")] = None,
     admin_key: Annotated[list[str] | None, typer.Option(help="accepted admin key (repeatable)")] = None,
@@ -42,7 +42,7 @@ def up(
 ) -> None:
     """Serve a model through an OpenAI-compatible API and train it from pushed trajectories.
 
-    Example: agentjet-server up --port 8000 --batch-groups 4 --group-size 8
+    Example: agentjet-server up --port 8000 --batch-groups 10 --group-size 16
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_server.settings import ServerSettings
@@ -70,7 +70,8 @@ def serve(settings: Any) -> None:
     from agentjet_server.engine.hf import TransformersEngine
 
     path = settings.model or ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"))
-    engine = TransformersEngine(path, model_name=settings.model_name, device=settings.device, max_batch=settings.max_batch)
+    name = settings.model_name or ("agentjet-tiny" if settings.model is None else None)
+    engine = TransformersEngine(path, model_name=name, device=settings.device, max_batch=settings.max_batch)
     app = create_app(engine, settings, model_path=str(path))
     if not settings.auth_enabled:
         console.print("[yellow]warning:[/yellow] no --api-key given: the server accepts requests without a key")

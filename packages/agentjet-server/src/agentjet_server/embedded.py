@@ -7,11 +7,11 @@ setting below, so a change rebuilds it):
 1. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, ChatML special tokens, tool-call tags)
    trained on a small generated corpus, with the ChatML chat template that supports tools;
 2. a ``Qwen2ForCausalLM`` of about half a million parameters from a fresh config;
-3. a short supervised warm-up on the *format* of the demo task: prompts are real demo prompts,
-   targets are random digits followed by ``<|im_end|>``. The model learns to answer with one
-   digit and stop, but not which digit: the answer has to be learned with RL.
+3. a short supervised warm-up on *formats*: demo prompts with random digits as targets (the
+   model learns to answer with one digit and stop, not which digit: that is left to RL), and
+   requests with tools answered by a well-formed ``<tool_call>``.
 
-The demo task (``examples/arithmetic``) asks ``What is A + B?`` with ``A + B <= 9``.
+The demo task (``examples/digits``) asks ``Write seven as a digit.`` for the ten number words.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agentjet_server.chat_format import CHATML_TOOLS_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -49,14 +50,13 @@ EMBEDDED_SPEC = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 1024,
-    "warmup_steps": 150,
+    "warmup_steps": 300,
     "warmup_batch": 32,
     "warmup_lr": 3e-3,
+    "tool_every": 3,
     "seed": 1234,
-    "format_version": 5,
-    "decoy_share": float(os.environ.get("AGENTJET_DECOY", "0.0")),
-    "copy_share": float(os.environ.get("AGENTJET_COPY", "0.5")),
-    "task": os.environ.get("AGENTJET_DEMO_TASK", "max"),
+    "task": "words",
+    "format_version": 6,
 }
 
 _WORDS = (
@@ -98,12 +98,6 @@ def demo_tasks(kind: str) -> list[tuple[str, str]]:
     if kind == "copy":
         return [(f"Repeat the digit {a}.", str(a)) for a in range(10)]
     raise ValueError(kind)
-
-
-def _decoy(answer: str, prompt: str) -> str:
-    """A wrong digit, fixed per prompt (hash-based, so the same on every machine)."""
-    offset = 1 + int(hashlib.sha256(prompt.encode()).hexdigest(), 16) % 9
-    return str((int(answer) + offset) % 10)
 
 
 def _corpus(rng: random.Random) -> list[str]:
@@ -160,47 +154,63 @@ def build_tokenizer(vocab_size: int, seed: int) -> object:
     return tokenizer
 
 
+WARMUP_TOOLS = [("get_weather", "city"), ("add", "x"), ("lookup", "key"), ("square", "n")]
+
+
+def _tool_example(rng: random.Random) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
+    """A request with tools, and the call the model should answer it with."""
+    chosen = rng.sample(WARMUP_TOOLS, k=rng.randint(1, 2))
+    tools: list[dict[str, object]] = [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {arg: {"type": "integer"}}}}}
+        for name, arg in chosen
+    ]
+    name, arg = rng.choice(chosen)
+    question = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))) + "?"
+    call = '<tool_call>{"name": "' + name + '", "arguments": {"' + arg + '": ' + str(rng.randrange(10)) + "}}</tool_call>"
+    return [{"role": "user", "content": question}], tools, call
+
+
 def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress: Callable[[str], None]) -> float:
-    """Teach the answer format (one digit, then ``<|im_end|>``) with random digits as targets."""
+    """Supervised warm-up on formats only: no demo answer is taught.
+
+    Demo prompts are trained towards *random* digits (one digit, then ``<|im_end|>``), so the
+    model answers in the right shape at chance level and RL has to find which digit is right. A
+    share of requests carry tools and are trained to answer with a well-formed ``<tool_call>``,
+    so tool-calling agents get parseable calls from the start.
+    """
     import torch
 
+    tok: Any = tokenizer
     rng = random.Random(int(spec["seed"]))  # type: ignore[call-overload]
-    # Demo prompts are trained towards a *decoy* answer key (a fixed wrong digit per prompt) half
-    # of the time and a random digit otherwise: the model learns to read the prompt and to answer
-    # with one digit, keeps its exploration, and starts below chance on the real answers.
-    tasks = demo_tasks(str(spec["task"]))
-    examples: list[tuple[str, str | None]] = [(prompt, _decoy(answer, prompt)) for prompt, answer in tasks]
-    copy = [(prompt, answer) for prompt, answer in demo_tasks("copy")]
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")  # type: ignore[attr-defined]
-    pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
-    prompts = {
-        prompt: tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        for prompt, _ in examples + copy
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    demo_prompts = {
+        prompt: tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        for prompt, _ in demo_tasks(str(spec["task"]))
     }
-    digit_ids = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]  # type: ignore[attr-defined]
+    tool_pool = []  # rendered once: chat-template rendering costs more than a training step
+    for _ in range(256):
+        messages, tools, call = _tool_example(rng)
+        prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+        tool_pool.append((list(prompt), tok.encode(call, add_special_tokens=False) + [im_end]))
+    digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec["warmup_lr"]))  # type: ignore[attr-defined, arg-type]
     steps = int(spec["warmup_steps"])  # type: ignore[call-overload]
-    batch = int(spec["warmup_batch"])  # type: ignore[call-overload]
     loss_value = float("nan")
     model.train()  # type: ignore[attr-defined]
     for step in range(steps):
         seqs, labels = [], []
-        for _ in range(batch):
-            if rng.random() < float(spec["copy_share"]):  # type: ignore[arg-type]
-                text, answer = rng.choice(copy)
-                digit = tokenizer.convert_tokens_to_ids(answer)  # type: ignore[attr-defined]
+        # tool prompts are long: they get their own small batches so short ones aren't padded to them
+        tool_step = step % int(spec["tool_every"]) == 0  # type: ignore[call-overload]
+        for _ in range(8 if tool_step else int(spec["warmup_batch"])):  # type: ignore[call-overload]
+            if tool_step:
+                prompt, target = rng.choice(tool_pool)
             else:
-                text, decoy = rng.choice(examples)
-                use_decoy = rng.random() < float(spec["decoy_share"])  # type: ignore[arg-type]
-                digit = tokenizer.convert_tokens_to_ids(decoy) if use_decoy else rng.choice(digit_ids)  # type: ignore[attr-defined]
-            prompt = list(prompts[text])
-            target = [digit, im_end]
-            seqs.append(prompt + target)
+                prompt = demo_prompts[rng.choice(list(demo_prompts))]
+                target = [rng.choice(digit_ids), im_end]
+            seqs.append(list(prompt) + target)
             labels.append([-100] * len(prompt) + target)
         width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
         lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
         out = model(input_ids=ids, attention_mask=mask, labels=lab)  # type: ignore[operator]

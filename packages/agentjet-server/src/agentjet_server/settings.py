@@ -18,10 +18,10 @@ class ServerSettings(BaseModel):
     state_dir: Path = Path(".agentjet/server")
     device: str = "cpu"
     algorithm: Literal["grpo"] = "grpo"
-    batch_groups: int = Field(default=4, ge=1)
-    group_size: int = Field(default=8, ge=2)
+    batch_groups: int = Field(default=10, ge=1)
+    group_size: int = Field(default=16, ge=2)
     max_staleness: int = Field(default=4, ge=0)
-    lr: float = Field(default=2e-3, gt=0)
+    lr: float = Field(default=1e-3, gt=0)
     clip_low: float = Field(default=0.2, ge=0)
     clip_high: float = Field(default=0.28, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)

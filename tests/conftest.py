@@ -1,0 +1,66 @@
+"""Shared fixtures: the embedded tiny model (built once per session) and live servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CACHE = Path(os.environ.get("AGENTJET_TEST_CACHE", Path(__file__).resolve().parent.parent / ".agentjet" / "test-cache"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from agentjet_server.embedded import ensure_embedded_model
+
+    return ensure_embedded_model(CACHE)
+
+
+class LiveServer:
+    """A real uvicorn server running ``create_app`` on a loopback port, in a thread."""
+
+    def __init__(self, model_dir: Path, **settings: object) -> None:
+        import uvicorn
+
+        from agentjet_server.app import create_app
+        from agentjet_server.engine.hf import TransformersEngine
+        from agentjet_server.settings import ServerSettings
+
+        self.port = free_port()
+        self.settings = ServerSettings(port=self.port, **settings)  # type: ignore[arg-type]
+        self.engine = TransformersEngine(model_dir, model_name="agentjet-tiny")
+        self.app = create_app(self.engine, self.settings, model_path=str(model_dir))
+        self.runtime = self.app.state.runtime
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "test server did not start"
+            time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live_server(model_dir: Path) -> Iterator[LiveServer]:
+    server = LiveServer(model_dir, batch_groups=1, group_size=2, max_staleness=2)
+    yield server
+    server.stop()

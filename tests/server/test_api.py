@@ -1,0 +1,229 @@
+"""The OpenAI-compatible API, served by a real uvicorn on 127.0.0.1, driven by the real OpenAI SDK."""
+
+import json
+
+import httpx2
+import openai
+import pytest
+
+from agentjet_client.protocol import Trajectory, Turn
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "add two numbers", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
+ASK = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def sdk(live_server):
+    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+
+
+def test_models_and_health(live_server, sdk):
+    assert [m.id for m in sdk.models.list().data] == ["agentjet-tiny"]
+    health = httpx2.get(live_server.url + "/healthz").json()
+    assert health["status"] == "ok"
+
+
+def test_non_streaming_answer_with_logprobs_and_exact_token_ids(live_server, sdk):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=2, seed=1)
+    choice = reply.choices[0]
+    ext = choice.model_extra["agentjet"]
+    engine = live_server.engine
+    text_ids = [t for t in ext["completion_token_ids"] if not engine.is_stop_token(t)]
+    assert engine.decode(text_ids) == choice.message.content
+    assert ext["prompt_token_ids"] == engine.render(ASK)
+    assert len(ext["completion_logprobs"]) == len(ext["completion_token_ids"]) == len(ext["completion_versions"])
+    assert [lp.logprob for lp in choice.logprobs.content] == pytest.approx(ext["completion_logprobs"][: len(text_ids)])
+    assert all(len(lp.top_logprobs) == 2 for lp in choice.logprobs.content)
+    assert reply.usage.prompt_tokens == len(ext["prompt_token_ids"])
+    assert ext["policy_version"] == live_server.runtime.version
+
+
+def test_seed_makes_sampling_reproducible_and_n_gives_several_choices(sdk):
+    a = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=8, seed=42, n=3)
+    b = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=8, seed=42, n=3)
+    ids = lambda r: [c.model_extra["agentjet"]["completion_token_ids"] for c in r.choices]  # noqa: E731
+    assert len(a.choices) == 3 and ids(a) == ids(b)
+
+
+def test_streaming_is_token_by_token_and_matches_extension(live_server, sdk):
+    stream = sdk.chat.completions.create(
+        model="agentjet-tiny", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12, stream=True, seed=3,
+        stream_options={"include_usage": True}, logprobs=True,
+    )
+    deltas, ext, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                deltas.append(choice.delta.content)
+            if choice.finish_reason:
+                ext = choice.model_extra["agentjet"]
+    assert ext is not None and usage is not None
+    text_ids = [t for t in ext["completion_token_ids"] if not live_server.engine.is_stop_token(t)]
+    assert "".join(deltas) == live_server.engine.decode(text_ids)
+    assert len(deltas) >= 2  # several chunks, not one buffered body
+    assert usage.completion_tokens == len(ext["completion_token_ids"])
+
+
+def test_stream_and_non_stream_agree_for_same_seed(sdk):
+    kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=10, seed=9)
+    whole = sdk.chat.completions.create(**kw).choices[0].model_extra["agentjet"]["completion_token_ids"]
+    streamed = None
+    for chunk in sdk.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            if choice.finish_reason:
+                streamed = choice.model_extra["agentjet"]["completion_token_ids"]
+    assert streamed == whole
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_yields_parsed_tool_call(sdk, stream):
+    kw = dict(model="agentjet-tiny", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=20, temperature=0.0)
+    if not stream:
+        reply = sdk.chat.completions.create(**kw)
+        choice = reply.choices[0]
+        if choice.finish_reason == "tool_calls":
+            call = choice.message.tool_calls[0]
+            assert call.function.name == "add"
+            json.loads(call.function.arguments)
+        else:  # the tiny model wrote invalid JSON: it must come back as plain content, not vanish
+            assert choice.message.content.startswith('<tool_call>{"name": "add"')
+        return
+    calls, content = [], ""
+    for chunk in sdk.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            calls.extend(choice.delta.tool_calls or [])
+            content += choice.delta.content or ""
+    assert calls or content.startswith('<tool_call>{"name": "add"')
+
+
+def test_tool_calls_round_trip_through_history(sdk, live_server):
+    """A conversation with assistant tool_calls and a tool result renders and is served."""
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"x\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=history, tools=TOOLS, max_tokens=4)
+    prompt = live_server.engine.decode(reply.choices[0].model_extra["agentjet"]["prompt_token_ids"])
+    assert '<tool_call>{"name": "add", "arguments": {"x": 2}}</tool_call>' in prompt and "<tools>" in prompt
+
+
+def test_tool_call_parser():
+    from agentjet_server.chat_format import parse_tool_calls
+
+    out = parse_tool_calls('ok <tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>')
+    assert out.content == "ok" and out.tool_calls[0].function.name == "add"
+    assert json.loads(out.tool_calls[0].function.arguments) == {"x": 1}
+    broken = parse_tool_calls("<tool_call>{not json</tool_call>")
+    assert broken.tool_calls == [] and broken.content == "<tool_call>{not json</tool_call>"
+
+
+def test_stop_strings_cut_the_text(sdk):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=[{"role": "user", "content": "Say something long"}], max_tokens=30, seed=5, stop=["e"])
+    assert "e" not in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+# ----------------------------------------------------------------------------------- bad input
+
+
+def post(live_server, path, **kw):
+    return httpx2.post(live_server.url + path, timeout=30, **kw)
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b"", "empty"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temprature": 0.5}).encode(), "temprature: unknown field"),
+        (json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(), "messages.0.role"),
+        (json.dumps({"messages": "hello"}).encode(), "messages"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}).encode(), "max_tokens"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}).encode(), "temperature"),
+        (json.dumps({"messages": []}).encode(), "messages"),
+        (json.dumps({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}).encode(), "not served here"),
+    ],
+)
+def test_bad_chat_requests_get_4xx_with_a_reason(live_server, body, needle):
+    r = post(live_server, "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_bad_stream_request_is_4xx_not_a_broken_stream(live_server):
+    r = post(live_server, "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 20000}], "stream": True})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_oversized_body_is_413(live_server):
+    big = {"messages": [{"role": "user", "content": "x" * (live_server.settings.max_body_bytes + 10)}]}
+    r = post(live_server, "/v1/chat/completions", json=big)
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_unknown_route_and_method_are_openai_shaped(live_server):
+    r = httpx2.get(live_server.url + "/v1/nope")
+    assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    r = httpx2.get(live_server.url + "/v1/chat/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+# ----------------------------------------------------------------------------------- trajectories
+
+
+def real_turn(live_server, sdk, version_offset=0):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4)
+    ext = reply.choices[0].model_extra["agentjet"]
+    return Turn(
+        policy_version=ext["policy_version"] - version_offset,
+        prompt_token_ids=ext["prompt_token_ids"],
+        completion_token_ids=ext["completion_token_ids"],
+        completion_logprobs=ext["completion_logprobs"],
+        finish_reason=ext["finish_reason"],
+    )
+
+
+def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
+    rt = live_server.runtime
+    rt.loop.version += 10  # pretend the learner has moved on 10 versions
+    try:
+        fresh = Trajectory(id="t-fresh", task_id="g-fresh", turns=[real_turn(live_server, sdk)], reward=1.0)
+        stale_turn = real_turn(live_server, sdk).model_copy(update={"policy_version": rt.version - 3})
+        stale = Trajectory(id="t-stale", task_id="g-stale", turns=[stale_turn], reward=1.0)
+        bad_tokens = Trajectory(id="t-bad", task_id="g-bad", turns=[real_turn(live_server, sdk).model_copy(update={"completion_token_ids": [10**6, 2]})], reward=0.0)
+        body = {"trajectories": [t.model_dump(mode="json") for t in (fresh, stale, bad_tokens)]}
+        res = post(live_server, "/v1/trajectories", json=body).json()["results"]
+        assert [r["status"] for r in res] == ["accepted", "rejected", "rejected"]
+        assert "stale" in res[1]["reason"] and "max_staleness is 2" in res[1]["reason"]
+        assert "vocabulary" in res[2]["reason"]
+        again = post(live_server, "/v1/trajectories", json={"trajectories": [fresh.model_dump(mode="json")]}).json()["results"]
+        assert again[0]["status"] == "duplicate"
+        counts = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
+        assert counts["rejected_by_reason"]["stale"] >= 1 and counts["duplicate"] >= 1
+    finally:
+        rt.loop.version -= 10
+
+
+def test_duplicate_inside_one_batch_is_trained_once(live_server, sdk):
+    t = Trajectory(id="t-twice", task_id="g-twice", turns=[real_turn(live_server, sdk)], reward=1.0)
+    res = post(live_server, "/v1/trajectories", json={"trajectories": [t.model_dump(mode="json")] * 2}).json()["results"]
+    assert [r["status"] for r in res] == ["accepted", "duplicate"]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"trajectories": [{"id": "x", "task_id": "t", "turns": [], "status": "failed", "extra_field": 1}]}, "extra_field: unknown field"),
+        ({"trajectories": [{"id": "x", "task_id": "t", "reward": "high", "status": "failed"}]}, "reward"),
+        ({"trajectories": [{"id": "x", "task_id": "t", "reward": 1.0}]}, "at least one turn"),
+        ({"trajectories": []}, "trajectories"),
+        ({"trajectory": []}, "trajectory: unknown field"),
+    ],
+)
+def test_bad_trajectory_batches_get_400(live_server, body, needle):
+    r = post(live_server, "/v1/trajectories", json=body)
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
