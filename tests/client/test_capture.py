@@ -1,0 +1,91 @@
+"""Capture through both front doors (SDK transport, loopback proxy) against a real server."""
+
+import asyncio
+
+import httpx2
+import pytest
+
+from agentjet_client import SwarmClient
+
+ASK = [{"role": "user", "content": "Write two as a digit."}]
+
+
+@pytest.fixture()
+def client(live_server):
+    with SwarmClient(live_server.url) as c:
+        yield c
+
+
+def test_sync_openai_capture_records_exact_turns(client):
+    episode = client.episode("task-a")
+    llm = episode.openai(agent="solver")
+    reply = llm.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4)
+    episode.close()
+    traj = episode.to_trajectory(1.0)
+    assert traj.status == "complete" and len(traj.turns) == 1
+    turn = traj.turns[0]
+    ext = reply.choices[0].model_extra["agentjet"]
+    assert turn.agent == "solver" and turn.completion_token_ids == ext["completion_token_ids"]
+    assert turn.request_messages == ASK
+    assert client.submit([traj]).results[0].status == "accepted"
+
+
+def test_async_streaming_capture_equals_non_streaming(client):
+    async def run(stream):
+        episode = client.episode("task-b")
+        llm = episode.async_openai()
+        kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=4, seed=11)
+        if stream:
+            async for _ in await llm.chat.completions.create(stream=True, **kw):
+                pass
+        else:
+            await llm.chat.completions.create(**kw)
+        await episode.aclose()
+        return episode.recorder.turns
+
+    streamed, whole = asyncio.run(run(True)), asyncio.run(run(False))
+    assert len(streamed) == len(whole) == 1
+    assert streamed[0].completion_token_ids == whole[0].completion_token_ids
+    assert streamed[0].prompt_token_ids == whole[0].prompt_token_ids
+
+
+def test_proxy_captures_raw_http_and_streams(client):
+    episode = client.episode("task-c")
+    base = episode.url_for("critic")
+    r = httpx2.post(base + "/chat/completions", json={"messages": ASK, "max_tokens": 4})
+    assert r.status_code == 200
+    with httpx2.stream("POST", base + "/chat/completions", json={"messages": ASK, "max_tokens": 4, "stream": True}) as s:
+        body = "".join(s.iter_text())
+    assert "data: [DONE]" in body
+    assert httpx2.get(base + "/models").json()["data"][0]["id"] == "agentjet-tiny"
+    turns = episode.recorder.turns
+    assert [t.agent for t in turns] == ["critic", "critic"] and episode.recorder.failures == 0
+    r = httpx2.post(base + "/chat/completions", json={"messages": [{"role": "robot"}]})
+    assert r.status_code == 400 and len(episode.recorder.turns) == 2  # errors pass through, nothing recorded
+    episode.close()
+    r = httpx2.post(base + "/chat/completions", json={"messages": ASK})
+    assert r.status_code == 404 and "not open" in r.json()["error"]["message"]
+
+
+def test_capture_failure_never_reaches_the_agent():
+    """A response without our extension (a plain OpenAI server) is counted, not raised."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def plain(request):
+        return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+
+    app = Starlette(routes=[Route("/v1/chat/completions", plain, methods=["POST"])])
+    with SwarmClient("http://plain.test", async_transport_factory=lambda: httpx2.ASGITransport(app=app)) as c:
+        episode = c.episode("t")
+
+        async def go():
+            return await episode.async_openai().chat.completions.create(model="m", messages=ASK)
+
+        reply = asyncio.run(go())
+        assert reply.choices[0].message.content == "hi"
+        assert episode.recorder.failures == 1 and "agentjet" in episode.recorder.last_failure
+        traj = episode.to_trajectory(0.0)
+        assert traj.status == "failed" and traj.metadata["capture_failures"] == 1
