@@ -27,6 +27,21 @@ def model_dir() -> Path:
     return ensure_embedded_model(CACHE)
 
 
+@pytest.fixture(scope="session")
+def chatty_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded architecture and tokenizer with fresh random weights: it rambles until
+    ``max_tokens``, which is what streaming and stop-string tests need."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    target = tmp_path_factory.mktemp("chatty")
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(target)
+    return target
+
+
 class LiveServer:
     """A real uvicorn server running ``create_app`` on a loopback port, in a thread."""
 
@@ -57,6 +72,13 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def chatty_server(chatty_model_dir: Path) -> Iterator[LiveServer]:
+    server = LiveServer(chatty_model_dir)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,7 @@ def test_async_streaming_capture_equals_non_streaming(client):
         else:
             await llm.chat.completions.create(**kw)
         await episode.aclose()
+        await client.aclose_pool()
         return episode.recorder.turns
 
     streamed, whole = asyncio.run(run(True)), asyncio.run(run(False))
@@ -82,7 +83,10 @@ def test_capture_failure_never_reaches_the_agent():
         episode = c.episode("t")
 
         async def go():
-            return await episode.async_openai().chat.completions.create(model="m", messages=ASK)
+            try:
+                return await episode.async_openai().chat.completions.create(model="m", messages=ASK)
+            finally:
+                await c.aclose_pool()
 
         reply = asyncio.run(go())
         assert reply.choices[0].message.content == "hi"

@@ -14,7 +14,8 @@ ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 
 @pytest.fixture(scope="module")
 def sdk(live_server):
-    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    with openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused") as client:
+        yield client
 
 
 def test_models_and_health(live_server, sdk):
@@ -45,7 +46,15 @@ def test_seed_makes_sampling_reproducible_and_n_gives_several_choices(sdk):
     assert len(a.choices) == 3 and ids(a) == ids(b)
 
 
-def test_streaming_is_token_by_token_and_matches_extension(live_server, sdk):
+@pytest.fixture(scope="module")
+def chatty_sdk(chatty_server):
+    with openai.OpenAI(base_url=chatty_server.url + "/v1", api_key="unused") as client:
+        yield client
+
+
+def test_streaming_is_token_by_token_and_matches_extension(chatty_server, chatty_sdk):
+    live_server = chatty_server
+    sdk = chatty_sdk
     stream = sdk.chat.completions.create(
         model="agentjet-tiny", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12, stream=True, seed=3,
         stream_options={"include_usage": True}, logprobs=True,
@@ -62,11 +71,12 @@ def test_streaming_is_token_by_token_and_matches_extension(live_server, sdk):
     assert ext is not None and usage is not None
     text_ids = [t for t in ext["completion_token_ids"] if not live_server.engine.is_stop_token(t)]
     assert "".join(deltas) == live_server.engine.decode(text_ids)
-    assert len(deltas) >= 2  # several chunks, not one buffered body
+    assert len(deltas) >= 4  # several chunks, not one buffered body
     assert usage.completion_tokens == len(ext["completion_token_ids"])
 
 
-def test_stream_and_non_stream_agree_for_same_seed(sdk):
+def test_stream_and_non_stream_agree_for_same_seed(chatty_sdk):
+    sdk = chatty_sdk
     kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=10, seed=9)
     whole = sdk.chat.completions.create(**kw).choices[0].model_extra["agentjet"]["completion_token_ids"]
     streamed = None
@@ -83,19 +93,33 @@ def test_named_tool_choice_yields_parsed_tool_call(sdk, stream):
     if not stream:
         reply = sdk.chat.completions.create(**kw)
         choice = reply.choices[0]
-        if choice.finish_reason == "tool_calls":
-            call = choice.message.tool_calls[0]
-            assert call.function.name == "add"
-            json.loads(call.function.arguments)
-        else:  # the tiny model wrote invalid JSON: it must come back as plain content, not vanish
-            assert choice.message.content.startswith('<tool_call>{"name": "add"')
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "add" and call.id.startswith("call_")
+        assert isinstance(json.loads(call.function.arguments), dict)
         return
     calls, content = [], ""
     for chunk in sdk.chat.completions.create(stream=True, **kw):
         for choice in chunk.choices:
             calls.extend(choice.delta.tool_calls or [])
             content += choice.delta.content or ""
-    assert calls or content.startswith('<tool_call>{"name": "add"')
+    assert content == "" and [c.function.name for c in calls] == ["add"]
+    assert isinstance(json.loads(calls[0].function.arguments), dict)
+
+
+def test_auto_tool_choice_lets_the_warmed_model_call_a_tool(sdk):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, tools=TOOLS, max_tokens=30, temperature=0.0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    json.loads(choice.message.tool_calls[0].function.arguments)  # the tiny model may pick any tool; the call parses
+
+
+def test_invalid_tool_call_text_comes_back_as_content(chatty_sdk):
+    """The random model can't write JSON: a forced call that doesn't parse is returned, not dropped."""
+    sdk = chatty_sdk
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8, seed=1)
+    choice = reply.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content.startswith("<tool_call>")
 
 
 def test_tool_calls_round_trip_through_history(sdk, live_server):
@@ -119,10 +143,20 @@ def test_tool_call_parser():
     assert broken.tool_calls == [] and broken.content == "<tool_call>{not json</tool_call>"
 
 
-def test_stop_strings_cut_the_text(sdk):
-    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=[{"role": "user", "content": "Say something long"}], max_tokens=30, seed=5, stop=["e"])
-    assert "e" not in reply.choices[0].message.content
-    assert reply.choices[0].finish_reason in ("stop", "length")
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_cut_the_text(chatty_sdk, stream):
+    sdk = chatty_sdk
+    kw = dict(model="agentjet-tiny", messages=[{"role": "user", "content": "Say something long"}], max_tokens=40, seed=5)
+    free = sdk.chat.completions.create(**kw).choices[0].message.content
+    stop = free[len(free) // 2 : len(free) // 2 + 2]
+    assert len(stop) == 2
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(stream=True, stop=[stop], **kw) if c.choices)
+    else:
+        reply = sdk.chat.completions.create(stop=[stop], **kw)
+        assert reply.choices[0].finish_reason == "stop"
+        text = reply.choices[0].message.content
+    assert text == free[: free.find(stop)]
 
 
 # ----------------------------------------------------------------------------------- bad input
@@ -191,10 +225,13 @@ def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
     rt = live_server.runtime
     rt.loop.version += 10  # pretend the learner has moved on 10 versions
     try:
-        fresh = Trajectory(id="t-fresh", task_id="g-fresh", turns=[real_turn(live_server, sdk)], reward=1.0)
+        fresh_turn = real_turn(live_server, sdk).model_copy(update={"policy_version": rt.version - 2})
+        fresh = Trajectory(id="t-fresh", task_id="g-fresh", turns=[fresh_turn], reward=1.0)
         stale_turn = real_turn(live_server, sdk).model_copy(update={"policy_version": rt.version - 3})
         stale = Trajectory(id="t-stale", task_id="g-stale", turns=[stale_turn], reward=1.0)
-        bad_tokens = Trajectory(id="t-bad", task_id="g-bad", turns=[real_turn(live_server, sdk).model_copy(update={"completion_token_ids": [10**6, 2]})], reward=0.0)
+        bad_turn = real_turn(live_server, sdk)
+        bad_turn = bad_turn.model_copy(update={"completion_token_ids": [10**6] * len(bad_turn.completion_token_ids), "policy_version": rt.version})
+        bad_tokens = Trajectory(id="t-bad", task_id="g-bad", turns=[bad_turn], reward=0.0)
         body = {"trajectories": [t.model_dump(mode="json") for t in (fresh, stale, bad_tokens)]}
         res = post(live_server, "/v1/trajectories", json=body).json()["results"]
         assert [r["status"] for r in res] == ["accepted", "rejected", "rejected"]

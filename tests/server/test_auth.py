@@ -20,7 +20,7 @@ def test_keys_are_required_except_for_health(keyed_server):
     r = httpx2.get(url + "/v1/status", headers={"authorization": "Bearer wrong-key-000"})
     assert r.status_code == 401 and "not valid" in r.json()["error"]["message"]
     assert httpx2.get(url + "/v1/status", headers={"authorization": "Bearer client-key-123"}).status_code == 200
-    sdk = openai.OpenAI(base_url=url + "/v1", api_key="admin-key-456")
-    assert sdk.models.list().data[0].id == "agentjet-tiny"
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=url + "/v1", api_key="nope-nope-nope").models.list()
+    with openai.OpenAI(base_url=url + "/v1", api_key="admin-key-456") as sdk:
+        assert sdk.models.list().data[0].id == "agentjet-tiny"
+    with openai.OpenAI(base_url=url + "/v1", api_key="nope-nope-nope") as sdk, pytest.raises(openai.AuthenticationError):
+        sdk.models.list()

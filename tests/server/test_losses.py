@@ -31,7 +31,7 @@ def test_selective_log_softmax_matches_naive():
     for i in range(3):
         for j in range(5):
             row = logits[i, j]
-            naive = row[targets[i, j]] - math.log(sum(math.exp(v) for v in row.tolist()))
+            naive = row[targets[i, j]].item() - math.log(sum(math.exp(v) for v in row.tolist()))
             assert got[i, j].item() == pytest.approx(naive, abs=1e-5)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx2
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from agentjet_client.episode import Episode
 from agentjet_client.errors import RejectedRequest, ServerError, ServerUnreachable
@@ -126,6 +126,15 @@ class SwarmClient:
                 )
             return self._shared_async[key]
 
+    async def aclose_pool(self) -> None:
+        """Close the running event loop's shared connection pool (call before the loop ends)."""
+        import asyncio
+
+        with self._lock:
+            transport = self._shared_async.pop(id(asyncio.get_running_loop()), None)
+        if transport is not None:
+            await transport.aclose()
+
     # ------------------------------------------------------------------ server calls
 
     def _headers(self) -> dict[str, str]:
@@ -151,7 +160,7 @@ class SwarmClient:
 
         retrying = Retrying(
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential_jitter(initial=0.2, max=10.0),
+            wait=wait_random_exponential(multiplier=0.2, max=10.0),
             retry=retry_if_exception(_retryable),
             sleep=self._sleep,
             reraise=True,

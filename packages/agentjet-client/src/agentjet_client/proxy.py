@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
@@ -52,7 +53,16 @@ class CaptureProxy:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
-        self.app = Starlette(routes=[Route("/episodes/{episode}/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"])])
+        self.app = Starlette(
+            routes=[Route("/episodes/{episode}/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"])],
+            lifespan=self._lifespan,
+        )
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        yield
+        if self._client is not None:
+            await self._client.aclose()
 
     @property
     def base(self) -> str:
@@ -66,7 +76,7 @@ class CaptureProxy:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_keep_alive=30)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="agentjet-proxy", daemon=True)
         self._thread.start()

@@ -149,6 +149,7 @@ class Runner:
         finally:
             sender.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
         return self.report
 

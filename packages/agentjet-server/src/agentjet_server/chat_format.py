@@ -98,5 +98,7 @@ def forced_tool_prefix(tool_choice: object) -> str:
         return TOOL_CALL_OPEN
     name = getattr(getattr(tool_choice, "function", None), "name", None)
     if name is not None:
-        return TOOL_CALL_OPEN + '{"name": ' + json.dumps(name) + ', "arguments": '
+        # no trailing space: the text must end on a pre-token boundary, else the forced tokens
+        # differ from how a whole call tokenizes and the model continues from an unseen split
+        return TOOL_CALL_OPEN + '{"name": ' + json.dumps(name) + ', "arguments":'
     return ""
