@@ -31,10 +31,8 @@ def sh(*cmd: str, **kw: object) -> None:
 
 
 def ensure_env() -> None:
-    if sys.version_info < (3, 11):
-        sys.exit(f"Python 3.11 or newer is needed (this is {sys.version.split()[0]}); run with python3.11 or newer")
-    wanted = "\n".join(REQUIREMENTS) + "\n" + "".join(
-        p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml"))
+    wanted = (
+        "\n".join(REQUIREMENTS) + "\n" + "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
     )
     if STAMP.exists() and STAMP.read_text() == wanted:
         return
@@ -66,8 +64,18 @@ def demo(port: int = 8765, episodes: int = 20000) -> None:
     server = subprocess.Popen([str(BIN / "agentjet-server"), "up", "--port", str(port), "--log-level", "warning"])
     try:
         wait_healthy(url, server)
-        sh(str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits"), "--server", url,
-           "--episodes", str(episodes), "--seed", "0")
+        sh(
+            str(BIN / "agentjet-client"),
+            "run",
+            "--code-dir",
+            str(ROOT / "examples" / "digits"),
+            "--server",
+            url,
+            "--episodes",
+            str(episodes),
+            "--seed",
+            "0",
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)

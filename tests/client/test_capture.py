@@ -55,7 +55,9 @@ def test_proxy_captures_raw_http_and_streams(client):
     base = episode.url_for("critic")
     r = httpx2.post(base + "/chat/completions", json={"messages": ASK, "max_tokens": 4})
     assert r.status_code == 200
-    with httpx2.stream("POST", base + "/chat/completions", json={"messages": ASK, "max_tokens": 4, "stream": True}) as s:
+    with httpx2.stream(
+        "POST", base + "/chat/completions", json={"messages": ASK, "max_tokens": 4, "stream": True}
+    ) as s:
         body = "".join(s.iter_text())
     assert "data: [DONE]" in body
     assert httpx2.get(base + "/models").json()["data"][0]["id"] == "agentjet-tiny"
@@ -75,8 +77,15 @@ def test_capture_failure_never_reaches_the_agent():
     from starlette.routing import Route
 
     async def plain(request):
-        return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            }
+        )
 
     app = Starlette(routes=[Route("/v1/chat/completions", plain, methods=["POST"])])
     with SwarmClient("http://plain.test", async_transport_factory=lambda: httpx2.ASGITransport(app=app)) as c:

@@ -12,12 +12,21 @@ def test_client_install_pulls_no_torch(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(ROOT / "packages" / "agentjet-client")], check=True, timeout=600)
-    listing = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True).stdout.lower()
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", str(ROOT / "packages" / "agentjet-client")], check=True, timeout=600
+    )
+    listing = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"], check=True, capture_output=True, text=True
+    ).stdout.lower()
     names = {line.split("==")[0] for line in listing.splitlines()}
     assert "agentjet-client" in names
     for heavy in ("torch", "transformers", "langchain", "agentscope", "vllm"):
         assert heavy not in names, f"{heavy} was installed with agentjet-client"
-    out = subprocess.run([str(py), "-c", "import agentjet_client, sys; print('torch' in sys.modules)"], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(py), "-c", "import agentjet_client, sys; print('torch' in sys.modules)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout.strip() == "False"
     assert sys.executable != str(py)

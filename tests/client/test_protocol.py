@@ -7,7 +7,13 @@ from agentjet_client.protocol import ChatCompletionRequest, Trajectory, Trajecto
 
 
 def turn(**kw):
-    base = dict(policy_version=0, prompt_token_ids=[1, 2], completion_token_ids=[3, 4], completion_logprobs=[-0.1, -0.2], finish_reason="stop")
+    base = dict(
+        policy_version=0,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3, 4],
+        completion_logprobs=[-0.1, -0.2],
+        finish_reason="stop",
+    )
     base.update(kw)
     return Turn(**base)
 
@@ -33,7 +39,12 @@ def test_trajectory_rejects_nan_reward_and_unknown_fields():
 def test_complete_trajectory_needs_turns_and_oldest_version_uses_token_versions():
     with pytest.raises(ValidationError, match="at least one turn"):
         Trajectory(id="a", task_id="t", turns=[], reward=1.0)
-    t = Trajectory(id="a", task_id="t", turns=[turn(policy_version=5, completion_versions=[5, 6]), turn(policy_version=7)], reward=1.0)
+    t = Trajectory(
+        id="a",
+        task_id="t",
+        turns=[turn(policy_version=5, completion_versions=[5, 6]), turn(policy_version=7)],
+        reward=1.0,
+    )
     assert t.oldest_version == 5
 
 
@@ -43,14 +54,21 @@ def test_batch_bounds():
 
 
 def test_chat_request_strict_and_limits():
-    ok = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "max_completion_tokens": 5})
+    ok = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "max_completion_tokens": 5}
+    )
     assert ok.completion_limit(100) == 5
-    assert ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]}).completion_limit(7) == 7
+    assert (
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]}).completion_limit(7) == 7
+    )
     with pytest.raises(ValidationError, match="extra"):
         ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "temprature": 1})
     with pytest.raises(ValidationError, match="not supported"):
         ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1.0})
     with pytest.raises(ValidationError, match="not in tools"):
         ChatCompletionRequest.model_validate(
-            {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "function", "function": {"name": "x"}}}
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "tool_choice": {"type": "function", "function": {"name": "x"}},
+            }
         )

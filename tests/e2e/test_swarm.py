@@ -26,16 +26,32 @@ pytestmark = pytest.mark.e2e
 def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
     port = free_port()
     env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), "AGENTJET_DIGITS": "3,8"}
+    log = (tmp_path / "server.log").open("w")
     server = subprocess.Popen(
-        [str(BIN / "agentjet-server"), "up", "--port", str(port), "--batch-groups", "2", "--group-size", "8",
-         "--lr", "2e-3", "--state-dir", str(tmp_path / "state")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(BIN / "agentjet-server"),
+            "up",
+            "--port",
+            str(port),
+            "--batch-groups",
+            "2",
+            "--group-size",
+            "8",
+            "--lr",
+            "2e-3",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert server.poll() is None, server.stdout.read()
+            assert server.poll() is None, (tmp_path / "server.log").read_text()
             try:
                 if httpx2.get(url + "/healthz").status_code == 200:
                     break
@@ -44,9 +60,26 @@ def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.2)
         client = subprocess.run(
-            [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits"), "--server", url,
-             "--episodes", "640", "--group-size", "8", "--concurrency", "16", "--seed", "0"],
-            env=env, capture_output=True, text=True, timeout=600,
+            [
+                str(BIN / "agentjet-client"),
+                "run",
+                "--code-dir",
+                str(ROOT / "examples" / "digits"),
+                "--server",
+                url,
+                "--episodes",
+                "960",
+                "--group-size",
+                "8",
+                "--concurrency",
+                "16",
+                "--seed",
+                "0",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert client.returncode == 0, client.stdout + client.stderr
         out = client.stdout.replace("\n", " ")
@@ -54,10 +87,12 @@ def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
         first = float(re.search(r"first 10% ([0-9.]+)", out).group(1))
         last = float(re.search(r"last 20% ([0-9.]+)", out).group(1))
         status = json.loads(httpx2.get(url + "/v1/status").text)
-        assert status["trajectories"]["accepted"] == 640
+        assert status["trajectories"]["accepted"] == 960
         assert status["trajectories"]["rejected"] == 0
         assert status["policy_version"] >= 10
         assert last > first + 0.3, out
+        print(out.split("done:")[-1])
     finally:
         server.terminate()
         server.wait(timeout=30)
+        log.close()

@@ -8,7 +8,16 @@ import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
 
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "add two numbers", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
+    }
+]
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
@@ -25,7 +34,9 @@ def test_models_and_health(live_server, sdk):
 
 
 def test_non_streaming_answer_with_logprobs_and_exact_token_ids(live_server, sdk):
-    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=2, seed=1)
+    reply = sdk.chat.completions.create(
+        model="agentjet-tiny", messages=ASK, max_tokens=6, logprobs=True, top_logprobs=2, seed=1
+    )
     choice = reply.choices[0]
     ext = choice.model_extra["agentjet"]
     engine = live_server.engine
@@ -56,8 +67,13 @@ def test_streaming_is_token_by_token_and_matches_extension(chatty_server, chatty
     live_server = chatty_server
     sdk = chatty_sdk
     stream = sdk.chat.completions.create(
-        model="agentjet-tiny", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12, stream=True, seed=3,
-        stream_options={"include_usage": True}, logprobs=True,
+        model="agentjet-tiny",
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=12,
+        stream=True,
+        seed=3,
+        stream_options={"include_usage": True},
+        logprobs=True,
     )
     deltas, ext, usage = [], None, None
     for chunk in stream:
@@ -89,7 +105,14 @@ def test_stream_and_non_stream_agree_for_same_seed(chatty_sdk):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_tool_choice_yields_parsed_tool_call(sdk, stream):
-    kw = dict(model="agentjet-tiny", messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=20, temperature=0.0)
+    kw = dict(
+        model="agentjet-tiny",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        max_tokens=20,
+        temperature=0.0,
+    )
     if not stream:
         reply = sdk.chat.completions.create(**kw)
         choice = reply.choices[0]
@@ -108,7 +131,9 @@ def test_named_tool_choice_yields_parsed_tool_call(sdk, stream):
 
 
 def test_auto_tool_choice_lets_the_warmed_model_call_a_tool(sdk):
-    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, tools=TOOLS, max_tokens=30, temperature=0.0)
+    reply = sdk.chat.completions.create(
+        model="agentjet-tiny", messages=ASK, tools=TOOLS, max_tokens=30, temperature=0.0
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     json.loads(choice.message.tool_calls[0].function.arguments)  # the tiny model may pick any tool; the call parses
@@ -117,15 +142,19 @@ def test_auto_tool_choice_lets_the_warmed_model_call_a_tool(sdk):
 def test_invalid_tool_call_text_comes_back_as_content(chatty_sdk):
     """The random model can't write JSON: a forced call that doesn't parse is returned, not dropped."""
     sdk = chatty_sdk
-    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8, seed=1)
+    reply = sdk.chat.completions.create(
+        model="agentjet-tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8, seed=1
+    )
     choice = reply.choices[0]
     assert choice.message.tool_calls is None and choice.message.content.startswith("<tool_call>")
 
 
 def test_tool_calls_round_trip_through_history(sdk, live_server):
     """A conversation with assistant tool_calls and a tool result renders and is served."""
-    history = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"x\": 2}"}}]},
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"x": 2}'}}
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
     ]
     reply = sdk.chat.completions.create(model="agentjet-tiny", messages=history, tools=TOOLS, max_tokens=4)
@@ -146,12 +175,18 @@ def test_tool_call_parser():
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_strings_cut_the_text(chatty_sdk, stream):
     sdk = chatty_sdk
-    kw = dict(model="agentjet-tiny", messages=[{"role": "user", "content": "Say something long"}], max_tokens=40, seed=5)
+    kw = dict(
+        model="agentjet-tiny", messages=[{"role": "user", "content": "Say something long"}], max_tokens=40, seed=5
+    )
     free = sdk.chat.completions.create(**kw).choices[0].message.content
     stop = free[len(free) // 2 : len(free) // 2 + 2]
     assert len(stop) == 2
     if stream:
-        text = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(stream=True, stop=[stop], **kw) if c.choices)
+        text = "".join(
+            c.choices[0].delta.content or ""
+            for c in sdk.chat.completions.create(stream=True, stop=[stop], **kw)
+            if c.choices
+        )
     else:
         reply = sdk.chat.completions.create(stop=[stop], **kw)
         assert reply.choices[0].finish_reason == "stop"
@@ -172,7 +207,10 @@ def post(live_server, path, **kw):
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "must be a JSON object"),
         (b"", "empty"),
-        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temprature": 0.5}).encode(), "temprature: unknown field"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "hi"}], "temprature": 0.5}).encode(),
+            "temprature: unknown field",
+        ),
         (json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(), "messages.0.role"),
         (json.dumps({"messages": "hello"}).encode(), "messages"),
         (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}).encode(), "max_tokens"),
@@ -189,7 +227,11 @@ def test_bad_chat_requests_get_4xx_with_a_reason(live_server, body, needle):
 
 
 def test_bad_stream_request_is_4xx_not_a_broken_stream(live_server):
-    r = post(live_server, "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 20000}], "stream": True})
+    r = post(
+        live_server,
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x" * 20000}], "stream": True},
+    )
     assert r.status_code == 400 and "context" in r.json()["error"]["message"]
 
 
@@ -230,14 +272,18 @@ def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
         stale_turn = real_turn(live_server, sdk).model_copy(update={"policy_version": rt.version - 3})
         stale = Trajectory(id="t-stale", task_id="g-stale", turns=[stale_turn], reward=1.0)
         bad_turn = real_turn(live_server, sdk)
-        bad_turn = bad_turn.model_copy(update={"completion_token_ids": [10**6] * len(bad_turn.completion_token_ids), "policy_version": rt.version})
+        bad_turn = bad_turn.model_copy(
+            update={"completion_token_ids": [10**6] * len(bad_turn.completion_token_ids), "policy_version": rt.version}
+        )
         bad_tokens = Trajectory(id="t-bad", task_id="g-bad", turns=[bad_turn], reward=0.0)
         body = {"trajectories": [t.model_dump(mode="json") for t in (fresh, stale, bad_tokens)]}
         res = post(live_server, "/v1/trajectories", json=body).json()["results"]
         assert [r["status"] for r in res] == ["accepted", "rejected", "rejected"]
         assert "stale" in res[1]["reason"] and "max_staleness is 2" in res[1]["reason"]
         assert "vocabulary" in res[2]["reason"]
-        again = post(live_server, "/v1/trajectories", json={"trajectories": [fresh.model_dump(mode="json")]}).json()["results"]
+        again = post(live_server, "/v1/trajectories", json={"trajectories": [fresh.model_dump(mode="json")]}).json()[
+            "results"
+        ]
         assert again[0]["status"] == "duplicate"
         counts = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
         assert counts["rejected_by_reason"]["stale"] >= 1 and counts["duplicate"] >= 1
@@ -247,14 +293,19 @@ def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
 
 def test_duplicate_inside_one_batch_is_trained_once(live_server, sdk):
     t = Trajectory(id="t-twice", task_id="g-twice", turns=[real_turn(live_server, sdk)], reward=1.0)
-    res = post(live_server, "/v1/trajectories", json={"trajectories": [t.model_dump(mode="json")] * 2}).json()["results"]
+    res = post(live_server, "/v1/trajectories", json={"trajectories": [t.model_dump(mode="json")] * 2}).json()[
+        "results"
+    ]
     assert [r["status"] for r in res] == ["accepted", "duplicate"]
 
 
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ({"trajectories": [{"id": "x", "task_id": "t", "turns": [], "status": "failed", "extra_field": 1}]}, "extra_field: unknown field"),
+        (
+            {"trajectories": [{"id": "x", "task_id": "t", "turns": [], "status": "failed", "extra_field": 1}]},
+            "extra_field: unknown field",
+        ),
         ({"trajectories": [{"id": "x", "task_id": "t", "reward": "high", "status": "failed"}]}, "reward"),
         ({"trajectories": [{"id": "x", "task_id": "t", "reward": 1.0}]}, "at least one turn"),
         ({"trajectories": []}, "trajectories"),

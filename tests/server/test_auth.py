@@ -22,5 +22,8 @@ def test_keys_are_required_except_for_health(keyed_server):
     assert httpx2.get(url + "/v1/status", headers={"authorization": "Bearer client-key-123"}).status_code == 200
     with openai.OpenAI(base_url=url + "/v1", api_key="admin-key-456") as sdk:
         assert sdk.models.list().data[0].id == "agentjet-tiny"
-    with openai.OpenAI(base_url=url + "/v1", api_key="nope-nope-nope") as sdk, pytest.raises(openai.AuthenticationError):
+    with (
+        openai.OpenAI(base_url=url + "/v1", api_key="nope-nope-nope") as sdk,
+        pytest.raises(openai.AuthenticationError),
+    ):
         sdk.models.list()

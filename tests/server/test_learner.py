@@ -8,14 +8,22 @@ from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
 
 
 def make_group(tok, model, prompt, right, step):
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     end = tok.convert_tokens_to_ids("<|im_end|>")
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
     group = []
     for d in range(10):
         tid = tok.convert_tokens_to_ids(str(d))
-        turn = Turn(policy_version=0, prompt_token_ids=ids, completion_token_ids=[tid, end], completion_logprobs=[float(logp[tid]), -1e-3], finish_reason="stop")
+        turn = Turn(
+            policy_version=0,
+            prompt_token_ids=ids,
+            completion_token_ids=[tid, end],
+            completion_logprobs=[float(logp[tid]), -1e-3],
+            finish_reason="stop",
+        )
         group.append(Trajectory(id=f"{step}-{d}", task_id=prompt, turns=[turn], reward=float(d == right)))
     return ids, group
 

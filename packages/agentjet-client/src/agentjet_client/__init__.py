@@ -5,7 +5,7 @@ from agentjet_client.capture import EpisodeRecorder
 from agentjet_client.client import SwarmClient
 from agentjet_client.episode import Episode
 from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedRequest, ServerError, ServerUnreachable
-from agentjet_client.runner import RunConfig, RunReport, Runner
+from agentjet_client.runner import RunConfig, Runner, RunReport
 
 __version__ = "0.1.0"
 

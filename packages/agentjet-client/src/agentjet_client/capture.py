@@ -41,7 +41,9 @@ class EpisodeRecorder:
             self.last_failure = reason
         logger.warning("capture failed (the agent's call is unaffected): %s", reason)
 
-    def _add(self, agent: str, request: dict[str, Any], ext: AgentJetExtension, model: str | None, started: float) -> None:
+    def _add(
+        self, agent: str, request: dict[str, Any], ext: AgentJetExtension, model: str | None, started: float
+    ) -> None:
         turn = Turn(
             agent=agent,
             model=model,
@@ -129,4 +131,3 @@ def parse_request_body(body: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
-

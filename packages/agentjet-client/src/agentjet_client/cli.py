@@ -14,7 +14,9 @@ from rich.console import Console
 
 from agentjet_client.errors import AgentJetError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories."
+)
 console = Console()
 err = Console(stderr=True)
 
@@ -43,7 +45,7 @@ def run(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_client.client import SwarmClient
     from agentjet_client.loader import load_agent
-    from agentjet_client.runner import RunConfig, RunReport, Runner
+    from agentjet_client.runner import RunConfig, Runner, RunReport
 
     try:
         agent, version = load_agent(code_dir)

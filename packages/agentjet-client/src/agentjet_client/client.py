@@ -143,7 +143,9 @@ class SwarmClient:
     def _request(self, method: str, path: str, json_body: Any = None) -> Any:
         def once() -> Any:
             try:
-                response = self._http.request(method, f"{self.server_url}{path}", json=json_body, headers=self._headers())
+                response = self._http.request(
+                    method, f"{self.server_url}{path}", json=json_body, headers=self._headers()
+                )
             except httpx2.HTTPError as exc:
                 raise ServerUnreachable(
                     f"cannot reach the AgentJet server at {self.server_url} ({type(exc).__name__}: {exc}); "
@@ -154,7 +156,11 @@ class SwarmClient:
                     message = response.json()["error"]["message"]
                 except (ValueError, KeyError, TypeError):
                     message = response.text[:500]
-                cls = RejectedRequest if 400 <= response.status_code < 500 and response.status_code != 429 else ServerError
+                cls = (
+                    RejectedRequest
+                    if 400 <= response.status_code < 500 and response.status_code != 429
+                    else ServerError
+                )
                 raise cls(response.status_code, message)
             return response.json()
 

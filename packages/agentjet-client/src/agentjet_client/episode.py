@@ -22,13 +22,15 @@ from agentjet_client.protocol import Trajectory, TrajectoryStatus
 from agentjet_client.transport import AsyncCaptureTransport, CaptureTransport
 
 if TYPE_CHECKING:
-    import openai
+    from openai import AsyncOpenAI, OpenAI
 
     from agentjet_client.client import SwarmClient
 
 
 class Episode:
-    def __init__(self, client: SwarmClient, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None) -> None:
+    def __init__(
+        self, client: SwarmClient, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None
+    ) -> None:
         self.client = client
         self.id = episode_id or uuid.uuid4().hex
         self.task_id = task_id
@@ -49,22 +51,26 @@ class Episode:
     def url_for(self, agent: str) -> str:
         return self.client.proxy_url(self.id, agent)
 
-    def openai(self, agent: str = "default", **kwargs: Any) -> openai.OpenAI:
+    def openai(self, agent: str = "default", **kwargs: Any) -> OpenAI:
         """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
         inner = self.client.shared_sync_transport()
-        http = httpx2.Client(transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0))
+        http = httpx2.Client(
+            transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
+        )
         self._closers.append(http)
         kwargs.setdefault("max_retries", 2)
         return openai.OpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
-    def async_openai(self, agent: str = "default", **kwargs: Any) -> openai.AsyncOpenAI:
+    def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
         inner = self.client.shared_async_transport()
-        http = httpx2.AsyncClient(transport=AsyncCaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0))
+        http = httpx2.AsyncClient(
+            transport=AsyncCaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
+        )
         self._async_clients.append(http)
         kwargs.setdefault("max_retries", 2)
         return openai.AsyncOpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)

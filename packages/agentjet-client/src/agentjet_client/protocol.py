@@ -148,9 +148,7 @@ class ChatCompletionRequest(_Strict):
         if isinstance(self.tool_choice, NamedToolChoice):
             names = {tool.function.name for tool in self.tools or []}
             if self.tool_choice.function.name not in names:
-                raise ValueError(
-                    f"tool_choice names '{self.tool_choice.function.name}', which is not in tools"
-                )
+                raise ValueError(f"tool_choice names '{self.tool_choice.function.name}', which is not in tools")
         return self
 
     @property

@@ -28,11 +28,21 @@ from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_reque
 
 logger = logging.getLogger(__name__)
 
-_HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "authorization", "accept-encoding"}
+_HOP_HEADERS = {
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "authorization",
+    "accept-encoding",
+}
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "proxy_error", "param": None, "code": None}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": "proxy_error", "param": None, "code": None}}, status_code=status
+    )
 
 
 class CaptureProxy:
@@ -74,11 +84,14 @@ class CaptureProxy:
     def start(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="agentjet-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="agentjet-proxy", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -112,14 +125,20 @@ class CaptureProxy:
         url = f"{self.upstream}/v1/{request.path_params['path']}"
         capture = is_chat_request(request.method, url)
         started = time.time()
-        upstream_request = self._http().build_request(request.method, url, content=body, headers=headers, params=request.query_params)
+        upstream_request = self._http().build_request(
+            request.method, url, content=body, headers=headers, params=request.query_params
+        )
         try:
             upstream = await self._http().send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
             return _error(502, f"could not reach the AgentJet server at {self.upstream}: {exc}")
-        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}}
+        out_headers = {
+            k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}
+        }
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
-            return StreamingResponse(self._relay(upstream, agent, recorder, body, started, capture), status_code=200, headers=out_headers)
+            return StreamingResponse(
+                self._relay(upstream, agent, recorder, body, started, capture), status_code=200, headers=out_headers
+            )
         data = await upstream.aread()
         await upstream.aclose()
         if capture and upstream.status_code == 200:
@@ -131,7 +150,13 @@ class CaptureProxy:
         return Response(data, status_code=upstream.status_code, headers=out_headers)
 
     async def _relay(
-        self, upstream: httpx2.Response, agent: str, recorder: EpisodeRecorder, body: bytes, started: float, capture: bool
+        self,
+        upstream: httpx2.Response,
+        agent: str,
+        recorder: EpisodeRecorder,
+        body: bytes,
+        started: float,
+        capture: bool,
     ) -> AsyncIterator[bytes]:
         collector = SSECollector()
         try:

@@ -25,7 +25,7 @@ from typing import Any
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.errors import AgentJetError, RejectedRequest
-from agentjet_client.protocol import Trajectory
+from agentjet_client.protocol import Trajectory, TrajectoryStatus
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class RunReport:
     def mean(self, lo: float, hi: float) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order."""
         n = len(self.rewards)
-        part = self.rewards[int(n * lo) : max(int(n * lo) + 1, int(math.ceil(n * hi)))]
+        part = self.rewards[int(n * lo) : max(int(n * lo) + 1, math.ceil(n * hi))]
         return sum(part) / len(part) if part else math.nan
 
     def recent_mean(self, window: int) -> float:
@@ -159,13 +159,17 @@ class Runner:
         async with sem:
             agent, code_version = self.agent, self.code_version
             episode = self.client.episode(group_id, task_tag=agent.tag)
-            status, error, reward = "complete", None, 0.0
+            status: TrajectoryStatus = "complete"
+            error: str | None = None
+            reward = 0.0
             try:
                 if agent.is_async:
                     value = await asyncio.wait_for(agent.fn(task, episode), self.config.timeout)
                 else:
                     loop = asyncio.get_running_loop()
-                    value = await asyncio.wait_for(loop.run_in_executor(self._executor, agent.fn, task, episode), self.config.timeout)
+                    value = await asyncio.wait_for(
+                        loop.run_in_executor(self._executor, agent.fn, task, episode), self.config.timeout
+                    )
                 reward = _coerce_reward(value)
             except TimeoutError:
                 status, error = "failed", f"episode timed out after {self.config.timeout:g}s"
@@ -176,7 +180,11 @@ class Runner:
             finally:
                 await episode.aclose()
             trajectory = episode.to_trajectory(
-                reward, status=status, error=error, code_version=code_version, metadata={"task": task_id}  # type: ignore[arg-type]
+                reward,
+                status=status,
+                error=error,
+                code_version=code_version,
+                metadata={"task": task_id},
             )
             self.report.finished += 1
             if trajectory.status == "complete":

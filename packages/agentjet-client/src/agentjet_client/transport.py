@@ -76,7 +76,9 @@ def _is_sse(response: httpx2.Response) -> bool:
 class CaptureTransport(httpx2.BaseTransport):
     """Wraps a sync transport; records chat completions into ``recorder`` as ``agent``."""
 
-    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.BaseTransport, *, owns_inner: bool = False) -> None:
+    def __init__(
+        self, recorder: EpisodeRecorder, agent: str, inner: httpx2.BaseTransport, *, owns_inner: bool = False
+    ) -> None:
         self.recorder = recorder
         self.agent = agent
         self.inner = inner
@@ -92,11 +94,26 @@ class CaptureTransport(httpx2.BaseTransport):
             return response
         if _is_sse(response):
             assert isinstance(response.stream, httpx2.SyncByteStream)
-            tee = _TeeStream(response.stream, lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started))
-            return httpx2.Response(response.status_code, headers=response.headers, stream=tee, request=request, extensions=response.extensions)
-        raw = b"".join(response.stream)  # type: ignore[union-attr]
+            tee = _TeeStream(
+                response.stream, lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started)
+            )
+            return httpx2.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=tee,
+                request=request,
+                extensions=response.extensions,
+            )
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        raw = b"".join(response.stream)
         response.close()
-        out = httpx2.Response(response.status_code, headers=response.headers, stream=httpx2.ByteStream(raw), request=request, extensions=response.extensions)
+        out = httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=httpx2.ByteStream(raw),
+            request=request,
+            extensions=response.extensions,
+        )
         out.read()
         try:
             parsed = out.json()
@@ -131,11 +148,25 @@ class AsyncCaptureTransport(httpx2.AsyncBaseTransport):
             return response
         if _is_sse(response):
             assert isinstance(response.stream, httpx2.AsyncByteStream)
-            tee = _AsyncTeeStream(response.stream, lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started))
-            return httpx2.Response(response.status_code, headers=response.headers, stream=tee, request=request, extensions=response.extensions)
+            tee = _AsyncTeeStream(
+                response.stream, lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started)
+            )
+            return httpx2.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=tee,
+                request=request,
+                extensions=response.extensions,
+            )
         raw = b"".join([chunk async for chunk in response.stream])  # type: ignore[union-attr]
         await response.aclose()
-        out = httpx2.Response(response.status_code, headers=response.headers, stream=httpx2.ByteStream(raw), request=request, extensions=response.extensions)
+        out = httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=httpx2.ByteStream(raw),
+            request=request,
+            extensions=response.extensions,
+        )
         await out.aread()
         try:
             parsed = out.json()

@@ -46,7 +46,9 @@ logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 
-def error_response(status: int, message: str, error_type: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     body = ErrorResponse(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status)
 
@@ -102,7 +104,9 @@ def _key_in(token: str, keys: Sequence[str]) -> bool:
     return any(hmac.compare_digest(token.encode(), k.encode()) for k in keys)
 
 
-def create_app(engine: Engine, settings: ServerSettings, runtime: SwarmRuntime | None = None, model_path: str | None = None) -> Starlette:
+def create_app(
+    engine: Engine, settings: ServerSettings, runtime: SwarmRuntime | None = None, model_path: str | None = None
+) -> Starlette:
     """The ASGI app. ``runtime`` defaults to a new one over ``engine`` (its learner starts now)."""
     rt = runtime or SwarmRuntime.create(engine, settings, model_path or str(getattr(engine, "model_path", "")))
 
@@ -130,7 +134,9 @@ def create_app(engine: Engine, settings: ServerSettings, runtime: SwarmRuntime |
         if body.model not in (None, "", rt.engine.model_name, "default"):
             raise InvalidRequestError(
                 f"model '{body.model}' is not served here; this server serves '{rt.engine.model_name}' "
-                "(see GET /v1/models)", param="model", code="model_not_found",
+                "(see GET /v1/models)",
+                param="model",
+                code="model_not_found",
             )
         if body.stream:
             frames = rt.chat.stream(body, rt.engine.model_name)
@@ -165,9 +171,13 @@ def create_app(engine: Engine, settings: ServerSettings, runtime: SwarmRuntime |
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        hint = {404: f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /v1/trajectories, /v1/status",
-                405: f"method {request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, hint, "invalid_request_error" if exc.status_code < 500 else "server_error")
+        hint = {
+            404: f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /v1/trajectories, /v1/status",
+            405: f"method {request.method} is not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
+        return error_response(
+            exc.status_code, hint, "invalid_request_error" if exc.status_code < 500 else "server_error"
+        )
 
     async def on_engine_error(request: Request, exc: Exception) -> Response:
         logger.error("engine error on %s: %s", request.url.path, exc)
@@ -202,4 +212,3 @@ def create_app(engine: Engine, settings: ServerSettings, runtime: SwarmRuntime |
     app.state.runtime = rt
     app.state.started = time.time()
     return app
-

@@ -28,7 +28,7 @@ CHATML_TOOLS_TEMPLATE = (
     "{% if ns.system %}{{ ns.system }}\n\n{% endif %}"
     "You can call functions. Their signatures are listed inside <tools></tools>:\n<tools>\n"
     "{% for tool in tools %}{{ (tool.function if tool.function is defined else tool) | tojson }}\n{% endfor %}"
-    "</tools>\nTo call a function, answer with <tool_call>{\"name\": NAME, \"arguments\": ARGS}</tool_call>"
+    '</tools>\nTo call a function, answer with <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>'
     "<|im_end|>\n"
     "{% elif ns.system %}"
     "<|im_start|>system\n{{ ns.system }}<|im_end|>\n"

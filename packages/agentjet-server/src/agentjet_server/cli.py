@@ -26,7 +26,9 @@ def _fail(message: str) -> None:
 def up(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
-    model: Annotated[Path | None, typer.Option(help="local Hugging Face model dir (default: embedded tiny model)")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="local Hugging Face model dir (default: embedded tiny model)")
+    ] = None,
     model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
     state_dir: Annotated[Path, typer.Option(help="where the server keeps its state")] = Path(".agentjet/server"),
     algorithm: Annotated[str, typer.Option(help="policy optimisation algorithm")] = "grpo",
@@ -49,10 +51,20 @@ def up(
 
     try:
         settings = ServerSettings(
-            host=host, port=port, model=model, model_name=model_name, state_dir=state_dir,
+            host=host,
+            port=port,
+            model=model,
+            model_name=model_name,
+            state_dir=state_dir,
             algorithm=algorithm,  # type: ignore[arg-type]
-            batch_groups=batch_groups, group_size=group_size, max_staleness=max_staleness, lr=lr,
-            device=device, api_keys=api_key or [], admin_keys=admin_key or [], seed=seed,
+            batch_groups=batch_groups,
+            group_size=group_size,
+            max_staleness=max_staleness,
+            lr=lr,
+            device=device,
+            api_keys=api_key or [],
+            admin_keys=admin_key or [],
+            seed=seed,
         )
     except ValidationError as exc:
         _fail("; ".join(f"--{'-'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()))
@@ -76,8 +88,9 @@ def serve(settings: Any) -> None:
     if not settings.auth_enabled:
         console.print("[yellow]warning:[/yellow] no --api-key given: the server accepts requests without a key")
     console.print(
-        f"[green]agentjet-server[/green] serving [bold]{engine.model_name}[/bold] on http://{settings.host}:{settings.port}/v1 "
-        f"(GRPO: {settings.batch_groups} groups x {settings.group_size} per step, max staleness {settings.max_staleness})"
+        f"[green]agentjet-server[/green] serving [bold]{engine.model_name}[/bold] "
+        f"on http://{settings.host}:{settings.port}/v1 (GRPO: {settings.batch_groups} groups x "
+        f"{settings.group_size} per step, max staleness {settings.max_staleness})"
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
 

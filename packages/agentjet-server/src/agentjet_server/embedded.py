@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +42,29 @@ QWEN2_SPLIT_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-EMBEDDED_SPEC = {
-    "name": "agentjet-tiny",
-    "vocab_size": 1024,
-    "hidden_size": 128,
-    "intermediate_size": 384,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "warmup_steps": 300,
-    "warmup_batch": 32,
-    "warmup_lr": 3e-3,
-    "tool_every": 3,
-    "seed": 1234,
-    "task": "words",
-    "format_version": 6,
-}
+
+@dataclass(frozen=True)
+class EmbeddedSpec:
+    """Everything that decides the embedded model; its hash names the cache directory."""
+
+    name: str = "agentjet-tiny"
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    warmup_steps: int = 300
+    warmup_batch: int = 32
+    warmup_lr: float = 3e-3
+    tool_every: int = 3  # every n-th warm-up step is a batch of tool-call examples
+    seed: int = 1234
+    task: str = "words"
+    format_version: int = 6
+
+
+EMBEDDED_SPEC = EmbeddedSpec()
 
 _WORDS = (
     "the a an of to and in is it that for on with as was at by be this from or have not are "
@@ -120,7 +127,7 @@ def _corpus(rng: random.Random) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int, seed: int) -> object:
+def build_tokenizer(vocab_size: int, seed: int) -> Any:
     """Train the byte-level BPE and wrap it for transformers."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -141,13 +148,13 @@ def build_tokenizer(vocab_size: int, seed: int) -> object:
         show_progress=False,
     )
     backend.train_from_iterator(_corpus(random.Random(seed)), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
         additional_special_tokens=["<|im_start|>"],
-        model_max_length=EMBEDDED_SPEC["max_position_embeddings"],
+        model_max_length=EMBEDDED_SPEC.max_position_embeddings,
     )
     tokenizer.add_tokens(EXTRA_TOKENS)
     tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
@@ -161,16 +168,21 @@ def _tool_example(rng: random.Random) -> tuple[list[dict[str, str]], list[dict[s
     """A request with tools, and the call the model should answer it with."""
     chosen = rng.sample(WARMUP_TOOLS, k=rng.randint(1, 2))
     tools: list[dict[str, object]] = [
-        {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {arg: {"type": "integer"}}}}}
+        {
+            "type": "function",
+            "function": {"name": name, "parameters": {"type": "object", "properties": {arg: {"type": "integer"}}}},
+        }
         for name, arg in chosen
     ]
     name, arg = rng.choice(chosen)
     question = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))) + "?"
-    call = '<tool_call>{"name": "' + name + '", "arguments": {"' + arg + '": ' + str(rng.randrange(10)) + "}}</tool_call>"
+    call = (
+        '<tool_call>{"name": "' + name + '", "arguments": {"' + arg + '": ' + str(rng.randrange(10)) + "}}</tool_call>"
+    )
     return [{"role": "user", "content": question}], tools, call
 
 
-def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress: Callable[[str], None]) -> float:
+def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[[str], None]) -> float:
     """Supervised warm-up on formats only: no demo answer is taught.
 
     Demo prompts are trained towards *random* digits (one digit, then ``<|im_end|>``), so the
@@ -181,27 +193,31 @@ def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress
     import torch
 
     tok: Any = tokenizer
-    rng = random.Random(int(spec["seed"]))  # type: ignore[call-overload]
+    rng = random.Random(spec.seed)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     demo_prompts = {
-        prompt: tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False)
-        for prompt, _ in demo_tasks(str(spec["task"]))
+        prompt: tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for prompt, _ in demo_tasks(spec.task)
     }
     tool_pool = []  # rendered once: chat-template rendering costs more than a training step
     for _ in range(256):
         messages, tools, call = _tool_example(rng)
-        prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
-        tool_pool.append((list(prompt), tok.encode(call, add_special_tokens=False) + [im_end]))
+        prompt = tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        tool_pool.append((list(prompt), [*tok.encode(call, add_special_tokens=False), im_end]))
     digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(spec["warmup_lr"]))  # type: ignore[attr-defined, arg-type]
-    steps = int(spec["warmup_steps"])  # type: ignore[call-overload]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr)
+    steps = spec.warmup_steps
     loss_value = float("nan")
-    model.train()  # type: ignore[attr-defined]
+    model.train()
     for step in range(steps):
         seqs, labels = [], []
         # tool prompts are long: they get their own small batches so short ones aren't padded to them
-        tool_step = step % int(spec["tool_every"]) == 0  # type: ignore[call-overload]
-        for _ in range(8 if tool_step else int(spec["warmup_batch"])):  # type: ignore[call-overload]
+        tool_step = step % spec.tool_every == 0
+        for _ in range(8 if tool_step else spec.warmup_batch):
             if tool_step:
                 prompt, target = rng.choice(tool_pool)
             else:
@@ -213,19 +229,19 @@ def _warm_up(model: object, tokenizer: object, spec: dict[str, object], progress
         ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
         lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        out = model(input_ids=ids, attention_mask=mask, labels=lab)  # type: ignore[operator]
+        out = model(input_ids=ids, attention_mask=mask, labels=lab)
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
         loss_value = float(out.loss.detach())
         if step % 50 == 0 or step == steps - 1:
             progress(f"warm-up step {step + 1}/{steps}  loss {loss_value:.3f}")
-    model.eval()  # type: ignore[attr-defined]
+    model.eval()
     return loss_value
 
 
-def spec_hash(spec: dict[str, object]) -> str:
-    payload = json.dumps({**spec, "template": CHATML_TOOLS_TEMPLATE}, sort_keys=True)
+def spec_hash(spec: EmbeddedSpec) -> str:
+    payload = json.dumps({**asdict(spec), "template": CHATML_TOOLS_TEMPLATE}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -236,13 +252,11 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
-def ensure_embedded_model(
-    cache_dir: Path | None = None, progress: Callable[[str], None] | None = None
-) -> Path:
+def ensure_embedded_model(cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Path:
     """Return the directory of the embedded model, building and caching it on first use."""
     say = progress or (lambda msg: logger.info("%s", msg))
-    spec = dict(EMBEDDED_SPEC)
-    target = (cache_dir or default_cache_dir()) / f"{spec['name']}-{spec_hash(spec)}"
+    spec = EMBEDDED_SPEC
+    target = (cache_dir or default_cache_dir()) / f"{spec.name}-{spec_hash(spec)}"
     if (target / "config.json").exists() and (target / "agentjet.json").exists():
         return target
     import torch
@@ -250,32 +264,32 @@ def ensure_embedded_model(
 
     started = time.monotonic()
     say("building the embedded model (first start only; cached afterwards)")
-    torch.manual_seed(int(spec["seed"]))  # type: ignore[call-overload]
-    tokenizer = build_tokenizer(int(spec["vocab_size"]), int(spec["seed"]))  # type: ignore[call-overload]
+    torch.manual_seed(spec.seed)
+    tokenizer = build_tokenizer(spec.vocab_size, spec.seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),  # type: ignore[arg-type]
-        hidden_size=spec["hidden_size"],
-        intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        max_position_embeddings=spec["max_position_embeddings"],
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=False,  # tied, an RL push on an answer token also moves its input embedding
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),  # type: ignore[attr-defined]
-        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
     )
     model = Qwen2ForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
-    say(f"tiny Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")  # type: ignore[arg-type]
+    say(f"tiny Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     loss = _warm_up(model, tokenizer, spec, say)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
         model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)  # type: ignore[attr-defined]
+        tokenizer.save_pretrained(staging)
         (staging / "agentjet.json").write_text(
-            json.dumps({"spec": spec, "warmup_loss": loss, "parameters": params}, indent=2)
+            json.dumps({"spec": asdict(spec), "warmup_loss": loss, "parameters": params}, indent=2)
         )
         if target.exists():
             shutil.rmtree(target)

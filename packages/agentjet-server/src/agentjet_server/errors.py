@@ -1,15 +1,15 @@
 """The server's exceptions, rooted in one class.
 
-    AgentJetServerError
-    ├── ConfigError              bad settings (CLI / create_app), raised before serving starts
-    │   └── ModelLoadError       the model directory can't be loaded
-    ├── EngineError              inference failed (answered as 500 "engine_error")
-    └── RequestError             the caller's fault; answered as 4xx in OpenAI's error shape
-        ├── InvalidRequestError      400
-        ├── AuthenticationError      401
-        ├── PermissionDeniedError    403
-        ├── NotFoundError            404
-        └── PayloadTooLargeError     413
+AgentJetServerError
+├── ConfigError              bad settings (CLI / create_app), raised before serving starts
+│   └── ModelLoadError       the model directory can't be loaded
+├── EngineError              inference failed (answered as 500 "engine_error")
+└── RequestError             the caller's fault; answered as 4xx in OpenAI's error shape
+    ├── InvalidRequestError      400
+    ├── AuthenticationError      401
+    ├── PermissionDeniedError    403
+    ├── NotFoundError            404
+    └── PayloadTooLargeError     413
 """
 
 from __future__ import annotations

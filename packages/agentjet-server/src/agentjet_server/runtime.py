@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -32,8 +33,9 @@ def trainable_copy(engine: Engine, model_path: str, device: str) -> torch.nn.Mod
     """A separate fp32 model for the learner, initialised from the engine's current weights."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-    model.load_state_dict(engine.state_dict(), strict=False)
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = model.to(device)
+    model.load_state_dict(engine.state_dict(), strict=True)
     model.eval()
     return model
 
@@ -45,7 +47,9 @@ class SwarmRuntime:
         self.chat = ChatService(engine, default_max_tokens=settings.default_max_tokens)
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups)
         self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add)
-        self.loop = TrainingLoop(learner, self.buffer, engine, version=engine.version, on_trained=self.store.mark_trained)
+        self.loop = TrainingLoop(
+            learner, self.buffer, engine, version=engine.version, on_trained=self.store.mark_trained
+        )
         self.started = time.monotonic()
 
     @classmethod
@@ -53,11 +57,14 @@ class SwarmRuntime:
         torch.manual_seed(settings.seed)
         model = trainable_copy(engine, model_path, settings.device)
         config = LearnerConfig(
-            lr=settings.lr, clip_low=settings.clip_low, clip_high=settings.clip_high,
+            lr=settings.lr,
+            clip_low=settings.clip_low,
+            clip_high=settings.clip_high,
             max_grad_norm=settings.max_grad_norm,
         )
         pad_id = getattr(engine, "pad_id", 0) or 0
-        vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        embeddings: Any = model.get_input_embeddings()  # type: ignore[operator]
+        vocab_size = int(embeddings.weight.shape[0])
         runtime = cls(engine, settings, Learner(model, config, pad_id), vocab_size)
         runtime.loop.start()
         return runtime

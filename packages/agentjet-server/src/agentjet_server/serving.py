@@ -208,7 +208,9 @@ class ChatService:
                 Choice(
                     index=index,
                     message=AssistantMessage(content=content, tool_calls=calls or None),
-                    logprobs=ChoiceLogprobs(content=state.logprob_entries(state.events)) if prepared.want_logprobs else None,
+                    logprobs=ChoiceLogprobs(content=state.logprob_entries(state.events))
+                    if prepared.want_logprobs
+                    else None,
                     finish_reason=state.finish_reason(),
                     agentjet=state.extension(),
                 )
@@ -235,7 +237,7 @@ class ChatService:
             chunk = ChatCompletionChunk(id=chunk_id, created=created, model=model_name, choices=choices, usage=usage)
             return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
-        queue: asyncio.Queue[tuple[int, TokenEvent | None | BaseException]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
 
         async def pump(index: int) -> None:
             try:
@@ -293,7 +295,9 @@ def final_frames(frame: Any, index: int, state: _ChoiceState) -> str:
     if calls:
         tool_deltas = [
             ToolCallDelta(
-                index=i, id=call.id, type="function",
+                index=i,
+                id=call.id,
+                type="function",
                 function={"name": call.function.name, "arguments": call.function.arguments},
             )
             for i, call in enumerate(calls)

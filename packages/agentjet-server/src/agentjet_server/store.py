@@ -53,7 +53,9 @@ class TrajectoryStore:
         with self._lock:
             if trajectory.id in self._seen:
                 self.duplicate += 1
-                return TrajectoryResult(id=trajectory.id, status="duplicate", reason="already received; not trained again")
+                return TrajectoryResult(
+                    id=trajectory.id, status="duplicate", reason="already received; not trained again"
+                )
             problem = self._problem(trajectory, version)
             if problem is not None:
                 code, message = problem

@@ -99,7 +99,8 @@ class TransformersEngine(Engine):
         self.model_name = model_name or path.name
         self.tokenizer = load_tokenizer(path)
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+            model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+            self.model = model.to(device).eval()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"could not load model weights from {path}: {exc}") from exc
         self.device = torch.device(device)
@@ -110,7 +111,9 @@ class TransformersEngine(Engine):
             self.pad_id = self.tokenizer.eos_token_id or 0
         self._stop_ids = self._find_stop_ids()
         # transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._cache_kwarg = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        )
 
         self._version = version
         self._requests: queue.Queue[_Request | object] = queue.Queue()
@@ -134,7 +137,9 @@ class TransformersEngine(Engine):
     ) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(
-                list(messages), tools=list(tools) if tools else None, add_generation_prompt=True,
+                list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=True,
                 tokenize=False,
             )
         except Exception as exc:  # jinja raises many kinds; all mean the messages don't fit the template
@@ -256,7 +261,7 @@ class TransformersEngine(Engine):
             request.push(EngineError("the engine is shut down"))
 
     def _drain(self) -> list[_Request]:
-        left = []
+        left: list[_Request] = []
         while True:
             try:
                 item = self._requests.get_nowait()
@@ -291,8 +296,11 @@ class TransformersEngine(Engine):
             self._apply_pending_weights()  # between decode steps: never inside a forward pass
             mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long, device=self.device)], dim=1)
             logits = self.model(
-                input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=next_pos,
-                use_cache=True, **{self._cache_kwarg: cache},
+                input_ids=tokens.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=next_pos,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
             ).logits[:, -1, :]
             logits_version = self._version
             next_pos = next_pos + 1

@@ -73,7 +73,12 @@ class TrainingLoop:
         self._on_trained(batch.trajectories)
         logger.info(
             "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  tokens %d  %.2fs",
-            self.learner.steps, new_version, stats.loss, stats.mean_reward, stats.sequences,
-            stats.trained_tokens, stats.seconds,
+            self.learner.steps,
+            new_version,
+            stats.loss,
+            stats.mean_reward,
+            stats.sequences,
+            stats.trained_tokens,
+            stats.seconds,
         )
         return stats

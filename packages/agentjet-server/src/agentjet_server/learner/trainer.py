@@ -163,17 +163,22 @@ class Learner:
         tensors = [_collate(part, self.pad_id, self.device) for part in micro]
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
-        for epoch in range(self.config.epochs):
+        for _epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
             extra = {}
             for part in tensors:
                 logprobs = self.sequence_logprobs(part)
                 loss, stats = clipped_policy_loss(
-                    logprobs, part["old_logprobs"], part["advantages"], part["loss_mask"],
-                    self.config.clip_low, self.config.clip_high, normaliser=total,
+                    logprobs,
+                    part["old_logprobs"],
+                    part["advantages"],
+                    part["loss_mask"],
+                    self.config.clip_low,
+                    self.config.clip_high,
+                    normaliser=total,
                 )
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += float(loss.detach())
                 weight = float(part["loss_mask"].sum()) / total
                 for key, value in stats.items():

@@ -1,0 +1,51 @@
+"""Developer sessions: ``nox -s tests``, ``lint``, ``demo``, ``bench``, ``client_light``.
+
+CPU environments pin torch to the local CPU build; the packages themselves accept a range.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+CPU_TORCH = "torch==2.13.0"
+PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The whole test suite."""
+    session.install(CPU_TORCH, "pytest>=8")
+    session.install(*PACKAGES)
+    session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy --strict on both packages."""
+    session.install(CPU_TORCH, "ruff", "mypy")
+    session.install(*PACKAGES)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy", "packages/agentjet-client/src", "packages/agentjet-server/src")
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """Server with the embedded model + the digits agent; prints the reward as it learns."""
+    session.run("python", "scripts/dev.py", "demo", external=True)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Latency of the chat endpoint and the capture paths, as ratios to the engine."""
+    session.install(CPU_TORCH)
+    session.install(*PACKAGES)
+    session.run("python", "bench/latency.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def client_light(session: nox.Session) -> None:
+    """The client alone installs no torch/transformers."""
+    session.install("packages/agentjet-client")
+    session.run("python", "-c", "import importlib.util as u, sys; sys.exit(bool(u.find_spec('torch')))")
