@@ -120,6 +120,8 @@ class TransformersEngine(Engine):
         self._pending: _WeightUpdate | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self.batches_run = 0
+        self.largest_batch = 0
         self._thread = threading.Thread(target=self._run, name="agentjet-engine", daemon=True)
         self._thread.start()
 
@@ -220,7 +222,7 @@ class TransformersEngine(Engine):
             return
         try:
             with torch.no_grad():
-                self.model.load_state_dict(dict(update.state_dict), strict=False)
+                self.model.load_state_dict(dict(update.state_dict), strict=True)
             self._version = update.version
         except Exception as exc:  # reported to the learner that asked for it
             update.error = exc
@@ -273,6 +275,8 @@ class TransformersEngine(Engine):
     def _decode_batch(self, batch: list[_Request]) -> None:
         from transformers import DynamicCache
 
+        self.batches_run += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
         width = max(len(r.prompt_ids) for r in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -1,0 +1,91 @@
+"""The transformers engine: batching, version tags across a weight update, logprob exactness."""
+
+import asyncio
+
+import pytest
+import torch
+
+from agentjet_server.engine.base import SamplingParams
+from agentjet_server.engine.hf import TransformersEngine
+from agentjet_server.errors import EngineError
+
+PROMPT = [{"role": "user", "content": "Tell me something."}]
+
+
+def collect(engine, ids, params):
+    async def run():
+        return [event async for event in engine.generate(ids, params)]
+
+    return asyncio.run(run())
+
+
+def test_concurrent_requests_share_forward_passes(chatty_model_dir):
+    engine = TransformersEngine(chatty_model_dir)
+    try:
+        ids = engine.render(PROMPT)
+
+        async def many():
+            jobs = [engine.generate(ids, SamplingParams(max_tokens=16, seed=i)) for i in range(8)]
+            return await asyncio.gather(*[_drain(job) for job in jobs])
+
+        outs = asyncio.run(many())
+        assert all(len(o) == 16 for o in outs)
+        assert engine.largest_batch > 1 and engine.batches_run < 8
+    finally:
+        engine.close()
+
+
+async def _drain(gen):
+    return [event async for event in gen]
+
+
+def test_weights_swap_between_decode_steps_and_tokens_carry_their_version(chatty_model_dir):
+    engine = TransformersEngine(chatty_model_dir)
+    try:
+        ids = engine.render(PROMPT)
+        new = {k: v + 0.01 * torch.randn_like(v) for k, v in engine.state_dict().items()}
+        events = []
+
+        async def run():
+            async for event in engine.generate(ids, SamplingParams(max_tokens=200, seed=0)):
+                events.append(event)
+                if len(events) == 5:
+                    await asyncio.to_thread(engine.update_weights, new, 1)
+
+        asyncio.run(run())
+        versions = [e.version for e in events]
+        assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == 1
+        assert engine.version == 1
+        after = collect(engine, ids, SamplingParams(max_tokens=4, seed=0))
+        assert {e.version for e in after} == {1}
+    finally:
+        engine.close()
+
+
+def test_engine_logprobs_match_a_plain_forward_pass(chatty_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    engine = TransformersEngine(chatty_model_dir)
+    try:
+        ids = engine.render(PROMPT)
+        events = collect(engine, ids, SamplingParams(max_tokens=12, seed=3))
+        model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
+        seq = ids + [e.token_id for e in events]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
+        expected = [float(logp[len(ids) - 1 + i, e.token_id]) for i, e in enumerate(events)]
+        assert max(abs(a - b.logprob) for a, b in zip(expected, events, strict=True)) < 1e-4
+    finally:
+        engine.close()
+
+
+def test_greedy_is_deterministic_and_closed_engine_refuses(chatty_model_dir):
+    engine = TransformersEngine(chatty_model_dir)
+    ids = engine.render(PROMPT)
+    a = collect(engine, ids, SamplingParams(max_tokens=8, temperature=0.0))
+    b = collect(engine, ids, SamplingParams(max_tokens=8, temperature=0.0))
+    assert [e.token_id for e in a] == [e.token_id for e in b]
+    engine.close()
+    with pytest.raises(EngineError, match="shut down"):
+        collect(engine, ids, SamplingParams(max_tokens=2))
+    assert not engine._thread.is_alive()
