@@ -103,12 +103,7 @@ def status(
             st = client.status()
     except (AgentJetError, ValueError) as exc:
         _fail(str(exc))
-    t = st.trajectories
-    console.print(
-        f"server {server}: model {st.model}  policy v{st.policy_version}  step {st.learner.step}  "
-        f"accepted {t.accepted}  rejected {t.rejected}  buffered {t.buffered}  trained {t.trained}  "
-        f"admission budget {st.admission_budget}"
-    )
+    console.print(f"server {server}: {st.summary()}")
 
 
 def main() -> None:

@@ -438,6 +438,16 @@ class ServerStatus(_Strict):
     )
     uptime_s: float
 
+    def summary(self) -> str:
+        """One line for people: what ``agentjet-server status`` and ``agentjet-client status`` print."""
+        t = self.trajectories
+        reasons = f" {t.rejected_by_reason}" if t.rejected_by_reason else ""
+        return (
+            f"model {self.model}  policy v{self.policy_version}  step {self.learner.step}  "
+            f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected}{reasons}  "
+            f"buffered {t.buffered}  trained {t.trained}  admission budget {self.admission_budget}"
+        )
+
 
 class Health(_Strict):
     status: Literal["ok"] = "ok"

@@ -1,7 +1,7 @@
 """httpx2 transports that capture chat completions on their way through the OpenAI SDK.
 
-The wrapped transport is usually the ``SwarmClient``'s shared connection pool, so episodes
-cost no new connections; an episode closing its SDK client leaves that pool open.
+The wrapped transport is the ``SwarmClient``'s shared connection pool, so episodes cost no new
+connections; an episode closing its SDK client leaves that pool open.
 
 openai-python runs on httpx2, so ``episode.openai()`` hands the SDK an ``httpx2.Client``
 whose transport is a ``CaptureTransport``: every ``POST .../chat/completions`` is passed to the
@@ -19,23 +19,30 @@ import httpx2
 from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body
 
 
-class _TeeStream(httpx2.SyncByteStream):
-    def __init__(self, inner: httpx2.SyncByteStream, on_done: Any) -> None:
-        self._inner = inner
+class _Tee:
+    """Feeds every chunk that passes to an SSE collector; reports the chunks once, at the end."""
+
+    def __init__(self, on_done: Any) -> None:
         self._collector = SSECollector()
         self._on_done = on_done
         self._done = False
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._on_done(self._collector.chunks)
+
+
+class _TeeStream(_Tee, httpx2.SyncByteStream):
+    def __init__(self, inner: httpx2.SyncByteStream, on_done: Any) -> None:
+        super().__init__(on_done)
+        self._inner = inner
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self._inner:
             self._collector.feed(chunk)
             yield chunk
         self._finish()
-
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._on_done(self._collector.chunks)
 
     def close(self) -> None:
         try:
@@ -44,23 +51,16 @@ class _TeeStream(httpx2.SyncByteStream):
             self._finish()
 
 
-class _AsyncTeeStream(httpx2.AsyncByteStream):
+class _AsyncTeeStream(_Tee, httpx2.AsyncByteStream):
     def __init__(self, inner: httpx2.AsyncByteStream, on_done: Any) -> None:
+        super().__init__(on_done)
         self._inner = inner
-        self._collector = SSECollector()
-        self._on_done = on_done
-        self._done = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
             self._collector.feed(chunk)
             yield chunk
         self._finish()
-
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._on_done(self._collector.chunks)
 
     async def aclose(self) -> None:
         try:
@@ -73,16 +73,45 @@ def _is_sse(response: httpx2.Response) -> bool:
     return "text/event-stream" in response.headers.get("content-type", "")
 
 
-class CaptureTransport(httpx2.BaseTransport):
-    """Wraps a sync transport; records chat completions into ``recorder`` as ``agent``."""
+def _with_stream(
+    request: httpx2.Request, response: httpx2.Response, stream: httpx2.SyncByteStream | httpx2.AsyncByteStream
+) -> httpx2.Response:
+    return httpx2.Response(
+        response.status_code,
+        headers=response.headers,
+        stream=stream,
+        request=request,
+        extensions=response.extensions,
+    )
 
-    def __init__(
-        self, recorder: EpisodeRecorder, agent: str, inner: httpx2.BaseTransport, *, owns_inner: bool = False
-    ) -> None:
+
+def _json_or_none(response: httpx2.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+class _Capture:
+    """What both transports share: which requests to record and where to."""
+
+    def __init__(self, recorder: EpisodeRecorder, agent: str) -> None:
         self.recorder = recorder
         self.agent = agent
+
+    def _on_stream_end(self, body: dict[str, Any], started: float) -> Any:
+        return lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started)
+
+
+class CaptureTransport(_Capture, httpx2.BaseTransport):
+    """Wraps a sync transport; records chat completions into ``recorder`` as ``agent``.
+
+    ``inner`` is shared between episodes and is not closed with this transport.
+    """
+
+    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.BaseTransport) -> None:
+        super().__init__(recorder, agent)
         self.inner = inner
-        self.owns_inner = owns_inner
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if not is_chat_request(request.method, request.url.path):
@@ -92,51 +121,23 @@ class CaptureTransport(httpx2.BaseTransport):
         response = self.inner.handle_request(request)
         if response.status_code != 200:
             return response
-        if _is_sse(response):
-            assert isinstance(response.stream, httpx2.SyncByteStream)
-            tee = _TeeStream(
-                response.stream, lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started)
-            )
-            return httpx2.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=tee,
-                request=request,
-                extensions=response.extensions,
-            )
         assert isinstance(response.stream, httpx2.SyncByteStream)
+        if _is_sse(response):
+            return _with_stream(request, response, _TeeStream(response.stream, self._on_stream_end(body, started)))
         raw = b"".join(response.stream)
         response.close()
-        out = httpx2.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=httpx2.ByteStream(raw),
-            request=request,
-            extensions=response.extensions,
-        )
+        out = _with_stream(request, response, httpx2.ByteStream(raw))
         out.read()
-        try:
-            parsed = out.json()
-        except ValueError:
-            parsed = None
-        self.recorder.record_response(self.agent, body, parsed, started)
+        self.recorder.record_response(self.agent, body, _json_or_none(out), started)
         return out
 
-    def close(self) -> None:
-        if self.owns_inner:  # a shared connection pool outlives the episode
-            self.inner.close()
 
-
-class AsyncCaptureTransport(httpx2.AsyncBaseTransport):
+class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
     """Async twin of ``CaptureTransport``."""
 
-    def __init__(
-        self, recorder: EpisodeRecorder, agent: str, inner: httpx2.AsyncBaseTransport, *, owns_inner: bool = False
-    ) -> None:
-        self.recorder = recorder
-        self.agent = agent
+    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.AsyncBaseTransport) -> None:
+        super().__init__(recorder, agent)
         self.inner = inner
-        self.owns_inner = owns_inner
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if not is_chat_request(request.method, request.url.path):
@@ -146,35 +147,12 @@ class AsyncCaptureTransport(httpx2.AsyncBaseTransport):
         response = await self.inner.handle_async_request(request)
         if response.status_code != 200:
             return response
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
         if _is_sse(response):
-            assert isinstance(response.stream, httpx2.AsyncByteStream)
-            tee = _AsyncTeeStream(
-                response.stream, lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started)
-            )
-            return httpx2.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=tee,
-                request=request,
-                extensions=response.extensions,
-            )
-        raw = b"".join([chunk async for chunk in response.stream])  # type: ignore[union-attr]
+            return _with_stream(request, response, _AsyncTeeStream(response.stream, self._on_stream_end(body, started)))
+        raw = b"".join([chunk async for chunk in response.stream])
         await response.aclose()
-        out = httpx2.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=httpx2.ByteStream(raw),
-            request=request,
-            extensions=response.extensions,
-        )
+        out = _with_stream(request, response, httpx2.ByteStream(raw))
         await out.aread()
-        try:
-            parsed = out.json()
-        except ValueError:
-            parsed = None
-        self.recorder.record_response(self.agent, body, parsed, started)
+        self.recorder.record_response(self.agent, body, _json_or_none(out), started)
         return out
-
-    async def aclose(self) -> None:
-        if self.owns_inner:
-            await self.inner.aclose()

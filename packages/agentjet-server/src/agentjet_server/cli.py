@@ -112,12 +112,7 @@ def status(
             st = client.status()
     except AgentJetError as exc:
         _fail(str(exc))
-    t = st.trajectories
-    console.print(
-        f"model {st.model}  policy v{st.policy_version}  step {st.learner.step}  "
-        f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected} {t.rejected_by_reason or ''}  "
-        f"buffered {t.buffered}  trained {t.trained}  admission budget {st.admission_budget}"
-    )
+    console.print(st.summary())
 
 
 def main() -> None:
