@@ -58,7 +58,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0) 
     sys.exit(f"the server did not answer on {url} within {limit:.0f}s")
 
 
-def demo(port: int = 8765, episodes: int = 20000) -> None:
+def demo(port: int = 8765, episodes: int = 26000) -> None:
     ensure_env()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([str(BIN / "agentjet-server"), "up", "--port", str(port), "--log-level", "warning"])

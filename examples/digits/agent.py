@@ -4,7 +4,7 @@ The embedded model was warmed up on the answer *format* with random digits as ta
 starts at chance (about 0.1) and learns each answer from the reward alone. The prompt decides
 the answer, so no fixed output can score well.
 
-    agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 20000
+    agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 26000
 
 Set ``AGENTJET_DIGITS`` (e.g. ``3,8``) to train on a subset of the words (the end-to-end test
 does, to stay short).

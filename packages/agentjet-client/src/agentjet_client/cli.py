@@ -40,7 +40,7 @@ def run(
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
 
-    Example: agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 20000
+    Example: agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 26000
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_client.client import SwarmClient
