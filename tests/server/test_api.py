@@ -293,10 +293,12 @@ def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
 
 def test_duplicate_inside_one_batch_is_trained_once(live_server, sdk):
     t = Trajectory(id="t-twice", task_id="g-twice", turns=[real_turn(live_server, sdk)], reward=1.0)
-    res = post(live_server, "/v1/trajectories", json={"trajectories": [t.model_dump(mode="json")] * 2}).json()[
-        "results"
-    ]
+    body = {"trajectories": [t.model_dump(mode="json")]}
+    before = live_server.runtime.buffer.buffered
+    res = post(live_server, "/v1/trajectories", json={"trajectories": body["trajectories"] * 2}).json()["results"]
     assert [r["status"] for r in res] == ["accepted", "duplicate"]
+    assert post(live_server, "/v1/trajectories", json=body).json()["results"][0]["status"] == "duplicate"
+    assert live_server.runtime.buffer.buffered == before + 1  # buffered for training once
 
 
 @pytest.mark.parametrize(
