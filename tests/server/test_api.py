@@ -317,3 +317,19 @@ def test_duplicate_inside_one_batch_is_trained_once(live_server, sdk):
 def test_bad_trajectory_batches_get_400(live_server, body, needle):
     r = post(live_server, "/v1/trajectories", json=body)
     assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_streaming_n_interleaves_choices_each_with_its_extension(chatty_sdk):
+    texts: dict[int, str] = {0: "", 1: ""}
+    exts: dict[int, dict] = {}
+    kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=10, seed=4, n=2)
+    for chunk in chatty_sdk.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                exts[choice.index] = choice.model_extra["agentjet"]
+    whole = chatty_sdk.chat.completions.create(**kw)
+    assert set(exts) == {0, 1}
+    for choice in whole.choices:
+        assert exts[choice.index]["completion_token_ids"] == choice.model_extra["agentjet"]["completion_token_ids"]
+        assert texts[choice.index] == choice.message.content

@@ -85,6 +85,8 @@ def run(
     )
     if report.reject_reasons:
         console.print(f"rejections: {dict(report.reject_reasons)}")
+    if report.failure_reasons:
+        console.print(f"failed episodes: {dict(report.failure_reasons.most_common(5))}")
 
 
 @app.command()

@@ -19,8 +19,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = "v1"
-
 # ---------------------------------------------------------------------------------------------
 # OpenAI Chat Completions: requests
 # ---------------------------------------------------------------------------------------------

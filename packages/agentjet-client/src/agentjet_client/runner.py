@@ -51,6 +51,7 @@ class RunReport:
     duplicate: int = 0
     rejected: int = 0
     reject_reasons: Counter[str] = field(default_factory=Counter)
+    failure_reasons: Counter[str] = field(default_factory=Counter)
     first_version: int | None = None
     last_version: int | None = None
     elapsed_s: float = 0.0
@@ -191,6 +192,7 @@ class Runner:
                 self.report.rewards.append(reward)
             else:
                 self.report.failed += 1
+                self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
             await queue.put(trajectory)
             self._on_progress(self.report)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
@@ -210,5 +209,4 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.runtime = rt
-    app.state.started = time.time()
     return app

@@ -7,8 +7,6 @@ AgentJetServerError
 └── RequestError             the caller's fault; answered as 4xx in OpenAI's error shape
     ├── InvalidRequestError      400
     ├── AuthenticationError      401
-    ├── PermissionDeniedError    403
-    ├── NotFoundError            404
     └── PayloadTooLargeError     413
 """
 
@@ -54,16 +52,6 @@ class InvalidRequestError(RequestError):
 class AuthenticationError(RequestError):
     status_code = 401
     error_type = "authentication_error"
-
-
-class PermissionDeniedError(RequestError):
-    status_code = 403
-    error_type = "permission_error"
-
-
-class NotFoundError(RequestError):
-    status_code = 404
-    error_type = "not_found_error"
 
 
 class PayloadTooLargeError(RequestError):

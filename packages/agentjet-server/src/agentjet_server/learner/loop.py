@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
 from agentjet_server.learner.trainer import Learner, StepStats, build_batch
@@ -58,7 +59,7 @@ class TrainingLoop:
                 logger.exception("learner step failed")
                 self.error = f"{type(exc).__name__}: {exc}"
 
-    def run_step(self, groups: list) -> StepStats | None:  # type: ignore[type-arg]
+    def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         batch = build_batch(groups)
         if not batch.sequences:
             self.skipped_batches += 1
