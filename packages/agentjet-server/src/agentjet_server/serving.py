@@ -54,19 +54,35 @@ class _ChoiceState:
     text: str = ""
     sent: int = 0
     stopped_by_string: bool = False
+    _text_ids: list[int] = field(default_factory=list)
+    _prefix: int = 0  # incremental detokenisation window: ids[_prefix:_read] is already text
+    _read: int = 0
 
     @property
     def ids(self) -> list[int]:
         return [e.token_id for e in self.events]
 
     def add(self, event: TokenEvent) -> None:
+        """Take one token; extend ``text`` by what it completes (a window decode, not the whole)."""
         self.events.append(event)
-        text_ids = [t for t in self.ids if not self.engine.is_stop_token(t)]
-        text = self.engine.decode(text_ids)
-        cut = _earliest_stop(text, self.prepared.params.stop)
-        if cut is not None:
-            text, self.stopped_by_string = text[:cut], True
-        self.text = text
+        if self.stopped_by_string:
+            return
+        if not self.engine.is_stop_token(event.token_id):
+            self._text_ids.append(event.token_id)
+        before = len(self.text)
+        done = self.engine.decode(self._text_ids[self._prefix : self._read])
+        grown = self.engine.decode(self._text_ids[self._prefix :])
+        final = event.finish_reason is not None
+        # a byte-level token can end inside a UTF-8 character: wait for the rest unless finished
+        if len(grown) > len(done) and (final or not grown.endswith("\ufffd")):
+            self.text += grown[len(done) :]
+            self._prefix, self._read = self._read, len(self._text_ids)
+        stops = self.prepared.params.stop
+        if stops:
+            start = max(0, before - max(len(x) for x in stops) + 1)
+            cut = _earliest_stop(self.text[start:], stops)
+            if cut is not None:
+                self.text, self.stopped_by_string = self.text[: start + cut], True
 
     def sendable(self, final: bool) -> str:
         """New text safe to stream: no partial UTF-8, no possible stop-string prefix, no tool call."""
@@ -77,8 +93,6 @@ class _ChoiceState:
             elif (pos := self.text.find(TOOL_CALL_OPEN)) >= 0:
                 end = pos
         if not final:
-            while end > self.sent and self.text[end - 1] == "\ufffd":
-                end -= 1
             hold = max((len(s) for s in self.prepared.params.stop), default=1) - 1
             end = min(end, max(len(self.text) - hold, self.sent))
         delta = self.text[self.sent : end] if end > self.sent else ""

@@ -350,8 +350,10 @@ class TransformersEngine(Engine):
         if token in self._stop_ids:
             return "stop"
         if request.params.stop:
-            text = self.decode(request.output_ids)
-            if any(s in text for s in request.params.stop):
+            # a stop string of n characters spans at most 4n byte-level tokens: decode only that tail
+            window = 4 * max(len(x) for x in request.params.stop) + 4
+            tail = self.decode(request.output_ids[-window:])
+            if any(x in tail for x in request.params.stop):
                 return "stop"
         if len(request.output_ids) >= request.params.max_tokens:
             return "length"
