@@ -22,6 +22,12 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _describe(error: Any) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    flag = "-".join(str(x) for x in error["loc"]).replace("_", "-")
+    return f"--{flag}: {message}" if flag else message
+
+
 @app.command()
 def up(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
@@ -67,7 +73,7 @@ def up(
             seed=seed,
         )
     except ValidationError as exc:
-        _fail("; ".join(f"--{'-'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()))
+        _fail("; ".join(_describe(e) for e in exc.errors()))
     try:
         serve(settings)
     except AgentJetServerError as exc:
