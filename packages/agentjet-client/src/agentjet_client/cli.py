@@ -94,7 +94,7 @@ def status(
     server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
 ) -> None:
-    """Show the server's policy version and trajectory counts, as this client sees them.
+    """Show a server's policy version, learner step, trajectory counts and admission budget.
 
     Example: agentjet-client status --server http://127.0.0.1:8000
     """

@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from agentjet_client.cli import status as client_status
 from agentjet_server.errors import AgentJetServerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
@@ -101,24 +102,8 @@ def serve(settings: Any) -> None:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
 
 
-@app.command()
-def status(
-    server: Annotated[str, typer.Option(help="server base URL")] = "http://127.0.0.1:8000",
-    api_key: Annotated[str | None, typer.Option(help="API key", envvar="AGENTJET_API_KEY")] = None,
-) -> None:
-    """Show a server's policy version, learner step and trajectory counts.
-
-    Example: agentjet-server status --server http://127.0.0.1:8000
-    """
-    from agentjet_client.client import SwarmClient
-    from agentjet_client.errors import AgentJetError
-
-    try:
-        with SwarmClient(server, api_key=api_key) as client:
-            st = client.status()
-    except AgentJetError as exc:
-        _fail(str(exc))
-    console.print(st.summary())
+# the same one-line view as `agentjet-client status`
+app.command(name="status")(client_status)
 
 
 def main() -> None:

@@ -1,0 +1,25 @@
+"""The two CLIs' status commands and their error lines, as a user runs them."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args):
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=120)
+
+
+def test_status_commands_print_one_line_summary(live_server):
+    for cli in ("agentjet-server", "agentjet-client"):
+        out = run(cli, "status", "--server", live_server.url)
+        assert out.returncode == 0, out.stderr
+        assert "model agentjet-tiny" in out.stdout and "admission budget" in out.stdout
+
+
+def test_cli_errors_are_one_clear_line():
+    out = run("agentjet-server", "up", "--batch-groups", "0")
+    assert out.returncode == 2 and "--batch-groups" in out.stderr and "Traceback" not in out.stderr
+    out = run("agentjet-client", "run", "--code-dir", "/nonexistent/dir")
+    assert out.returncode == 2 and "is not a directory" in out.stderr and "Traceback" not in out.stderr
