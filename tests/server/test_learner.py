@@ -61,3 +61,30 @@ def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_
     assert len(changed) > 0.9 * len(before)
     assert probs[-1] > probs[0] * 2
     assert len({round(x, 9) for x in losses}) > 1  # the loss moved
+
+
+def test_head_on_trained_positions_only_equals_full_logits(model_dir):
+    """The learner runs the output head only where tokens are trained; values must be identical."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.losses import selective_log_softmax
+    from agentjet_server.learner.trainer import Sequence, _collate
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(), pad_id=0)
+    rng = random.Random(0)
+    seqs = []
+    for _ in range(12):
+        tokens = [rng.randrange(1000) for _ in range(rng.randint(5, 30))]
+        start = rng.randint(1, len(tokens) - 1)
+        seqs.append(Sequence(tokens, start, [-1.0] * (len(tokens) - start), 1.0))
+    batch = _collate(seqs, 0, torch.device("cpu"))
+    with torch.no_grad():
+        fast = learner.sequence_logprobs(batch)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        full = selective_log_softmax(logits[:, :-1], batch["targets"])
+    trained = batch["loss_mask"].bool()
+    assert torch.allclose(fast[trained], full[trained], atol=1e-6)
+    assert fast[~trained].abs().max() == 0

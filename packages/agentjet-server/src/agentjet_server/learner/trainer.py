@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -150,8 +151,24 @@ class Learner:
         self.steps = 0
 
     def sequence_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return selective_log_softmax(logits[:, :-1, :], batch["targets"])
+        """Log-probabilities of the targets, ``[N, L-1]``, exact at trained positions (0 elsewhere).
+
+        The output head runs only on trained positions: prompts, tool results and padding make
+        up most of a sequence and need no logits, so the head (vocab x hidden, the largest
+        matrix of a small model) costs in proportion to sampled tokens, not to context.
+        """
+        model: Any = self.model
+        decoder: Any = getattr(model, "get_decoder", lambda: None)()
+        head: Any = getattr(model, "get_output_embeddings", lambda: None)()
+        if decoder is None or head is None:  # not a standard HF causal LM: full logits
+            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            return selective_log_softmax(logits[:, :-1, :], batch["targets"])
+        hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        trained = batch["loss_mask"].bool()
+        picked = torch.log_softmax(head(hidden[:, :-1, :][trained]).float(), dim=-1)
+        values = picked.gather(-1, batch["targets"][trained].unsqueeze(-1)).squeeze(-1)
+        out = torch.zeros(trained.shape, dtype=values.dtype, device=values.device)
+        return out.masked_scatter(trained, values)
 
     def step(self, batch: Batch) -> StepStats:
         if not batch.sequences:
