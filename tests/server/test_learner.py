@@ -69,7 +69,6 @@ def test_head_on_trained_positions_only_equals_full_logits(model_dir):
 
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.learner.losses import selective_log_softmax
     from agentjet_server.learner.trainer import Sequence, _collate
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -82,9 +81,29 @@ def test_head_on_trained_positions_only_equals_full_logits(model_dir):
         seqs.append(Sequence(tokens, start, [-1.0] * (len(tokens) - start), 1.0))
     batch = _collate(seqs, 0, torch.device("cpu"))
     with torch.no_grad():
-        fast = learner.sequence_logprobs(batch)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        full = selective_log_softmax(logits[:, :-1], batch["targets"])
+        fast, entropy = learner.sequence_logprobs(batch)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        full_logp = torch.log_softmax(logits, -1)
+        full = full_logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
+        full_entropy = -(full_logp.exp() * full_logp).sum(-1)
     trained = batch["loss_mask"].bool()
     assert torch.allclose(fast[trained], full[trained], atol=1e-6)
-    assert fast[~trained].abs().max() == 0
+    assert torch.allclose(entropy[trained], full_entropy[trained], atol=1e-5)
+    assert fast[~trained].abs().max() == 0 and entropy[~trained].abs().max() == 0
+
+
+def test_entropy_bonus_acts_on_groups_without_reward_signal(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    _, group = make_group(tok, model, "Write two as a digit.", 2, 0)
+    flat = [t.model_copy(update={"reward": 0.0}) for t in group]
+    assert build_batch([flat]).sequences == []  # plain GRPO: nothing to learn
+    batch = build_batch([flat], keep_flat=True)
+    assert len(batch.sequences) == 10 and {s.advantage for s in batch.sequences} == {0.0}
+    learner = Learner(model, LearnerConfig(lr=1e-2, entropy_coef=1.0), pad_id=tok.pad_token_id)
+    first = learner.step(batch).extra["entropy"]
+    for _ in range(3):
+        last = learner.step(batch).extra["entropy"]
+    assert last > first  # the bonus alone spreads the answer distribution

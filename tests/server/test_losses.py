@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from agentjet_server.learner.losses import clipped_policy_loss, group_advantages, selective_log_softmax
+from agentjet_server.learner.losses import clipped_policy_loss, group_advantages
 
 
 def test_group_advantages_matches_naive():
@@ -21,18 +21,6 @@ def test_group_advantages_equal_rewards_are_zero_and_bad_input_raises():
     assert group_advantages(torch.tensor([0.3, 0.3, 0.3])).abs().max() == 0
     with pytest.raises(ValueError):
         group_advantages(torch.tensor([]))
-
-
-def test_selective_log_softmax_matches_naive():
-    torch.manual_seed(0)
-    logits = torch.randn(3, 5, 11)
-    targets = torch.randint(0, 11, (3, 5))
-    got = selective_log_softmax(logits, targets)
-    for i in range(3):
-        for j in range(5):
-            row = logits[i, j]
-            naive = row[targets[i, j]].item() - math.log(sum(math.exp(v) for v in row.tolist()))
-            assert got[i, j].item() == pytest.approx(naive, abs=1e-5)
 
 
 def test_clipped_loss_matches_naive_per_token():

@@ -61,6 +61,7 @@ class SwarmRuntime:
             clip_low=settings.clip_low,
             clip_high=settings.clip_high,
             max_grad_norm=settings.max_grad_norm,
+            entropy_coef=settings.entropy_coef,
         )
         pad_id = getattr(engine, "pad_id", 0) or 0
         embeddings: Any = model.get_input_embeddings()  # type: ignore[operator]

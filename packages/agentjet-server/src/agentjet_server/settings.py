@@ -25,6 +25,7 @@ class ServerSettings(BaseModel):
     clip_low: float = Field(default=0.2, ge=0)
     clip_high: float = Field(default=0.28, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
     admission_batches: int = Field(
         default=2, ge=1, description="batches' worth of episodes the server invites ahead of training"
     )

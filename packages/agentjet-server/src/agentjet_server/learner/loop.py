@@ -60,7 +60,7 @@ class TrainingLoop:
                 self.error = f"{type(exc).__name__}: {exc}"
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
-        batch = build_batch(groups)
+        batch = build_batch(groups, keep_flat=self.learner.config.entropy_coef > 0)
         if not batch.sequences:
             self.skipped_batches += 1
             self._on_trained(0)

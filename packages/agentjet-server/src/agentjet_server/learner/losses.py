@@ -2,8 +2,6 @@
 
 * ``group_advantages`` — GRPO: each episode's reward normalised within its group of siblings
   that share a task (same prompt), so the group mean is the baseline.
-* ``selective_log_softmax`` — log-probabilities of the given tokens without materialising the
-  full log-softmax for every position at once.
 * ``clipped_policy_loss`` — the PPO-style clipped surrogate against the *behaviour*
   log-probabilities the engine recorded when it sampled. The ratio ``pi_theta / pi_behaviour``
   is the importance-sampling correction for turns sampled by an older policy version; clipping
@@ -21,15 +19,6 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         raise ValueError("rewards must be a non-empty 1-D tensor of one group's episode rewards")
     centred = rewards - rewards.mean()
     return centred / (rewards.std(unbiased=False) + eps)
-
-
-def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(logits)[..., targets]`` computed row by row to bound peak memory."""
-    rows = []
-    for row_logits, row_targets in zip(logits, targets, strict=True):
-        row = torch.log_softmax(row_logits.float(), dim=-1)
-        rows.append(row.gather(-1, row_targets.unsqueeze(-1)).squeeze(-1))
-    return torch.stack(rows)
 
 
 def clipped_policy_loss(

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from agentjet_client.protocol import Trajectory
-from agentjet_server.learner.losses import clipped_policy_loss, group_advantages, selective_log_softmax
+from agentjet_server.learner.losses import clipped_policy_loss, group_advantages
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class LearnerConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     max_grad_norm: float = 1.0
+    entropy_coef: float = 0.0  # bonus on the policy's entropy at trained positions
     epochs: int = 1  # optimizer steps per batch; past the first, the clip keeps updates near the behaviour policy
     micro_batch_tokens: int = 16384
 
@@ -71,8 +72,13 @@ class StepStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def build_batch(groups: list[list[Trajectory]]) -> Batch:
-    """Turn groups of trajectories into trainable sequences with GRPO advantages."""
+def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batch:
+    """Turn groups of trajectories into trainable sequences with GRPO advantages.
+
+    A group whose rewards are all equal has no policy-gradient signal and is counted as
+    skipped; with ``keep_flat`` its sequences still come along (advantage 0) so that an entropy
+    bonus can keep a prompt that the policy has collapsed on from staying collapsed.
+    """
     sequences: list[Sequence] = []
     rewards: list[float] = []
     skipped = 0
@@ -87,7 +93,8 @@ def build_batch(groups: list[list[Trajectory]]) -> Batch:
         advantages = group_advantages(torch.tensor([t.reward for t in complete], dtype=torch.float64))
         if float(advantages.abs().max()) == 0.0:
             skipped += 1
-            continue
+            if not keep_flat:
+                continue
         for trajectory, advantage in zip(complete, advantages.tolist(), strict=True):
             for turn in trajectory.turns:
                 sequences.append(
@@ -150,25 +157,31 @@ class Learner:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.steps = 0
 
-    def sequence_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Log-probabilities of the targets, ``[N, L-1]``, exact at trained positions (0 elsewhere).
+    def _trained_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits ``[T, V]`` at the T trained positions only.
 
-        The output head runs only on trained positions: prompts, tool results and padding make
-        up most of a sequence and need no logits, so the head (vocab x hidden, the largest
+        The output head runs only where tokens are trained: prompts, tool results and padding
+        make up most of a sequence and need no logits, so the head (vocab x hidden, the largest
         matrix of a small model) costs in proportion to sampled tokens, not to context.
         """
         model: Any = self.model
+        trained = batch["loss_mask"].bool()
         decoder: Any = getattr(model, "get_decoder", lambda: None)()
         head: Any = getattr(model, "get_output_embeddings", lambda: None)()
         if decoder is None or head is None:  # not a standard HF causal LM: full logits
-            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            return selective_log_softmax(logits[:, :-1, :], batch["targets"])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            return logits[:, :-1, :][trained]  # type: ignore[no-any-return]
         hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        return head(hidden[:, :-1, :][trained])  # type: ignore[no-any-return]
+
+    def sequence_logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target log-probabilities and policy entropies, each ``[N, L-1]``, 0 off trained positions."""
         trained = batch["loss_mask"].bool()
-        picked = torch.log_softmax(head(hidden[:, :-1, :][trained]).float(), dim=-1)
-        values = picked.gather(-1, batch["targets"][trained].unsqueeze(-1)).squeeze(-1)
-        out = torch.zeros(trained.shape, dtype=values.dtype, device=values.device)
-        return out.masked_scatter(trained, values)
+        logp = torch.log_softmax(self._trained_logits(batch).float(), dim=-1)
+        values = logp.gather(-1, batch["targets"][trained].unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        zeros = torch.zeros(trained.shape, dtype=values.dtype, device=values.device)
+        return zeros.masked_scatter(trained, values), zeros.masked_scatter(trained, entropy)
 
     def step(self, batch: Batch) -> StepStats:
         if not batch.sequences:
@@ -185,7 +198,7 @@ class Learner:
             loss_sum = 0.0
             extra = {}
             for part in tensors:
-                logprobs = self.sequence_logprobs(part)
+                logprobs, entropy = self.sequence_logprobs(part)
                 loss, stats = clipped_policy_loss(
                     logprobs,
                     part["old_logprobs"],
@@ -195,6 +208,12 @@ class Learner:
                     self.config.clip_high,
                     normaliser=total,
                 )
+                if self.config.entropy_coef:
+                    loss = loss - self.config.entropy_coef * (entropy * part["loss_mask"]).sum() / total
+                    with torch.no_grad():
+                        stats["entropy"] = float(
+                            (entropy * part["loss_mask"]).sum() / part["loss_mask"].sum().clamp(min=1)
+                        )
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += float(loss.detach())
                 weight = float(part["loss_mask"].sum()) / total
