@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx2
+
 BIN = Path(sys.executable).parent
 
 
@@ -16,6 +18,8 @@ def test_status_commands_print_one_line_summary(live_server):
         out = run(cli, "status", "--server", live_server.url)
         assert out.returncode == 0, out.stderr
         assert "model agentjet-tiny" in out.stdout and "admission budget" in out.stdout
+    status = httpx2.get(live_server.url + "/v1/status").json()["learner"]
+    assert status["last_error"] is None and isinstance(status["skipped_batches"], int)
 
 
 def test_cli_errors_are_one_clear_line():

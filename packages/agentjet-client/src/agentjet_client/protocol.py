@@ -422,6 +422,8 @@ class LearnerInfo(_Strict):
     last_loss: float | None = None
     last_step_seconds: float | None = None
     last_mean_reward: float | None = None
+    skipped_batches: int = 0
+    last_error: str | None = None
 
 
 class ServerStatus(_Strict):

@@ -98,6 +98,8 @@ class SwarmRuntime:
                 last_loss=last.loss if last else None,
                 last_step_seconds=last.seconds if last else None,
                 last_mean_reward=last.mean_reward if last else None,
+                skipped_batches=self.loop.skipped_batches,
+                last_error=self.loop.error,
             ),
             admission_budget=self.admission_budget(),
             uptime_s=time.monotonic() - self.started,

@@ -50,8 +50,3 @@ class GroupBuffer:
         """Trajectories waiting to be trained (in open and complete groups)."""
         with self._cond:
             return sum(len(g) for g in self._open.values()) + sum(len(g) for g in self._ready)
-
-    @property
-    def ready_groups(self) -> int:
-        with self._cond:
-            return len(self._ready)
