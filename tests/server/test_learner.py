@@ -3,7 +3,7 @@
 import torch
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.engine.hf import load_tokenizer
+from agentjet_server.engine.tokens import load_tokenizer
 from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
 
 

@@ -20,6 +20,7 @@ from agentjet_client.protocol import (
 )
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
+from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 from agentjet_server.serving import ChatService
@@ -29,15 +30,30 @@ from agentjet_server.store import TrajectoryStore
 logger = logging.getLogger(__name__)
 
 
-def trainable_copy(engine: Engine, model_path: str, device: str) -> torch.nn.Module:
-    """A separate fp32 model for the learner, initialised from the engine's current weights."""
+def trainable_copy(model_path: str, device: str) -> torch.nn.Module:
+    """A separate fp32 model for the learner, from the same checkpoint the engine loaded."""
     from transformers import AutoModelForCausalLM
 
-    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model = model.to(device)
-    model.load_state_dict(engine.state_dict(), strict=True)
     model.eval()
-    return model
+    return model  # type: ignore[no-any-return]
+
+
+def build_learner(settings: ServerSettings, model_path: str, ctx: DistContext | None = None) -> Learner:
+    """The learner every rank builds identically (same seed, same checkpoint)."""
+    ctx = ctx or DistContext(device=settings.device)
+    torch.manual_seed(settings.seed)
+    model = trainable_copy(model_path, ctx.device)
+    config = LearnerConfig(
+        lr=settings.lr,
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        max_grad_norm=settings.max_grad_norm,
+        entropy_coef=settings.entropy_coef,
+    )
+    config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx)
 
 
 class SwarmRuntime:
@@ -53,20 +69,13 @@ class SwarmRuntime:
         self.started = time.monotonic()
 
     @classmethod
-    def create(cls, engine: Engine, settings: ServerSettings, model_path: str) -> SwarmRuntime:
-        torch.manual_seed(settings.seed)
-        model = trainable_copy(engine, model_path, settings.device)
-        config = LearnerConfig(
-            lr=settings.lr,
-            clip_low=settings.clip_low,
-            clip_high=settings.clip_high,
-            max_grad_norm=settings.max_grad_norm,
-            entropy_coef=settings.entropy_coef,
-        )
-        pad_id = getattr(engine, "pad_id", 0) or 0
-        embeddings: Any = model.get_input_embeddings()  # type: ignore[operator]
-        vocab_size = int(embeddings.weight.shape[0])
-        runtime = cls(engine, settings, Learner(model, config, pad_id), vocab_size)
+    def create(
+        cls, engine: Engine, settings: ServerSettings, model_path: str, ctx: DistContext | None = None
+    ) -> SwarmRuntime:
+        learner = build_learner(settings, model_path, ctx)
+        model: Any = learner.model
+        vocab_size = int(model.config.vocab_size)
+        runtime = cls(engine, settings, learner, vocab_size)
         runtime.loop.start()
         return runtime
 

@@ -76,9 +76,5 @@ class Engine(abc.ABC):
         """Load new weights; applied between decode steps. Returns once they are live."""
 
     @abc.abstractmethod
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """A copy of the current weights (the learner starts from these)."""
-
-    @abc.abstractmethod
     def close(self) -> None:
         """Stop the engine and release its resources."""

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.engine.base import SamplingParams, TokenEvent
+from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
 from agentjet_server.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -55,26 +56,7 @@ class _WeightUpdate:
 _WAKE = object()
 
 
-def load_tokenizer(path: Path) -> Any:
-    """The model directory's tokenizer; it must carry a chat template."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(
-            f"could not load a tokenizer from {path}: {exc}. Pass --model a local Hugging Face "
-            "model directory (config.json, weights, tokenizer files)"
-        ) from exc
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(
-            f"the tokenizer in {path} has no chat template; use an instruct/chat model or add "
-            "'chat_template' to its tokenizer_config.json"
-        )
-    return tokenizer
-
-
-class TransformersEngine(Engine):
+class TransformersEngine(TemplateEngine):
     """Inference with ``transformers`` models: batched, KV-cached, version-tagged."""
 
     def __init__(
@@ -90,14 +72,10 @@ class TransformersEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         path = Path(model_path)
-        if not (path / "config.json").exists():
-            raise ModelLoadError(
-                f"{path} is not a model directory (no config.json); pass --model a local Hugging "
-                "Face causal-LM directory, or leave --model out for the embedded default"
-            )
+        check_model_dir(path)
         self.model_path = path
         self.model_name = model_name or path.name
-        self.tokenizer = load_tokenizer(path)
+        self.chat = ChatTokenizer(path)
         try:
             model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
             self.model = model.to(device).eval()
@@ -106,10 +84,7 @@ class TransformersEngine(Engine):
         self.device = torch.device(device)
         self.max_batch = max_batch
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
-        self.pad_id = self.tokenizer.pad_token_id
-        if self.pad_id is None:
-            self.pad_id = self.tokenizer.eos_token_id or 0
-        self._stop_ids = self._find_stop_ids()
+        self.pad_id = self.chat.pad_id
         # transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows
         self._cache_kwarg = (
             "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
@@ -130,31 +105,6 @@ class TransformersEngine(Engine):
     @property
     def version(self) -> int:
         return self._version
-
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        assistant_prefix: str = "",
-    ) -> list[int]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                list(messages),
-                tools=list(tools) if tools else None,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except Exception as exc:  # jinja raises many kinds; all mean the messages don't fit the template
-            raise EngineError(f"the model's chat template could not render these messages: {exc}") from exc
-        ids: list[int] = self.tokenizer.encode(text + assistant_prefix, add_special_tokens=False)
-        return ids
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        text: str = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-        return text
-
-    def is_stop_token(self, token_id: int) -> bool:
-        return token_id in self._stop_ids
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
@@ -200,20 +150,6 @@ class TransformersEngine(Engine):
         self._thread.join(timeout=10)
 
     # ----------------------------------------------------------------------------- engine thread
-
-    def _find_stop_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):
-            tid = self.tokenizer.convert_tokens_to_ids(token)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid >= 0:
-                ids.add(tid)
-        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
-        for tid in eos if isinstance(eos, list) else [eos]:
-            if isinstance(tid, int):
-                ids.add(tid)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
 
     def _apply_pending_weights(self) -> None:
         with self._lock:
@@ -347,14 +283,8 @@ class TransformersEngine(Engine):
         return int(torch.multinomial(probs, 1, generator=generator))
 
     def _finish_reason(self, request: _Request, token: int) -> Any:
-        if token in self._stop_ids:
+        if self.is_stop_token(token) or self.chat.hits_stop_string(request.output_ids, request.params.stop):
             return "stop"
-        if request.params.stop:
-            # a stop string of n characters spans at most 4n byte-level tokens: decode only that tail
-            window = 4 * max(len(x) for x in request.params.stop) + 4
-            tail = self.decode(request.output_ids[-window:])
-            if any(x in tail for x in request.params.stop):
-                return "stop"
         if len(request.output_ids) >= request.params.max_tokens:
             return "length"
         if len(request.prompt_ids) + len(request.output_ids) >= self.max_context:

@@ -1,18 +1,22 @@
 """The learner's background loop: wait for a batch of groups, step, publish the new weights.
 
 Serving never waits for this loop: it runs in its own thread with its own copy of the model,
-and hands finished weights to the engine, which swaps them in between two decode steps.
+and hands finished weights to the engine, which swaps them in between two decode steps. Under
+torchrun this thread on rank 0 also drives the other learner ranks: it broadcasts each batch
+(and a heartbeat while idle, and ``stop`` at the end) to ``distributed.worker_loop``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
+from agentjet_server.learner import distributed
 from agentjet_server.learner.trainer import Learner, StepStats, build_batch
 
 logger = logging.getLogger(__name__)
@@ -49,15 +53,23 @@ class TrainingLoop:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        ctx = self.learner.ctx
+        last_sent = time.monotonic()
         while not self._stop.is_set():
             groups = self.buffer.take_batch(timeout=0.5)
             if groups is None:
+                if ctx.enabled and time.monotonic() - last_sent > distributed.HEARTBEAT_SECONDS:
+                    distributed.broadcast(ctx, distributed.IDLE)  # keeps the other ranks' wait short of a timeout
+                    last_sent = time.monotonic()
                 continue
+            last_sent = time.monotonic()
             try:
                 self.run_step(groups)
             except Exception as exc:  # a failed step is logged and reported; serving goes on
                 logger.exception("learner step failed")
                 self.error = f"{type(exc).__name__}: {exc}"
+        if ctx.enabled:
+            distributed.broadcast(ctx, distributed.STOP)
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         batch = build_batch(groups, keep_flat=self.learner.config.entropy_coef > 0)
@@ -66,9 +78,12 @@ class TrainingLoop:
             self._on_trained(0)
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
+        if self.learner.ctx.enabled:
+            distributed.broadcast(self.learner.ctx, batch)
         stats = self.learner.step(batch)
+        weights = self.learner.full_state_dict()
         new_version = self.version + 1
-        self.engine.update_weights(self.learner.model.state_dict(), new_version)
+        self.engine.update_weights(weights, new_version)
         self.version = new_version
         self.last = stats
         self._on_trained(batch.trajectories)

@@ -25,6 +25,13 @@ from typing import Any
 import torch
 
 from agentjet_client.protocol import Trajectory
+from agentjet_server.learner.distributed import (
+    DistContext,
+    decoder_layers,
+    full_state_dict,
+    partition,
+    shard_model,
+)
 from agentjet_server.learner.losses import clipped_policy_loss, group_advantages
 
 
@@ -146,58 +153,94 @@ def _collate(sequences: list[Sequence], pad_id: int, device: torch.device) -> di
     }
 
 
-class Learner:
-    """Holds the trainable model and its optimizer; ``step`` is one policy update."""
+class PolicyLogits(torch.nn.Module):
+    """Wraps a causal LM: logits ``[T, V]`` at the T trained positions only.
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig, pad_id: int) -> None:
-        self.model = model
-        self.config = config
-        self.pad_id = pad_id
-        self.device = next(model.parameters()).device
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        self.steps = 0
+    The output head runs only where tokens are trained: prompts, tool results and padding make
+    up most of a sequence and need no logits, so the head (vocab x hidden, the largest matrix of
+    a small model) costs in proportion to sampled tokens, not to context. Being one module with
+    one ``forward`` also makes it the FSDP root, so a sharded model's embeddings, final norm and
+    head are gathered around exactly this computation.
+    """
 
-    def _trained_logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits ``[T, V]`` at the T trained positions only.
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = model
 
-        The output head runs only where tokens are trained: prompts, tool results and padding
-        make up most of a sequence and need no logits, so the head (vocab x hidden, the largest
-        matrix of a small model) costs in proportion to sampled tokens, not to context.
-        """
-        model: Any = self.model
-        trained = batch["loss_mask"].bool()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+        model: Any = self.lm
         decoder: Any = getattr(model, "get_decoder", lambda: None)()
         head: Any = getattr(model, "get_output_embeddings", lambda: None)()
         if decoder is None or head is None:  # not a standard HF causal LM: full logits
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
             return logits[:, :-1, :][trained]  # type: ignore[no-any-return]
-        hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return head(hidden[:, :-1, :][trained])  # type: ignore[no-any-return]
+
+
+class Learner:
+    """Holds the trainable model and its optimizer; ``step`` is one policy update.
+
+    With a ``DistContext`` of several ranks (see ``learner.distributed``) the model is sharded
+    with FSDP2 and every rank must call ``step`` and ``full_state_dict`` on the same batches.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, config: LearnerConfig, pad_id: int, ctx: DistContext | None = None
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.ctx = ctx or DistContext(device=str(next(model.parameters()).device))
+        self.device = next(model.parameters()).device
+        self.policy = PolicyLogits(model)
+        shard_model(self.policy, decoder_layers(model), self.ctx)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.steps = 0
 
     def sequence_logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Target log-probabilities and policy entropies, each ``[N, L-1]``, 0 off trained positions."""
         trained = batch["loss_mask"].bool()
-        logp = torch.log_softmax(self._trained_logits(batch).float(), dim=-1)
+        logits = self.policy(batch["input_ids"], batch["attention_mask"], trained)
+        logp = torch.log_softmax(logits.float(), dim=-1)
         values = logp.gather(-1, batch["targets"][trained].unsqueeze(-1)).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
         zeros = torch.zeros(trained.shape, dtype=values.dtype, device=values.device)
         return zeros.masked_scatter(trained, values), zeros.masked_scatter(trained, entropy)
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0)."""
+        return full_state_dict(self.model, self.ctx)
+
+    def _plan(self, sequences: list[Sequence]) -> list[dict[str, torch.Tensor] | None]:
+        """This rank's micro-batches, padded with ``None`` to the largest count of any rank:
+        FSDP gathers weights collectively, so every rank runs the same number of passes."""
+        budget = self.config.micro_batch_tokens
+        shares = partition(sequences, self.ctx.world_size) if self.ctx.enabled else [sequences]
+        counts = [len(_micro_batches(share, budget)) for share in shares]
+        mine = _micro_batches(shares[self.ctx.rank], budget)
+        tensors: list[dict[str, torch.Tensor] | None] = [_collate(part, self.pad_id, self.device) for part in mine]
+        return tensors + [None] * (max(counts) - len(mine))
+
+    def _idle_pass(self) -> dict[str, torch.Tensor]:
+        """A one-token stand-in micro-batch for a rank with no sequences left; its loss is scaled by 0."""
+        return _collate([Sequence([self.pad_id, self.pad_id], 1, [0.0], 0.0)], self.pad_id, self.device)
+
     def step(self, batch: Batch) -> StepStats:
         if not batch.sequences:
             raise ValueError("the batch has no trainable sequence (every group had equal rewards)")
         started = time.perf_counter()
-        self.model.train()
+        self.policy.train()
         total = float(batch.trained_tokens)
-        micro = _micro_batches(batch.sequences, self.config.micro_batch_tokens)
-        tensors = [_collate(part, self.pad_id, self.device) for part in micro]
+        plan = self._plan(batch.sequences)
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
         for _epoch in range(self.config.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
             extra = {}
-            for part in tensors:
+            for planned in plan:
+                part = planned if planned is not None else self._idle_pass()
                 logprobs, entropy = self.sequence_logprobs(part)
                 loss, stats = clipped_policy_loss(
                     logprobs,
@@ -214,14 +257,18 @@ class Learner:
                         stats["entropy"] = float(
                             (entropy * part["loss_mask"]).sum() / part["loss_mask"].sum().clamp(min=1)
                         )
+                weight = float(part["loss_mask"].sum()) / total
+                if planned is None:
+                    loss, weight = loss * 0.0, 0.0
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += float(loss.detach())
-                weight = float(part["loss_mask"].sum()) / total
                 for key, value in stats.items():
                     extra[key] = extra.get(key, 0.0) + value * weight
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.optimizer.step()
-        self.model.eval()
+        loss_sum, extra = self._sum_over_ranks(loss_sum, extra)
+        self.policy.eval()
         self.steps += 1
         mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
         return StepStats(
@@ -233,3 +280,13 @@ class Learner:
             seconds=time.perf_counter() - started,
             extra=extra,
         )
+
+    def _sum_over_ranks(self, loss: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:
+        if not self.ctx.enabled:
+            return loss, extra
+        import torch.distributed as dist
+
+        keys = sorted(extra)
+        values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(values)
+        return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))

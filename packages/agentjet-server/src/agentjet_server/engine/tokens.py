@@ -1,0 +1,126 @@
+"""What every engine shares about tokens: the chat template, detokenisation, and stops.
+
+``ChatTokenizer`` loads a model directory's tokenizer (it must carry a chat template) and
+knows which token ids end a turn. ``TemplateEngine`` is the part of ``Engine`` that only needs
+it; the transformers and vLLM engines both build on it, so a prompt renders to the same ids
+whichever engine serves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentjet_server.engine.base import Engine
+from agentjet_server.errors import EngineError, ModelLoadError
+
+_END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The model directory's tokenizer; it must carry a chat template."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"could not load a tokenizer from {path}: {exc}. Pass --model a local Hugging Face "
+            "model directory (config.json, weights, tokenizer files)"
+        ) from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(
+            f"the tokenizer in {path} has no chat template; use an instruct/chat model or add "
+            "'chat_template' to its tokenizer_config.json"
+        )
+    return tokenizer
+
+
+def check_model_dir(path: Path) -> None:
+    if not (path / "config.json").exists():
+        raise ModelLoadError(
+            f"{path} is not a model directory (no config.json); pass --model a local Hugging "
+            "Face causal-LM directory, or leave --model out for the embedded default"
+        )
+
+
+class ChatTokenizer:
+    def __init__(self, path: Path) -> None:
+        self.tokenizer = load_tokenizer(path)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+        self.stop_ids = frozenset(self._stop_ids(path))
+
+    def _stop_ids(self, path: Path) -> set[int]:
+        tok = self.tokenizer
+        ids: set[int] = set()
+        for token in _END_OF_TURN:
+            tid = tok.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != tok.unk_token_id and tid >= 0:
+                ids.add(tid)
+        if (path / "generation_config.json").exists():
+            from transformers import GenerationConfig
+
+            eos = GenerationConfig.from_pretrained(str(path)).eos_token_id
+            ids.update(t for t in (eos if isinstance(eos, list) else [eos]) if isinstance(t, int))
+        if tok.eos_token_id is not None:
+            ids.add(tok.eos_token_id)
+        return ids
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        assistant_prefix: str = "",
+    ) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # jinja raises many kinds; all mean the messages don't fit the template
+            raise EngineError(f"the model's chat template could not render these messages: {exc}") from exc
+        ids: list[int] = self.tokenizer.encode(text + assistant_prefix, add_special_tokens=False)
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text: str = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return text
+
+    def hits_stop_string(self, output_ids: Sequence[int], stops: Sequence[str]) -> bool:
+        """Whether the completion so far contains one of ``stops``.
+
+        A stop string of n characters spans at most 4n byte-level tokens: only that tail is decoded.
+        """
+        if not stops:
+            return False
+        window = 4 * max(len(x) for x in stops) + 4
+        tail = self.decode(output_ids[-window:])
+        return any(x in tail for x in stops)
+
+
+class TemplateEngine(Engine):
+    """The token-side half of ``Engine``, from a ``ChatTokenizer`` in ``self.chat``."""
+
+    chat: ChatTokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.chat.tokenizer
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        assistant_prefix: str = "",
+    ) -> list[int]:
+        return self.chat.render(messages, tools, assistant_prefix)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.chat.decode(token_ids)
+
+    def is_stop_token(self, token_id: int) -> bool:
+        return token_id in self.chat.stop_ids

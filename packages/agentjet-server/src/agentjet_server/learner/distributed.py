@@ -1,0 +1,166 @@
+"""The learner across processes: torch.distributed with FSDP2, under torchrun.
+
+    torchrun --nproc_per_node 2 -m agentjet_server up --model PATH      # 2 learner ranks
+    agentjet-server up --model PATH                                      # 1 process, same code
+
+Every rank holds a shard of the trainable model (``fully_shard`` on each decoder layer and on
+the policy wrapper as root); gloo on CPU, NCCL on GPU. Rank 0 also serves HTTP and runs the
+engine. When rank 0 has a batch it broadcasts it; each rank trains on its share of the
+sequences (balanced by tokens), gradients are summed across ranks by FSDP's reduce-scatter, and
+one optimizer step follows on every shard. The full weights are gathered once per step, to
+rank 0 only, for the engine. Ranks other than 0 run ``worker_loop`` and nothing else.
+
+With one process (no ``WORLD_SIZE`` in the environment, or ``WORLD_SIZE=1``) no process
+group is created and none of this costs anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from agentjet_server.learner.trainer import Batch, Learner, Sequence
+
+logger = logging.getLogger(__name__)
+
+# rank 0 sends one of these (or a Batch) to every other rank
+STOP = "stop"
+IDLE = "idle"
+HEARTBEAT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the learner group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_from_env(device: str = "cpu", timeout: timedelta = timedelta(minutes=30)) -> DistContext:
+    """Join the process group torchrun describes in the environment (or none, alone).
+
+    ``device`` is the user's choice (``cpu`` or ``cuda``); under torchrun on GPU each rank takes
+    ``cuda:<LOCAL_RANK>``.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if world <= 1:
+        return DistContext(device=device)
+    import torch.distributed as dist
+
+    if device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(local_rank)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timeout)
+    logger.info("learner rank %d of %d on %s (%s)", rank, world, device, backend)
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def shard_model(policy: torch.nn.Module, layers: list[torch.nn.Module], ctx: DistContext) -> None:
+    """FSDP2: one unit per decoder layer, the rest (embeddings, final norm, head) in the root."""
+    if not ctx.enabled:
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda" if ctx.device.startswith("cuda") else "cpu", (ctx.world_size,))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    root: Any = fully_shard(policy, mesh=mesh)
+    # the loss is already normalised by the whole batch's trained tokens: sum gradients across ranks
+    root.set_gradient_divide_factor(1.0)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a Hugging Face causal LM (``_no_split_modules`` names their class)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:  # not a transformers model: every entry of every ModuleList
+        for lst in model.modules():
+            if isinstance(lst, torch.nn.ModuleList):
+                layers.extend(lst)
+    return layers
+
+
+def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor]:
+    """Full weights on CPU; collective under FSDP (every rank calls it), returned on rank 0 only."""
+    out: dict[str, torch.Tensor] = {}
+    for name, value in model.state_dict().items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if ctx.is_main:
+            out[name] = full.detach().to("cpu", copy=True)
+    return out
+
+
+def partition(sequences: list[Sequence], world_size: int) -> list[list[Sequence]]:
+    """Split sequences over ranks, balancing tokens (longest first onto the lightest rank).
+
+    Every rank computes the same split from the same batch, so nothing about it is sent.
+    """
+    shares: list[list[Sequence]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for seq in sorted(sequences, key=lambda s: len(s.tokens), reverse=True):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        shares[rank].append(seq)
+        load[rank] += len(seq.tokens)
+    return shares
+
+
+def broadcast(ctx: DistContext, message: object) -> object:
+    """Rank 0's ``message`` on every rank."""
+    import torch.distributed as dist
+
+    box = [message if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def worker_loop(learner: Learner, ctx: DistContext, on_step: Callable[[Batch], None] | None = None) -> None:
+    """Ranks other than 0: take part in every step rank 0 starts, until it says stop."""
+    from agentjet_server.learner.trainer import Batch
+
+    logger.info("learner rank %d waiting for batches", ctx.rank)
+    while True:
+        message = broadcast(ctx, None)
+        if message == STOP:
+            logger.info("learner rank %d stopping", ctx.rank)
+            return
+        if message == IDLE:
+            continue
+        if not isinstance(message, Batch):
+            raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
+        learner.step(message)
+        learner.full_state_dict()
+        if on_step is not None:
+            on_step(message)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
