@@ -6,7 +6,8 @@
 Every rank holds a shard of the trainable model (``fully_shard`` on each decoder layer and on
 the policy wrapper as root); gloo on CPU, NCCL on GPU. Rank 0 also serves HTTP and runs the
 engine. When rank 0 has a batch it broadcasts it; each rank trains on its share of the
-sequences (balanced by tokens), gradients are summed across ranks by FSDP's reduce-scatter, and
+sequences (balanced by tokens), gradients are averaged across ranks by FSDP's reduce-scatter (each
+rank scales its loss by the world size, so the average is the whole batch's gradient), and
 one optimizer step follows on every shard. The full weights are gathered once per step, to
 rank 0 only, for the engine. Ranks other than 0 run ``worker_loop`` and nothing else.
 
@@ -21,7 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -89,9 +90,7 @@ def shard_model(policy: torch.nn.Module, layers: list[torch.nn.Module], ctx: Dis
     mesh = init_device_mesh("cuda" if ctx.device.startswith("cuda") else "cpu", (ctx.world_size,))
     for layer in layers:
         fully_shard(layer, mesh=mesh)
-    root: Any = fully_shard(policy, mesh=mesh)
-    # the loss is already normalised by the whole batch's trained tokens: sum gradients across ranks
-    root.set_gradient_divide_factor(1.0)
+    fully_shard(policy, mesh=mesh)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

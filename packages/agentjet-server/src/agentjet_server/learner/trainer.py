@@ -260,7 +260,8 @@ class Learner:
                 weight = float(part["loss_mask"].sum()) / total
                 if planned is None:
                     loss, weight = loss * 0.0, 0.0
-                loss.backward()  # type: ignore[no-untyped-call]
+                # FSDP averages gradients over ranks; each rank's loss is its share of the batch's sum
+                (loss * self.ctx.world_size).backward()  # type: ignore[no-untyped-call]
                 loss_sum += float(loss.detach())
                 for key, value in stats.items():
                     extra[key] = extra.get(key, 0.0) + value * weight

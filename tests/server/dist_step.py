@@ -1,0 +1,89 @@
+"""Two learner steps on a fixed batch, run under torchrun; rank 0 saves the weights.
+
+    torchrun --nproc_per_node 2 tests/server/dist_step.py --model DIR --out W.safetensors
+
+Used by test_distributed.py to compare a sharded step with a single-process one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from agentjet_client.protocol import Trajectory, Turn
+from agentjet_server.learner import distributed
+from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+
+
+def behaviour_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> list[float]:
+    """What the engine would have reported: the model's own log-probabilities of the completion."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
+    return logp.tolist()
+
+
+def fixed_groups(model: torch.nn.Module, groups: int, size: int, seed: int = 0) -> list[list[Trajectory]]:
+    vocab = model.config.vocab_size
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 40))]
+        group = []
+        for i in range(size):
+            turns = []
+            for _ in range(rng.randint(1, 2)):
+                completion = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))]
+                logprobs = behaviour_logprobs(model, prompt, completion)
+                turns.append(
+                    Turn(
+                        policy_version=0,
+                        prompt_token_ids=prompt,
+                        completion_token_ids=completion,
+                        completion_logprobs=logprobs,
+                        finish_reason="stop",
+                    )
+                )
+            group.append(Trajectory(id=f"{g}-{i}", task_id=f"t{g}", turns=turns, reward=float(rng.random() < 0.5)))
+        out.append(group)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--groups", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--entropy-coef", type=float, default=0.0)
+    args = parser.parse_args()
+    ctx = distributed.init_from_env("cpu")
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    config = LearnerConfig(lr=1e-3, micro_batch_tokens=args.micro_batch_tokens, entropy_coef=args.entropy_coef)
+    batches = [build_batch(fixed_groups(model, args.groups, 5, seed=step)) for step in range(args.steps)]
+    learner = Learner(model, config, pad_id=0, ctx=ctx)
+    stats = []
+    for batch in batches:
+        s = learner.step(batch)
+        stats.append({"loss": s.loss, "grad_norm": s.grad_norm, "sequences": s.sequences, **s.extra})
+    weights = learner.full_state_dict()
+    grads = {}  # the last step's (clipped) gradients, gathered like the weights
+    for name, param in learner.model.named_parameters():
+        grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
+        grads["grad." + name] = grad.detach().clone()
+    if ctx.is_main:
+        save_file({k: v.contiguous() for k, v in {**weights, **grads}.items()}, args.out)
+        print(json.dumps({"world_size": ctx.world_size, "stats": stats}))
+    distributed.shutdown(ctx)
+
+
+if __name__ == "__main__":
+    main()
