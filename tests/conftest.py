@@ -45,7 +45,7 @@ def chatty_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 class LiveServer:
     """A real uvicorn server running ``create_app`` on a loopback port, in a thread."""
 
-    def __init__(self, model_dir: Path, **settings: object) -> None:
+    def __init__(self, model_dir: Path, engine: object = None, **settings: object) -> None:
         import uvicorn
 
         from agentjet_server.app import create_app
@@ -54,7 +54,7 @@ class LiveServer:
 
         self.port = free_port()
         self.settings = ServerSettings(port=self.port, **settings)  # type: ignore[arg-type]
-        self.engine = TransformersEngine(model_dir, model_name="agentjet-tiny")
+        self.engine = engine or TransformersEngine(model_dir, model_name="agentjet-tiny")
         self.app = create_app(self.engine, self.settings, model_path=str(model_dir))
         self.runtime = self.app.state.runtime
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -72,6 +72,54 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+class ServerProcess:
+    """``agentjet-server up`` (or ``torchrun ... -m agentjet_server up``) as a real process on loopback."""
+
+    def __init__(
+        self, args: list[str], log: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None
+    ) -> None:
+        import subprocess
+        import sys
+
+        import httpx2
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        self._log = log.open("w")
+        command = launcher or [str(Path(sys.executable).parent / "agentjet-server")]
+        env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), **(env or {})}
+        self.proc = subprocess.Popen(
+            [*command, "up", "--port", str(self.port), *args], env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 240
+        while True:
+            assert self.proc.poll() is None, "server exited:\n" + log.read_text()[-4000:]
+            try:
+                if httpx2.get(self.url + "/healthz").status_code == 200:
+                    return
+            except httpx2.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up:\n" + log.read_text()[-4000:]
+            time.sleep(0.3)
+
+    def status(self) -> dict:  # type: ignore[type-arg]
+        import httpx2
+
+        return httpx2.get(self.url + "/v1/status").json()  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
 
 
 @pytest.fixture(scope="module")

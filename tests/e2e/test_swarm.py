@@ -9,13 +9,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from tests.conftest import CACHE, free_port
+from tests.conftest import CACHE, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -24,41 +23,11 @@ pytestmark = pytest.mark.e2e
 
 
 def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
-    port = free_port()
     env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), "AGENTJET_DIGITS": "3,8"}
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [
-            str(BIN / "agentjet-server"),
-            "up",
-            "--port",
-            str(port),
-            "--batch-groups",
-            "2",
-            "--group-size",
-            "16",
-            "--lr",
-            "1e-3",
-            "--state-dir",
-            str(tmp_path / "state"),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    args = ["--batch-groups", "2", "--group-size", "16", "--lr", "1e-3", "--state-dir", str(tmp_path / "state")]
+    server = ServerProcess(args, tmp_path / "server.log", env=env)
+    url = server.url
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if httpx2.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
         client = subprocess.run(
             [
                 str(BIN / "agentjet-client"),
@@ -93,6 +62,30 @@ def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
         assert last > first + 0.4, out
         print(out.split("done:")[-1])
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
+        server.stop()
+
+
+def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_dir, tmp_path):
+    """``torchrun --nproc_per_node 2 -m agentjet_server up``: rank 0 serves, both ranks train (FSDP2, gloo)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    launcher += ["-m", "agentjet_server"]
+    args = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info"]
+    server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
+    try:
+        client = subprocess.run(
+            [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
+            + ["--server", server.url, "--episodes", "320", "--group-size", "8", "--seed", "0"],
+            env={**os.environ, "AGENTJET_DIGITS": "3,8"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert client.returncode == 0, client.stdout + client.stderr
+        status = server.status()
+        assert status["trajectories"]["accepted"] == 320
+        assert status["learner"]["step"] >= 3 and status["policy_version"] >= 3
+        assert status["learner"]["last_error"] is None
+    finally:
+        server.stop()
+    log = (tmp_path / "server.log").read_text()
+    assert "learner rank 1 of 2" in log and "2 learner ranks (FSDP2)" in log

@@ -45,6 +45,8 @@ def up(
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-3,
     entropy_coef: Annotated[float, typer.Option(help="entropy bonus at trained tokens (0 = off)")] = 0.0,
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
+    engine: Annotated[str, typer.Option(help="inference engine: transformers or vllm")] = "transformers",
+    dtype: Annotated[str, typer.Option(help="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16")] = "auto",
     api_key: Annotated[list[str] | None, typer.Option(help="accepted client key (repeatable); none = open")] = None,
     admin_key: Annotated[list[str] | None, typer.Option(help="accepted admin key (repeatable)")] = None,
     seed: Annotated[int, typer.Option(help="random seed of the learner")] = 0,
@@ -53,6 +55,9 @@ def up(
     """Serve a model through an OpenAI-compatible API and train it from pushed trajectories.
 
     Example: agentjet-server up --port 8000 --batch-groups 10 --group-size 16
+
+    Under torchrun the learner shards over the processes (FSDP2); rank 0 serves:
+    torchrun --nproc_per_node 2 -m agentjet_server up --model PATH
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_server.settings import ServerSettings
@@ -71,6 +76,8 @@ def up(
             lr=lr,
             entropy_coef=entropy_coef,
             device=device,
+            engine=engine,  # type: ignore[arg-type]
+            dtype=dtype,  # type: ignore[arg-type]
             api_keys=api_key or [],
             admin_keys=admin_key or [],
             seed=seed,
@@ -84,22 +91,59 @@ def up(
 
 
 def serve(settings: Any) -> None:
+    """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
+    from agentjet_server.learner import distributed
+
+    ctx = distributed.init_from_env(settings.device)
+    try:
+        path = _model_path(settings, ctx)
+        if not ctx.is_main:
+            from agentjet_server.runtime import build_learner
+
+            distributed.worker_loop(build_learner(settings, str(path), ctx), ctx)
+            return
+        _serve_main(settings, path, ctx)
+    finally:
+        distributed.shutdown(ctx)
+
+
+def _model_path(settings: Any, ctx: Any) -> Path:
+    """``--model``, or the embedded model, built once by rank 0 while the other ranks wait."""
+    from agentjet_server.embedded import ensure_embedded_model
+
+    if settings.model is not None:
+        return Path(settings.model)
+    if ctx.enabled and not ctx.is_main:
+        import torch.distributed as dist
+
+        dist.barrier()
+        return ensure_embedded_model()
+    path = ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"))
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return path
+
+
+def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     import uvicorn
 
     from agentjet_server.app import create_app
-    from agentjet_server.embedded import ensure_embedded_model
-    from agentjet_server.engine.hf import TransformersEngine
+    from agentjet_server.engine import create_engine
+    from agentjet_server.runtime import SwarmRuntime
 
-    path = settings.model or ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"))
     name = settings.model_name or ("agentjet-tiny" if settings.model is None else None)
-    engine = TransformersEngine(path, model_name=name, device=settings.device, max_batch=settings.max_batch)
-    app = create_app(engine, settings, model_path=str(path))
+    engine = create_engine(settings.engine, path, model_name=name, device=ctx.device, max_batch=settings.max_batch)
+    runtime = SwarmRuntime.create(engine, settings, str(path), ctx)
+    app = create_app(engine, settings, runtime=runtime)
     if not settings.auth_enabled:
         console.print("[yellow]warning:[/yellow] no --api-key given: the server accepts requests without a key")
+    learner = f"{ctx.world_size} learner ranks (FSDP2)" if ctx.enabled else "1 learner process"
     console.print(
-        f"[green]agentjet-server[/green] serving [bold]{engine.model_name}[/bold] "
+        f"[green]agentjet-server[/green] serving [bold]{engine.model_name}[/bold] with {settings.engine} "
         f"on http://{settings.host}:{settings.port}/v1 (GRPO: {settings.batch_groups} groups x "
-        f"{settings.group_size} per step, max staleness {settings.max_staleness})"
+        f"{settings.group_size} per step, max staleness {settings.max_staleness}; {learner})"
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
 

