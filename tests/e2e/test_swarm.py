@@ -88,4 +88,4 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
     finally:
         server.stop()
     log = (tmp_path / "server.log").read_text()
-    assert "learner rank 1 of 2" in log and "2 learner ranks (FSDP2)" in log
+    assert "learner rank 1 of 2" in log and "learner rank 1 waiting for batches" in log and "FSDP2" in log
