@@ -53,7 +53,8 @@ def ensure_env(where: Path = VENV, extra: list[str] | None = None, remove: list[
     python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
     sh(*python, "install", "-q", *REQUIREMENTS)  # torch first, from the local CPU build
     if extra:
-        sh(*python, "install", "-q", *extra, REQUIREMENTS[0])  # keeps torch at the pinned CPU build
+        # not quiet: this one downloads ~600 MB, and its progress bars show it is moving
+        sh(*python, "install", "--progress-bar", "on", *extra, REQUIREMENTS[0])  # keeps torch at the CPU build
     if remove:
         sh(*python, "uninstall", "-q", "-y", *remove)
     sh(

@@ -134,3 +134,30 @@ def live_server(model_dir: Path) -> Iterator[LiveServer]:
     server = LiveServer(model_dir, batch_groups=1, group_size=2, max_staleness=2)
     yield server
     server.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests are skipped, not failed, where CUDA is missing."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_digits_client(url: str, episodes: int, group_size: int, *extra: str, digits: str = "3,8") -> str:
+    """``agentjet-client run`` on the digits example as a real process; returns its output."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    client = str(Path(sys.executable).parent / "agentjet-client")
+    command = [client, "run", "--code-dir", str(root / "examples" / "digits")]
+    command += ["--server", url, "--episodes", str(episodes), "--group-size", str(group_size), "--seed", "0", *extra]
+    env = {**os.environ, "AGENTJET_DIGITS": digits}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout

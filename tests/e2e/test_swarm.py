@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.conftest import CACHE, ServerProcess
+from tests.conftest import CACHE, ServerProcess, run_digits_client
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -72,15 +72,7 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
     args = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info"]
     server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
     try:
-        client = subprocess.run(
-            [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
-            + ["--server", server.url, "--episodes", "320", "--group-size", "8", "--seed", "0"],
-            env={**os.environ, "AGENTJET_DIGITS": "3,8"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert client.returncode == 0, client.stdout + client.stderr
+        run_digits_client(server.url, 320, 8)
         status = server.status()
         assert status["trajectories"]["accepted"] == 320
         assert status["learner"]["step"] >= 3 and status["policy_version"] >= 3

@@ -62,14 +62,16 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--entropy-coef", type=float, default=0.0)
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
     args = parser.parse_args()
-    ctx = distributed.init_from_env("cpu")
+    ctx = distributed.init_from_env(args.device)
     torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True)
+    if ctx.device == "cpu":
+        torch.use_deterministic_algorithms(True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     config = LearnerConfig(lr=1e-3, micro_batch_tokens=args.micro_batch_tokens, entropy_coef=args.entropy_coef)
     batches = [build_batch(fixed_groups(model, args.groups, 5, seed=step)) for step in range(args.steps)]
-    learner = Learner(model, config, pad_id=0, ctx=ctx)
+    learner = Learner(model.to(ctx.device), config, pad_id=0, ctx=ctx)
     stats = []
     for batch in batches:
         s = learner.step(batch)
@@ -78,7 +80,7 @@ def main() -> None:
     grads = {}  # the last step's (clipped) gradients, gathered like the weights
     for name, param in learner.model.named_parameters():
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
-        grads["grad." + name] = grad.detach().clone()
+        grads["grad." + name] = grad.detach().cpu().clone()
     if ctx.is_main:
         save_file({k: v.contiguous() for k, v in {**weights, **grads}.items()}, args.out)
         print(json.dumps({"world_size": ctx.world_size, "stats": stats}))

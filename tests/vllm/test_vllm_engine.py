@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx2
 import openai
 import pytest
 import torch
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, run_digits_client
 
 pytest.importorskip("vllm")
 pytestmark = [
@@ -32,8 +28,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 TOOLS = [
     {
         "type": "function",
@@ -241,15 +235,7 @@ def test_agentjet_server_up_engine_vllm_serves_and_trains_from_a_client_run(mode
             calls = [c.message.tool_calls[0] for c in tools.choices if c.finish_reason == "tool_calls"]
             assert calls and all(c.function.name == "add" for c in calls)
             assert all(isinstance(json.loads(c.function.arguments), dict) for c in calls)
-        client = subprocess.run(
-            [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
-            + ["--server", server.url, "--episodes", "320", "--group-size", "8", "--seed", "0"],
-            env={**os.environ, "AGENTJET_DIGITS": "3,8"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert client.returncode == 0, client.stdout + client.stderr
+        run_digits_client(server.url, 320, 8)
         status = server.status()
         assert status["trajectories"]["accepted"] == 320 and status["trajectories"]["rejected"] == 0
         assert status["policy_version"] >= 3 and status["learner"]["last_error"] is None

@@ -2,12 +2,13 @@
 
 vLLM mixes this class into its worker, so ``self`` is the worker and ``self.model_runner`` its
 model runner. The engine calls it with ``collective_rpc("agentjet_load_weights", ...)``
-between two engine steps. This module imports nothing from vLLM, so the name resolves in any
-process vLLM starts.
+between two engine steps. This module imports nothing from vLLM at import time, so the name
+resolves in any process vLLM starts.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -23,8 +24,15 @@ class WeightLoader:
         so its packed copy is rebuilt from the freshly loaded embedding afterwards.
         """
         runner: Any = self.model_runner  # type: ignore[attr-defined]
-        runner.reload_weights(weights_iterator=iter(weights))
         model: Any = runner.get_model()
+        reload = getattr(runner, "reload_weights", None)
+        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+            reload(weights_iterator=iter(weights))
+        else:  # vLLM before in-place reload: load, then convert to kernel format (the RLHF examples' path)
+            from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+            model.load_weights(weights=iter(weights))
+            process_weights_after_loading(model, runner.model_config, next(model.parameters()).device)
         config = getattr(model, "config", None)
         head: Any = getattr(model, "lm_head", None)
         method: Any = getattr(head, "quant_method", None)

@@ -1,0 +1,122 @@
+"""The CUDA path: bf16 engines, the learner on GPU, NCCL under torchrun, the official vLLM wheel.
+
+Every test here is marked ``gpu`` and is skipped (not failed) without CUDA; the vLLM ones also
+need vLLM importable, the NCCL one two GPUs. Run on a GPU box with ``pytest -m gpu``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from agentjet_server.engine.base import SamplingParams
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+async def _sample(engine, prompt, params):
+    return [event async for event in engine.generate(prompt, params)]
+
+
+def _reference_logprobs(model_dir, weights, ids, completion, dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cuda")
+    if weights is not None:
+        model.load_state_dict(weights)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids + completion], device="cuda")).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    return [float(logp[len(ids) - 1 + j, t]) for j, t in enumerate(completion)]
+
+
+def test_transformers_engine_bf16_on_cuda_samples_and_updates(chatty_model_dir):
+    from agentjet_server.engine.hf import TransformersEngine
+
+    engine = TransformersEngine(chatty_model_dir, device="cuda", dtype=torch.bfloat16)
+    try:
+        ids = engine.render([{"role": "user", "content": "Say something."}])
+        events = asyncio.run(_sample(engine, ids, SamplingParams(max_tokens=16, seed=1)))
+        assert len(events) > 0 and all(e.version == 0 for e in events)
+        new = {k: v.float().cpu() + 0.01 for k, v in engine.model.state_dict().items()}
+        engine.update_weights(new, 1)
+        events = asyncio.run(_sample(engine, ids, SamplingParams(max_tokens=16, seed=1)))
+        assert {e.version for e in events} == {1}
+        got = [e.logprob for e in events]
+        want = _reference_logprobs(chatty_model_dir, new, ids, [e.token_id for e in events], torch.bfloat16)
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 5e-2  # bf16
+    finally:
+        engine.close()
+
+
+def test_learner_step_on_cuda_moves_the_weights(model_dir):
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_client.protocol import Trajectory, Turn
+    from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to("cuda")
+    learner = Learner(model, LearnerConfig(lr=1e-3), pad_id=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = random.Random(0)
+    group = [
+        Trajectory(
+            id=str(i),
+            task_id="t",
+            reward=float(i % 2),
+            turns=[
+                Turn(
+                    policy_version=0,
+                    prompt_token_ids=[rng.randrange(1000) for _ in range(20)],
+                    completion_token_ids=[rng.randrange(1000) for _ in range(5)],
+                    completion_logprobs=[-2.0] * 5,
+                    finish_reason="stop",
+                )
+            ],
+        )
+        for i in range(4)
+    ]
+    stats = learner.step(build_batch([group]))
+    assert stats.grad_norm > 0
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(v.device.type == "cpu" for v in learner.full_state_dict().values())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL across processes")
+def test_two_gpu_nccl_fsdp_step_equals_single_gpu(model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from tests.server.test_distributed import run_steps
+
+    run_steps(model_dir, tmp_path / "one.safetensors", 1, "--device", "cuda")
+    run_steps(model_dir, tmp_path / "two.safetensors", 2, "--device", "cuda")
+    a, b = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a if not k.startswith("grad."))
+    assert worst < 1e-4  # TF32/cuBLAS reductions differ from CPU's order; still one step's noise
+
+
+def test_official_vllm_on_cuda_matches_transformers_after_an_update(chatty_model_dir):
+    pytest.importorskip("vllm")
+    from agentjet_server.engine.vllm import VLLMEngine
+
+    engine = VLLMEngine(chatty_model_dir, device="cuda", dtype=torch.bfloat16)
+    try:
+        ids = engine.render([{"role": "user", "content": "Say something."}])
+        from transformers import AutoModelForCausalLM
+
+        new = {k: v + 0.01 for k, v in AutoModelForCausalLM.from_pretrained(chatty_model_dir).state_dict().items()}
+        engine.update_weights(new, 1)
+        events = asyncio.run(_sample(engine, ids, SamplingParams(max_tokens=16, seed=3)))
+        assert {e.version for e in events} == {1}
+        want = _reference_logprobs(chatty_model_dir, new, ids, [e.token_id for e in events], torch.bfloat16)
+        assert max(abs(e.logprob - w) for e, w in zip(events, want, strict=True)) < 5e-2  # bf16
+    finally:
+        engine.close()
