@@ -4,7 +4,8 @@
     .venv-vllm/bin/python bench/engines.py --size small --concurrency 8 --max-tokens 128
 
 For each engine, in its own subprocess (vLLM sets process-wide torch state) with the same
-thread count: decode throughput with N concurrent requests, then a weight update pushed while N
+thread count: decode throughput with N concurrent requests; 48 requests of 16-256 tokens arriving
+one every 20 ms (throughput and time to first token); then a weight update pushed while N
 requests are in flight — the update's time as the learner sees it, and the longest gap between
 two tokens any request saw around it, next to the same engine's usual inter-token gap.
 
@@ -41,12 +42,13 @@ def build_model(size: str, target: Path) -> Path:
     from agentjet_server.embedded import ensure_embedded_model
 
     source = ensure_embedded_model()
-    config = AutoConfig.from_pretrained(source)
-    for key, value in SIZES[size].items():
-        setattr(config, key, value)
+    base = AutoConfig.from_pretrained(source)
+    settings = {**base.to_dict(), **SIZES[size]}
     if size != "tiny":
-        config.num_key_value_heads = config.num_attention_heads // 2
-        config.head_dim = config.hidden_size // config.num_attention_heads
+        settings.pop("layer_types", None)
+        settings["num_key_value_heads"] = settings["num_attention_heads"] // 2
+        settings["head_dim"] = settings["hidden_size"] // settings["num_attention_heads"]
+    config = type(base)(**settings)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(target)
@@ -80,6 +82,34 @@ async def _burst(
     return sum(counts), time.perf_counter() - started, stamps
 
 
+async def _staggered(engine: Any, prompts: list[list[int]], arrivals: int, gap_s: float) -> dict[str, float]:
+    """Requests arriving one every ``gap_s`` with lengths from 16 to 256 tokens, like agents' turns:
+    the time to first token shows whether a newcomer waits for the batch that is already running."""
+    from agentjet_server.engine.base import SamplingParams
+
+    first: list[float] = []
+    counts: list[int] = []
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * gap_s)
+        sent, n = time.perf_counter(), 0
+        params = SamplingParams(max_tokens=16 + (i * 97) % 241, temperature=1.0, seed=i)
+        async for _ in engine.generate(prompts[i % len(prompts)], params):
+            if n == 0:
+                first.append(time.perf_counter() - sent)
+            n += 1
+        counts.append(n)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(arrivals)))
+    first.sort()
+    return {
+        "stagger_tokens_per_s": sum(counts) / (time.perf_counter() - started),
+        "ttft_p50_ms": first[len(first) // 2] * 1000,
+        "ttft_p95_ms": first[int(len(first) * 0.95)] * 1000,
+    }
+
+
 def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: int) -> dict[str, Any]:
     import torch
 
@@ -94,6 +124,8 @@ def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: i
         n, s, stamps = asyncio.run(_burst(engine, prompts, max_tokens, 1000 * r))
         tokens, seconds = tokens + n, seconds + s
         gaps += [b - a for st in stamps for a, b in itertools.pairwise(st)]
+
+    staggered = asyncio.run(_staggered(engine, prompts, 48, 0.02))
 
     from transformers import AutoModelForCausalLM
 
@@ -125,6 +157,7 @@ def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: i
         "update_ms": update["seconds"] * 1000,
         "update_in_flight": in_flight,
         "gap_across_update_ms": max(around) * 1000 if around else float("nan"),
+        **staggered,
     }
 
 
@@ -167,15 +200,18 @@ def main() -> None:
         ("decode throughput (tokens/s)", "tokens_per_s", "{:.0f}"),
         ("inter-token gap p50 (ms)", "gap_p50_ms", "{:.1f}"),
         ("inter-token gap max (ms)", "gap_max_ms", "{:.1f}"),
+        ("staggered arrivals: tokens/s", "stagger_tokens_per_s", "{:.0f}"),
+        ("staggered arrivals: first token p50 (ms)", "ttft_p50_ms", "{:.1f}"),
+        ("staggered arrivals: first token p95 (ms)", "ttft_p95_ms", "{:.1f}"),
         ("weight update, learner's wait (ms)", "update_ms", "{:.1f}"),
         ("requests in flight at the update", "update_in_flight", "{}"),
         ("longest gap across the update (ms)", "gap_across_update_ms", "{:.1f}"),
     ]
-    print(f"\n| {'':38} | {'transformers':>12} | {'vLLM':>12} | {'vLLM / transformers':>19} |")
-    print(f"|{'-' * 40}|{'-' * 14}|{'-' * 14}|{'-' * 21}|")
+    print(f"\n| {'':42} | {'transformers':>12} | {'vLLM':>12} | {'vLLM / transformers':>19} |")
+    print(f"|{'-' * 44}|{'-' * 14}|{'-' * 14}|{'-' * 21}|")
     for label, key, fmt in rows:
         ratio = vl[key] / hf[key] if hf[key] else float("nan")
-        print(f"| {label:38} | {fmt.format(hf[key]):>12} | {fmt.format(vl[key]):>12} | {ratio:>19.2f} |")
+        print(f"| {label:42} | {fmt.format(hf[key]):>12} | {fmt.format(vl[key]):>12} | {ratio:>19.2f} |")
 
 
 if __name__ == "__main__":
