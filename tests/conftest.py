@@ -14,6 +14,19 @@ import pytest
 CACHE = Path(os.environ.get("AGENTJET_TEST_CACHE", Path(__file__).resolve().parent.parent / ".agentjet" / "test-cache"))
 
 
+# one tool for tool-call tests: the embedded model's warm-up taught it the call format
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        },
+    }
+]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,17 +7,8 @@ import openai
 import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
+from tests.conftest import TOOLS
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "add two numbers",
-            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
-        },
-    }
-]
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 import torch
 
-from tests.conftest import ServerProcess, run_digits_client
+from tests.conftest import TOOLS, ServerProcess, run_digits_client
 
 pytest.importorskip("vllm")
 pytestmark = [
@@ -26,17 +26,6 @@ pytestmark = [
     # vLLM's imports set off torch's and its own deprecation warnings; they are not ours to fix
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::FutureWarning"),
-]
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "add two numbers",
-            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
-        },
-    }
 ]
 
 

@@ -22,35 +22,19 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.base import SamplingParams, TokenEvent
+from agentjet_server.engine.handoff import TokenStream, WeightSlot
 from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
 from agentjet_server.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Request:
+@dataclass(kw_only=True)
+class _Request(TokenStream):
     prompt_ids: list[int]
     params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[TokenEvent | BaseException]
     generator: torch.Generator
-    cancelled: bool = False
     output_ids: list[int] = field(default_factory=list)
-
-    def push(self, item: TokenEvent | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the caller's loop is gone: nobody is listening any more
-            self.cancelled = True
-
-
-@dataclass
-class _WeightUpdate:
-    state_dict: Mapping[str, torch.Tensor]
-    version: int
-    applied: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
 
 _WAKE = object()
@@ -92,8 +76,7 @@ class TransformersEngine(TemplateEngine):
 
         self._version = version
         self._requests: queue.Queue[_Request | object] = queue.Queue()
-        self._pending: _WeightUpdate | None = None
-        self._lock = threading.Lock()
+        self._weights = WeightSlot()
         self._closed = threading.Event()
         self.batches_run = 0
         self.largest_batch = 0
@@ -101,10 +84,6 @@ class TransformersEngine(TemplateEngine):
         self._thread.start()
 
     # ----------------------------------------------------------------------------- interface
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
@@ -114,35 +93,26 @@ class TransformersEngine(TemplateEngine):
             generator.manual_seed(params.seed)
         else:
             generator.seed()
-        request = _Request(list(prompt_ids), params, asyncio.get_running_loop(), asyncio.Queue(), generator)
+        request = _Request(
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            prompt_ids=list(prompt_ids),
+            params=params,
+            generator=generator,
+        )
         self._requests.put(request)
         try:
-            while True:
-                item = await request.events.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
+            async for event in request.until_finished():
+                yield event
         finally:
             request.cancelled = True
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        update = _WeightUpdate(state_dict, version)
-        with self._lock:
-            if self._pending is not None:
-                self._pending.applied.set()  # superseded: the newer weights win
-            self._pending = update
-        self._requests.put(_WAKE)
-        while not update.applied.wait(0.5):
-            if self._closed.is_set():
-                raise EngineError("the engine shut down before the weights were loaded")
-        if update.error is not None:
-            raise EngineError(f"loading weights v{version} failed: {update.error}") from update.error
+        self._weights.offer(state_dict, version, lambda: self._requests.put(_WAKE), self._closed)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        with self._lock:
-            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+        """A copy of the weights being served (taken between updates only if no update is pending)."""
+        return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
 
     def close(self) -> None:
         self._closed.set()
@@ -152,8 +122,7 @@ class TransformersEngine(TemplateEngine):
     # ----------------------------------------------------------------------------- engine thread
 
     def _apply_pending_weights(self) -> None:
-        with self._lock:
-            update, self._pending = self._pending, None
+        update = self._weights.take()
         if update is None:
             return
         try:

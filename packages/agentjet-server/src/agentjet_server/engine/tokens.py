@@ -103,9 +103,15 @@ class ChatTokenizer:
 
 
 class TemplateEngine(Engine):
-    """The token-side half of ``Engine``, from a ``ChatTokenizer`` in ``self.chat``."""
+    """The token-side half of ``Engine``, from a ``ChatTokenizer`` in ``self.chat``, and the version
+    counter, which the engine thread advances when it applies new weights."""
 
     chat: ChatTokenizer
+    _version: int
+
+    @property
+    def version(self) -> int:
+        return self._version
 
     @property
     def tokenizer(self) -> Any:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
+from agentjet_server.engine.handoff import TokenStream, WeightSlot
 from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
 from agentjet_server.errors import ConfigError, EngineError, ModelLoadError
 
@@ -44,29 +45,12 @@ logger = logging.getLogger(__name__)
 WORKER_EXTENSION = "agentjet_server.engine.vllm_worker.WeightLoader"
 
 
-@dataclass
-class _Request:
+@dataclass(kw_only=True)
+class _Request(TokenStream):
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[TokenEvent | BaseException]
     output_ids: list[int] = field(default_factory=list)
-    cancelled: bool = False
-
-    def push(self, item: TokenEvent | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the caller's loop is gone
-            self.cancelled = True
-
-
-@dataclass
-class _WeightUpdate:
-    state_dict: Mapping[str, torch.Tensor]
-    version: int
-    applied: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
 
 @dataclass
@@ -150,8 +134,7 @@ class VLLMEngine(TemplateEngine):
         self._inbox: queue.Queue[_Request | tuple[str, str] | object] = queue.Queue()
         self._live: dict[str, _Request] = {}
         self._ids = itertools.count()
-        self._pending: _WeightUpdate | None = None
-        self._lock = threading.Lock()
+        self._weights = WeightSlot()
         self._closed = threading.Event()
         self.updates: deque[UpdateRecord] = deque(maxlen=256)
         self.steps_run = 0
@@ -161,45 +144,29 @@ class VLLMEngine(TemplateEngine):
 
     # ----------------------------------------------------------------------------- interface
 
-    @property
-    def version(self) -> int:
-        return self._version
-
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
             raise EngineError("the engine is shut down")
         request = _Request(
-            f"aj-{next(self._ids)}", list(prompt_ids), params, asyncio.get_running_loop(), asyncio.Queue()
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            request_id=f"aj-{next(self._ids)}",
+            prompt_ids=list(prompt_ids),
+            params=params,
         )
         self._inbox.put(request)
         finished = False
         try:
-            while True:
-                item = await request.events.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    finished = True
-                    return
+            async for event in request.until_finished():
+                finished = event.finish_reason is not None
+                yield event
         finally:
-            if not finished:  # the caller went away: free the slot in the running batch
+            if not finished:  # the caller went away (or vLLM failed): free the slot in the running batch
                 request.cancelled = True
                 self._inbox.put(("abort", request.request_id))
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        update = _WeightUpdate(state_dict, version)
-        with self._lock:
-            if self._pending is not None:
-                self._pending.applied.set()  # superseded: the newer weights win
-            self._pending = update
-        self._inbox.put(_WAKE)
-        while not update.applied.wait(0.5):
-            if self._closed.is_set():
-                raise EngineError("the engine shut down before the weights were loaded")
-        if update.error is not None:
-            raise EngineError(f"loading weights v{version} into vLLM failed: {update.error}") from update.error
+        self._weights.offer(state_dict, version, lambda: self._inbox.put(_WAKE), self._closed)
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -323,8 +290,7 @@ class VLLMEngine(TemplateEngine):
             request.push(EngineError(f"vLLM ended the request ({completion.finish_reason})"))
 
     def _apply_pending_weights(self) -> None:
-        with self._lock:
-            update, self._pending = self._pending, None
+        update = self._weights.take()
         if update is None:
             return
         started = time.perf_counter()
