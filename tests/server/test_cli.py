@@ -27,3 +27,28 @@ def test_cli_errors_are_one_clear_line():
     assert out.returncode == 2 and "--batch-groups" in out.stderr and "Traceback" not in out.stderr
     out = run("agentjet-client", "run", "--code-dir", "/nonexistent/dir")
     assert out.returncode == 2 and "is not a directory" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
+    import importlib.util
+    import os
+
+    out = run("agentjet-server", "up", "--engine", "tensorrt")
+    assert out.returncode == 2 and "--engine" in out.stderr and "'vllm'" in out.stderr
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    out = subprocess.run(
+        [str(BIN / "agentjet-server"), "up", "--engine", "vllm"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 2 and "torchrun" in out.stderr and "Traceback" not in out.stderr
+    if importlib.util.find_spec("vllm") is None:  # here: says which package to install
+        from tests.conftest import CACHE
+
+        env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
+        out = subprocess.run(
+            [str(BIN / "agentjet-server"), "up", "--engine", "vllm", "--port", "0"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert out.returncode == 2 and "agentjet-server[vllm]" in out.stderr and "Traceback" not in out.stderr

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentjet_client.errors import AgentJetError
 
@@ -22,7 +23,7 @@ err = Console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {escape(message)}")  # messages quote [extras] and paths
     raise typer.Exit(code=2)
 
 

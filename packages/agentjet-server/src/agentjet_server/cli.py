@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from agentjet_client.cli import status as client_status
 from agentjet_server.errors import AgentJetServerError
@@ -19,7 +20,7 @@ console = Console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")  # messages quote [extras] and paths
     raise typer.Exit(code=2)
 
 
@@ -92,7 +93,19 @@ def up(
 
 def serve(settings: Any) -> None:
     """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
+    import os
+
+    from agentjet_server.errors import ConfigError
     from agentjet_server.learner import distributed
+
+    if settings.engine == "vllm" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # vLLM's in-process engine core sets up torch.distributed for itself, which would collide
+        # with the learner ranks' process group (it hangs waiting for the other ranks)
+        raise ConfigError(
+            "--engine vllm cannot run under torchrun with more than one process yet: vLLM's engine "
+            "core joins torch.distributed in this process. Use --engine vllm in a single process, or "
+            "--engine transformers under torchrun"
+        )
 
     ctx = distributed.init_from_env(settings.device)
     try:
