@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 
@@ -231,3 +232,27 @@ def test_agentjet_server_up_engine_vllm_serves_and_trains_from_a_client_run(mode
     finally:
         server.stop()
     assert "with vllm" in (tmp_path / "server.log").read_text()
+
+
+@pytest.mark.e2e
+def test_torchrun_learner_ranks_with_vllm_in_its_own_process(model_dir, tmp_path):
+    """Under torchrun, rank 0 hosts vLLM in a spawned process (its engine core joins torch.distributed
+    itself); 2 FSDP2 ranks train and every update reaches the engine."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    launcher += ["-m", "agentjet_server"]
+    args = ["--engine", "vllm", "--batch-groups", "2", "--group-size", "8", "--log-level", "info"]
+    server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
+    try:
+        run_digits_client(server.url, 160, 8)
+        status = server.status()
+        assert status["trajectories"]["accepted"] == 160
+        assert status["policy_version"] >= 3 and status["learner"]["last_error"] is None
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as sdk:
+            reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4)
+        assert set(reply.choices[0].model_extra["agentjet"]["completion_versions"]) == {
+            server.status()["policy_version"]
+        }
+    finally:
+        server.stop()
+    log = (tmp_path / "server.log").read_text()
+    assert "learner rank 1 waiting for batches" in log and "with vllm" in log

@@ -93,19 +93,7 @@ def up(
 
 def serve(settings: Any) -> None:
     """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
-    import os
-
-    from agentjet_server.errors import ConfigError
     from agentjet_server.learner import distributed
-
-    if settings.engine == "vllm" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # vLLM's in-process engine core sets up torch.distributed for itself, which would collide
-        # with the learner ranks' process group (it hangs waiting for the other ranks)
-        raise ConfigError(
-            "--engine vllm cannot run under torchrun with more than one process yet: vLLM's engine "
-            "core joins torch.distributed in this process. Use --engine vllm in a single process, or "
-            "--engine transformers under torchrun"
-        )
 
     ctx = distributed.init_from_env(settings.device)
     try:
@@ -143,11 +131,20 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     import uvicorn
 
     from agentjet_server.app import create_app
-    from agentjet_server.engine import create_engine
+    from agentjet_server.engine import Engine, create_engine
     from agentjet_server.runtime import SwarmRuntime
 
     name = settings.model_name or ("agentjet-tiny" if settings.model is None else None)
-    engine = create_engine(settings.engine, path, model_name=name, device=ctx.device, max_batch=settings.max_batch)
+    options = {"model_name": name, "device": ctx.device, "max_batch": settings.max_batch, "dtype": settings.dtype}
+    engine: Engine
+    if settings.engine == "vllm" and ctx.enabled:
+        # vLLM's engine core joins torch.distributed wherever it runs; this process belongs to the
+        # learner ranks' group, so vLLM gets a process of its own
+        from agentjet_server.engine.remote import EngineProcess
+
+        engine = EngineProcess("vllm", path, **options)
+    else:
+        engine = create_engine(settings.engine, path, **options)
     runtime = SwarmRuntime.create(engine, settings, str(path), ctx)
     app = create_app(engine, settings, runtime=runtime)
     if not settings.auth_enabled:
