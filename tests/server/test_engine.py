@@ -89,3 +89,16 @@ def test_greedy_is_deterministic_and_closed_engine_refuses(chatty_model_dir):
     with pytest.raises(EngineError, match="shut down"):
         collect(engine, ids, SamplingParams(max_tokens=2))
     assert not engine._thread.is_alive()
+
+
+def test_create_engine_honours_dtype(model_dir):
+    import torch
+
+    from agentjet_server.engine import create_engine, resolve_dtype
+
+    assert resolve_dtype("auto", "cpu") == torch.float32 and resolve_dtype("auto", "cuda") == torch.bfloat16
+    engine = create_engine("transformers", model_dir, model_name=None, device="cpu", max_batch=4, dtype="bfloat16")
+    try:
+        assert next(engine.model.parameters()).dtype == torch.bfloat16
+    finally:
+        engine.close()
