@@ -66,6 +66,8 @@ _WAKE = object()
 def _set_vllm_env(device: str) -> None:
     """Environment vLLM reads at import: run its engine core in this process; CPU-friendly defaults."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM configures its own log handler; follow the server's level (--log-level) unless told otherwise
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(logging.getLogger().getEffectiveLevel()))
     if not device.startswith("cuda"):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # binding cores costs 6x on shared CPUs
