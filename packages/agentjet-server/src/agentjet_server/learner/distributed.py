@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agentjet_server.errors import ConfigError
+
 if TYPE_CHECKING:
     from agentjet_server.learner.trainer import Batch, Learner, Sequence
 
@@ -62,10 +64,16 @@ def init_from_env(device: str = "cpu", timeout: timedelta = timedelta(minutes=30
     ``cuda:<LOCAL_RANK>``.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world <= 1:
         return DistContext(device=device)
+    missing = [name for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"WORLD_SIZE={world} is set but {', '.join(missing)} is not: start the server with "
+            "`torchrun --nproc_per_node N -m agentjet_server up ...`, or unset WORLD_SIZE for one process"
+        )
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
     import torch.distributed as dist
 
     if device.startswith("cuda"):
