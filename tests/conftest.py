@@ -174,3 +174,10 @@ def run_digits_client(url: str, episodes: int, group_size: int, *extra: str, dig
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Clients started by tests (in-process or as processes) spool under a throwaway data dir."""
+    import tempfile
+
+    os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="agentjet-test-data-")

@@ -49,3 +49,37 @@ def test_sync_agents_run_in_threads(live_server):
         report = asyncio.run(Runner(client, sync_agent, RunConfig(episodes=4, group_size=2, concurrency=4)).run())
     assert report.finished == 4 and report.failed == 0 and report.accepted == 4
     assert all(r in (0.0, 1.0) for r in report.rewards)
+
+
+def test_spool_keeps_trajectories_while_the_server_is_down_and_a_new_run_delivers_them(live_server, tmp_path):
+    """Nothing finished is lost: with no server, episodes wait in the spool; the next run sends them first."""
+    import socket
+    import threading
+
+    from agentjet_client import Spool
+
+    @swarm_agent(tasks=[{"id": "offline"}])
+    def no_llm(task, episode):  # makes no LLM call: a failed (untrainable) but real trajectory
+        return 0.0
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    spool = Spool(tmp_path / "spool")
+    config = RunConfig(episodes=6, group_size=2, concurrency=4, admission=False, backoff_max=0.2)
+    with SwarmClient(dead, attempts=1) as client:
+        runner = Runner(client, no_llm, config, spool=spool)
+        threading.Timer(2.0, runner.stop).start()
+        report = asyncio.run(runner.run())
+    assert report.finished == 6 and report.accepted == 0
+    stats = spool.stats()
+    assert stats.depth == 6 and stats.spooled == 6 and stats.sent >= 6
+    assert "cannot reach" in stats.last_error
+
+    with SwarmClient(live_server.url) as client:
+        before = client.status().trajectories.accepted
+        runner = Runner(client, make_agent(), RunConfig(episodes=2, group_size=2, seed=0, timeout=1.0), spool=spool)
+        report = asyncio.run(runner.run())
+        after = client.status().trajectories.accepted
+    assert report.resent_leftovers == 6 and report.accepted == 8
+    assert after - before == 8 and spool.depth == 0

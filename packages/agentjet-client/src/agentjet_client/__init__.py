@@ -6,6 +6,7 @@ from agentjet_client.client import SwarmClient
 from agentjet_client.episode import Episode
 from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.runner import RunConfig, Runner, RunReport
+from agentjet_client.spool import Spool, SpoolError
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,8 @@ __all__ = [
     "Runner",
     "ServerError",
     "ServerUnreachable",
+    "Spool",
+    "SpoolError",
     "SwarmAgent",
     "SwarmClient",
     "swarm_agent",

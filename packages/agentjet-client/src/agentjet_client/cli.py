@@ -37,6 +37,10 @@ def run(
     episodes: Annotated[int, typer.Option(min=0, help="episodes to run in total (0 = until Ctrl-C)")] = 0,
     timeout: Annotated[float, typer.Option(min=0.001, help="seconds before an episode is abandoned")] = 300.0,
     seed: Annotated[int | None, typer.Option(help="seed for the task order")] = None,
+    spool_dir: Annotated[
+        Path | None, typer.Option(help="durable outbox for finished trajectories (default: user data dir)")
+    ] = None,
+    spool_max: Annotated[int, typer.Option(min=1, help="spooled trajectories before new episodes wait")] = 100_000,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
@@ -47,13 +51,18 @@ def run(
     from agentjet_client.client import SwarmClient
     from agentjet_client.loader import load_agent
     from agentjet_client.runner import RunConfig, Runner, RunReport
+    from agentjet_client.spool import Spool
 
     try:
         agent, version = load_agent(code_dir)
         client = SwarmClient(server, api_key=api_key)
         client.status()
+        spool = Spool(_spool_path(spool_dir, client.server_url), max_items=spool_max)
     except (AgentJetError, ValueError) as exc:
         _fail(str(exc))
+    left = spool.depth
+    if left:
+        console.print(f"[cyan]agentjet-client[/cyan] {left} trajectories left by an earlier run are sent first")
     console.print(f"[green]agentjet-client[/green] agent [bold]{agent.name}[/bold] (code {version}) -> {server}")
     last_print = [0.0]
 
@@ -70,7 +79,7 @@ def run(
         )
 
     config = RunConfig(episodes=episodes, group_size=group_size, concurrency=concurrency, timeout=timeout, seed=seed)
-    runner = Runner(client, agent, config, code_version=version, on_progress=progress)
+    runner = Runner(client, agent, config, code_version=version, on_progress=progress, spool=spool)
     try:
         report = asyncio.run(runner.run())
     except KeyboardInterrupt:
@@ -78,29 +87,63 @@ def run(
         err.print("interrupted")
     finally:
         client.close()
+        spool.close()
     console.print(
         f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  "
         f"mean reward first 10% {report.mean(0.0, 0.1):.3f}  last 20% {report.mean(0.8, 1.0):.3f}  "
         f"policy v{report.first_version} -> v{report.last_version}  "
         f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  failed {report.failed}"
     )
+    if report.resent_leftovers:
+        console.print(f"delivered {report.resent_leftovers} trajectories an earlier run had left in the spool")
     if report.reject_reasons:
         console.print(f"rejections: {dict(report.reject_reasons)}")
     if report.failure_reasons:
         console.print(f"failed episodes: {dict(report.failure_reasons.most_common(5))}")
 
 
-@app.command()
-def status(
+def _spool_path(spool_dir: Path | None, server_url: str) -> Path:
+    from agentjet_client.spool import default_spool_dir, spool_key
+
+    return (spool_dir or default_spool_dir()) / spool_key(server_url)
+
+
+def server_status(
     server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
     api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
 ) -> None:
     """Show a server's policy version, learner step, trajectory counts and admission budget.
 
-    Example: agentjet-client status --server http://127.0.0.1:8000
+    Example: agentjet-server status --server http://127.0.0.1:8000
     """
     from agentjet_client.client import SwarmClient
 
+    try:
+        with SwarmClient(server, api_key=api_key, attempts=1) as client:
+            st = client.status()
+    except (AgentJetError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"server {server}: {st.summary()}")
+
+
+@app.command()
+def status(
+    server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
+    spool_dir: Annotated[Path | None, typer.Option(help="the spool directory `run` used (default: data dir)")] = None,
+) -> None:
+    """Show this client's spool (depth, sent / accepted / duplicate / rejected, last error) and the server's state.
+
+    Example: agentjet-client status --server http://127.0.0.1:8000 --spool-dir ~/.local/share/agentjet/spool
+    """
+    from agentjet_client.client import SwarmClient, normalise_server_url
+    from agentjet_client.spool import Spool
+
+    path = _spool_path(spool_dir, normalise_server_url(server))
+    if (path / "spool.db").exists():
+        console.print(f"spool {path}: {Spool(path).stats().summary()}")
+    else:
+        console.print(f"spool {path}: empty (no run has spooled anything for this server)")
     try:
         with SwarmClient(server, api_key=api_key, attempts=1) as client:
             st = client.status()

@@ -3,9 +3,14 @@
 For each task it starts one GRPO group (``group_size`` episodes of the same task id), at most
 ``concurrency`` episodes at a time, each bounded by ``timeout`` seconds. It starts a group only
 while the server's admission budget (``/v1/status``) has room for it, so rollouts run ahead of
-training by a bounded amount and land within the staleness bound. Finished trajectories are
-pushed in batches by a background sender; an agent's exception or timeout fails that episode
-only.
+training by a bounded amount and land within the staleness bound. An agent's exception or
+timeout fails that episode only.
+
+Every finished trajectory is committed to the durable spool (``spool.Spool``) before the runner
+moves on; a background sender pushes the oldest spooled items in batches, with exponential
+backoff and jitter while the server is unreachable, and removes each item only once the server
+has answered for it. Items left by an earlier run (a crash, a kill) are sent first. A run ends
+when its own episodes are finished and answered.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.errors import AgentJetError, RejectedRequest
-from agentjet_client.protocol import Trajectory, TrajectoryStatus
+from agentjet_client.protocol import TrajectoryStatus
+from agentjet_client.spool import Spool, default_spool_dir, spool_key
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,8 @@ class RunConfig:
     admission: bool = True
     poll_interval: float = 0.2
     seed: int | None = None
+    send_batch: int = 256
+    backoff_max: float = 30.0  # seconds between resends while the server does not answer
 
 
 @dataclass
@@ -55,6 +63,7 @@ class RunReport:
     first_version: int | None = None
     last_version: int | None = None
     elapsed_s: float = 0.0
+    resent_leftovers: int = 0  # answered items a previous run had left in the spool
 
     def mean(self, lo: float, hi: float) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order."""
@@ -84,14 +93,19 @@ class Runner:
         *,
         code_version: str | None = None,
         on_progress: Callable[[RunReport], None] | None = None,
+        spool: Spool | None = None,
     ) -> None:
         self.client = client
         self.agent = agent
         self.config = config
         self.code_version = code_version
         self.report = RunReport()
+        self.spool = spool or Spool(default_spool_dir() / spool_key(client.server_url))
         self._on_progress = on_progress or (lambda report: None)
         self._pending = 0  # episodes started and not yet answered by the server
+        self._mine: set[str] = set()  # this run's spooled ids not yet answered
+        self._spooled = asyncio.Event()
+        self._warned_full = False
         self._stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=max(1, config.concurrency), thread_name_prefix="agentjet-agent")
 
@@ -105,7 +119,20 @@ class Runner:
             rng.shuffle(tasks)
             yield from tasks
 
+    async def _wait_for_spool_room(self) -> None:
+        while not self._stop.is_set() and await asyncio.to_thread(lambda: self.spool.full):
+            if not self._warned_full:
+                logger.warning(
+                    "the spool holds %d trajectories (its bound); no new episodes start until the server "
+                    "has taken some (nothing is dropped)",
+                    self.spool.max_items,
+                )
+                self._warned_full = True
+            await asyncio.sleep(self.config.poll_interval * 5)
+        self._warned_full = False
+
     async def _wait_for_admission(self, need: int) -> None:
+        await self._wait_for_spool_room()
         if not self.config.admission:
             return
         while not self._stop.is_set():
@@ -122,8 +149,8 @@ class Runner:
 
     async def run(self) -> RunReport:
         started = time.monotonic()
-        queue: asyncio.Queue[Trajectory] = asyncio.Queue()
-        sender = asyncio.create_task(self._send_loop(queue))
+        self._spooled = asyncio.Event()
+        sender = asyncio.create_task(self._send_loop())
         sem = asyncio.Semaphore(self.config.concurrency)
         episodes: set[asyncio.Task[None]] = set()
         g = self.config.group_size
@@ -140,13 +167,13 @@ class Runner:
                 for _ in range(g):
                     self._pending += 1
                     self.report.started += 1
-                    job = asyncio.create_task(self._episode(sem, queue, group_tag, task_id, task))
+                    job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
                     episodes.add(job)
                     job.add_done_callback(episodes.discard)
                 groups += 1
             if episodes:
                 await asyncio.gather(*episodes)
-            await queue.join()
+            await self._drained(sender)
         finally:
             sender.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -154,9 +181,19 @@ class Runner:
         self.report.elapsed_s = time.monotonic() - started
         return self.report
 
-    async def _episode(
-        self, sem: asyncio.Semaphore, queue: asyncio.Queue[Trajectory], group_id: str, task_id: str, task: Task
-    ) -> None:
+    async def _drained(self, sender: asyncio.Task[None]) -> None:
+        """Wait until the server has answered every trajectory this run produced."""
+        announced = False
+        while self._mine and not self._stop.is_set():
+            if sender.done():  # the sender died: say why instead of waiting forever (the spool keeps the items)
+                sender.result()
+            if not announced:
+                logger.info("waiting for the server to answer %d spooled trajectories", len(self._mine))
+                announced = True
+            self._spooled.set()
+            await asyncio.sleep(0.05)
+
+    async def _episode(self, sem: asyncio.Semaphore, group_id: str, task_id: str, task: Task) -> None:
         async with sem:
             agent, code_version = self.agent, self.code_version
             episode = self.client.episode(group_id, task_tag=agent.tag)
@@ -193,38 +230,59 @@ class Runner:
             else:
                 self.report.failed += 1
                 self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
-            await queue.put(trajectory)
+            if await asyncio.to_thread(self.spool.put, trajectory):  # on disk before we go on
+                self._mine.add(trajectory.id)
+            else:  # the id is already spooled (cannot happen with fresh episode ids)
+                self._pending -= 1
+            self._spooled.set()
             self._on_progress(self.report)
 
-    async def _send_loop(self, queue: asyncio.Queue[Trajectory]) -> None:
+    async def _send_loop(self) -> None:
+        failures = 0
         while True:
-            batch = [await queue.get()]
-            await asyncio.sleep(0.05)  # let siblings that finish together travel together
-            while not queue.empty() and len(batch) < 256:
-                batch.append(queue.get_nowait())
-            while True:
-                try:
-                    answer = await asyncio.to_thread(self.client.submit, batch)
-                    break
-                except RejectedRequest as exc:
-                    logger.error("server refused a batch of %d trajectories: %s", len(batch), exc.message)
-                    self.report.rejected += len(batch)
-                    self.report.reject_reasons[exc.message[:80]] += len(batch)
-                    answer = None
-                    break
-                except AgentJetError as exc:
-                    logger.warning("submit failed (%s); retrying in 2s, nothing is dropped", exc)
-                    await asyncio.sleep(2.0)
-            if answer is not None:
-                self.report.last_version = answer.policy_version
-                for result in answer.results:
-                    if result.status == "accepted":
-                        self.report.accepted += 1
-                    elif result.status == "duplicate":
-                        self.report.duplicate += 1
-                    else:
-                        self.report.rejected += 1
-                        self.report.reject_reasons[(result.reason or "")[:60]] += 1
-            self._pending -= len(batch)
-            for _ in batch:
-                queue.task_done()
+            batch = await asyncio.to_thread(self.spool.peek, self.config.send_batch)
+            if not batch:
+                self._spooled.clear()
+                await self._spooled.wait()
+                await asyncio.sleep(0.05)  # let siblings that finish together travel together
+                continue
+            ids = [item_id for item_id, _ in batch]
+            await asyncio.to_thread(self.spool.mark_sent, ids)
+            try:
+                answer = await asyncio.to_thread(self.client.submit, [t for _, t in batch])
+            except RejectedRequest as exc:  # the server refused the request itself: resending cannot help
+                logger.error("server refused a batch of %d trajectories: %s", len(batch), exc.message)
+                self.report.reject_reasons[exc.message[:80]] += len(batch)
+                await self._settle({item_id: "rejected" for item_id in ids})
+                await asyncio.to_thread(self.spool.note_error, exc.message[:500])
+                continue
+            except AgentJetError as exc:
+                failures += 1
+                delay = min(self.config.backoff_max, 0.5 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
+                logger.warning("submit failed (%s); %d stay spooled, retrying in %.1fs", exc, len(batch), delay)
+                await asyncio.to_thread(self.spool.note_error, str(exc)[:500])
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            self.report.last_version = answer.policy_version
+            answers: dict[str, str] = {}
+            for item_id, result in zip(ids, answer.results, strict=True):
+                answers[item_id] = result.status
+                if result.status == "rejected":
+                    self.report.reject_reasons[(result.reason or "")[:60]] += 1
+            await self._settle(answers)
+
+    async def _settle(self, answers: dict[str, str]) -> None:
+        await asyncio.to_thread(self.spool.settle, answers)
+        for item_id, status in answers.items():
+            if status == "accepted":
+                self.report.accepted += 1
+            elif status == "duplicate":
+                self.report.duplicate += 1
+            else:
+                self.report.rejected += 1
+            if item_id in self._mine:
+                self._mine.discard(item_id)
+                self._pending -= 1
+            else:
+                self.report.resent_leftovers += 1

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from agentjet_client.cli import status as client_status
+from agentjet_client.cli import server_status
 from agentjet_server.errors import AgentJetServerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
@@ -158,8 +158,8 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
 
 
-# the same one-line view as `agentjet-client status`
-app.command(name="status")(client_status)
+# the server line of `agentjet-client status`
+app.command(name="status")(server_status)
 
 
 def main() -> None:

@@ -1,0 +1,193 @@
+"""The client's durable outbox: finished trajectories on local disk until the server has answered.
+
+A ``Spool`` is one SQLite database in WAL mode (``spool.db`` under ``--spool-dir``). The runner
+``put``s each finished trajectory — the call returns once it is committed with
+``synchronous=FULL``, so a crash after ``put`` loses nothing — and a background sender ``peek``s
+the oldest ones, pushes them, and ``settle``s those the server answered (accepted, duplicate or
+rejected: each is an answer, so the item leaves the spool and the answer is counted). An item the
+server never answered stays, and is sent again after a restart; the server's exactly-once
+ingestion reports such a resend as ``duplicate``.
+
+Size bound: ``max_items`` (default 100,000). A full spool never drops anything; the runner stops
+starting episodes while ``full`` is true, and says so once in the log, until the sender has made
+room. Episodes already running still land in the spool (so it can pass the bound by at most the
+runner's concurrency).
+
+    spool = Spool(Path("~/.local/share/agentjet/spool").expanduser())
+    spool.put(trajectory)
+    for item_id, trajectory in spool.peek(256): ...
+    spool.settle({item_id: "accepted"})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentjet_client.errors import AgentJetError
+from agentjet_client.protocol import Trajectory
+
+DEFAULT_MAX_ITEMS = 100_000
+_COUNTERS = ("spooled", "sent", "accepted", "duplicate", "rejected")
+
+
+class SpoolError(AgentJetError):
+    """The spool's database cannot be opened or written."""
+
+
+@dataclass(frozen=True)
+class SpoolStats:
+    depth: int
+    spooled: int
+    sent: int
+    accepted: int
+    duplicate: int
+    rejected: int
+    last_error: str | None
+    max_items: int
+
+    def summary(self) -> str:
+        line = (
+            f"spool depth {self.depth}/{self.max_items}  spooled {self.spooled}  sent {self.sent}  "
+            f"accepted {self.accepted}  duplicate {self.duplicate}  rejected {self.rejected}"
+        )
+        return line + (f"  last error: {self.last_error}" if self.last_error else "")
+
+
+def default_spool_dir() -> Path:
+    """Where a user's spool lives unless ``--spool-dir`` says otherwise (XDG data dir)."""
+    import os
+
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "agentjet" / "spool"
+
+
+def spool_key(server_url: str) -> str:
+    """One spool per server: a directory name from its URL (``127.0.0.1_8000``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(server_url)
+    name = f"{parts.hostname or 'server'}_{parts.port or (443 if parts.scheme == 'https' else 80)}{parts.path}"
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in name).strip("_")
+
+
+class Spool:
+    def __init__(self, directory: Path, *, max_items: int = DEFAULT_MAX_ITEMS) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        self.directory = Path(directory)
+        self.max_items = max_items
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.directory / "spool.db", check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.executescript(
+                """
+                CREATE TABLE IF NOT EXISTS items (
+                    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                    id TEXT NOT NULL UNIQUE,
+                    body TEXT NOT NULL,
+                    added REAL NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0
+                );
+                CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS notes (name TEXT PRIMARY KEY, value TEXT);
+                """
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise SpoolError(
+                f"cannot open the spool in {self.directory}: {exc}. Pass --spool-dir a writable directory"
+            ) from exc
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ writing
+
+    def put(self, trajectory: Trajectory) -> bool:
+        """Commit a finished trajectory to disk. False if one with this id is already spooled."""
+        body = trajectory.model_dump_json()
+        with self._lock, self._write() as db:
+            inserted = db.execute(
+                "INSERT OR IGNORE INTO items (id, body, added) VALUES (?, ?, ?)", (trajectory.id, body, time.time())
+            ).rowcount
+            if inserted:
+                self._bump(db, "spooled", 1)
+        return bool(inserted)
+
+    def peek(self, limit: int = 256) -> list[tuple[str, Trajectory]]:
+        """The oldest ``limit`` items, still in the spool."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, body FROM items ORDER BY seq LIMIT ?", (limit,)).fetchall()
+        return [(item_id, Trajectory.model_validate_json(body)) for item_id, body in rows]
+
+    def mark_sent(self, ids: list[str]) -> None:
+        with self._lock, self._write() as db:
+            db.executemany("UPDATE items SET attempts = attempts + 1 WHERE id = ?", [(i,) for i in ids])
+            self._bump(db, "sent", len(ids))
+
+    def settle(self, answers: Mapping[str, str]) -> None:
+        """Remove items the server answered; ``answers`` maps id to accepted/duplicate/rejected."""
+        with self._lock, self._write() as db:
+            for item_id, status in answers.items():
+                if db.execute("DELETE FROM items WHERE id = ?", (item_id,)).rowcount:
+                    self._bump(db, status if status in _COUNTERS else "rejected", 1)
+
+    def note_error(self, message: str | None) -> None:
+        with self._lock, self._write() as db:
+            db.execute("INSERT OR REPLACE INTO notes (name, value) VALUES ('last_error', ?)", (message,))
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def depth(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+
+    @property
+    def full(self) -> bool:
+        return self.depth >= self.max_items
+
+    def stats(self) -> SpoolStats:
+        with self._lock:
+            counts = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+            note = self._db.execute("SELECT value FROM notes WHERE name = 'last_error'").fetchone()
+            depth = int(self._db.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+        return SpoolStats(
+            depth=depth,
+            last_error=note[0] if note else None,
+            max_items=self.max_items,
+            **{name: int(counts.get(name, 0)) for name in _COUNTERS},
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: commits on success, rolls back on error; SQLite errors become SpoolError."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise SpoolError(f"could not write the spool in {self.directory}: {exc}") from exc
+
+    @staticmethod
+    def _bump(db: sqlite3.Connection, name: str, by: int) -> None:
+        db.execute(
+            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + ?",
+            (name, by, by),
+        )

@@ -1,0 +1,95 @@
+"""The durable spool: committed before put returns, survives a killed process, bounded, clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from agentjet_client.protocol import Trajectory, Turn
+from agentjet_client.spool import Spool, SpoolError
+
+
+def trajectory(i: int) -> Trajectory:
+    turn = Turn(
+        policy_version=0,
+        prompt_token_ids=[1, 2, 3],
+        completion_token_ids=[4, 5],
+        completion_logprobs=[-0.5, -0.1],
+        finish_reason="stop",
+    )
+    return Trajectory(id=f"t{i}", task_id="task", turns=[turn], reward=float(i % 2))
+
+
+def test_put_peek_settle_and_counters(tmp_path):
+    spool = Spool(tmp_path)
+    for i in range(5):
+        assert spool.put(trajectory(i))
+    assert not spool.put(trajectory(0))  # same id: kept once
+    items = spool.peek(3)
+    assert [i for i, _ in items] == ["t0", "t1", "t2"] and items[1][1] == trajectory(1)
+    spool.mark_sent(["t0", "t1", "t2"])
+    spool.settle({"t0": "accepted", "t1": "duplicate", "t2": "rejected"})
+    stats = spool.stats()
+    assert (stats.depth, stats.spooled, stats.sent, stats.accepted, stats.duplicate, stats.rejected) == (
+        2,
+        5,
+        3,
+        1,
+        1,
+        1,
+    )
+    spool.note_error("server unreachable")
+    assert "last error: server unreachable" in spool.stats().summary()
+
+
+def test_items_survive_reopening(tmp_path):
+    spool = Spool(tmp_path)
+    for i in range(3):
+        spool.put(trajectory(i))
+    spool.settle({"t0": "accepted"})
+    spool.close()
+    again = Spool(tmp_path)
+    assert [i for i, _ in again.peek(10)] == ["t1", "t2"]
+    assert again.stats().accepted == 1
+
+
+def test_a_process_killed_right_after_put_loses_nothing(tmp_path):
+    """``put`` returns only once the row is committed: SIGKILL straight after it keeps every item."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_spool import trajectory
+        from agentjet_client.spool import Spool
+        spool = Spool(__import__("pathlib").Path({str(tmp_path)!r}))
+        for i in range(200):
+            spool.put(trajectory(i))
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    assert Spool(tmp_path).depth == 200
+
+
+def test_full_is_reported_not_dropped(tmp_path):
+    spool = Spool(tmp_path, max_items=3)
+    for i in range(4):  # an episode already running still lands
+        assert spool.put(trajectory(i))
+    assert spool.full and spool.depth == 4
+    spool.settle({"t0": "accepted", "t1": "accepted"})
+    assert not spool.full
+
+
+def test_unwritable_directory_is_a_clear_error(tmp_path):
+    if os.geteuid() == 0:
+        target = "/proc/agentjet-spool"  # not creatable, even for root
+    else:
+        tmp_path.chmod(0o500)
+        target = str(tmp_path / "spool")
+    with pytest.raises(SpoolError, match="--spool-dir"):
+        Spool(__import__("pathlib").Path(target))
