@@ -41,6 +41,7 @@ def run(
         Path | None, typer.Option(help="durable outbox for finished trajectories (default: user data dir)")
     ] = None,
     spool_max: Annotated[int, typer.Option(min=1, help="spooled trajectories before new episodes wait")] = 100_000,
+    watch: Annotated[bool, typer.Option(help="hot swap: new episodes run CODE_DIR's code as it is edited")] = True,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
@@ -49,7 +50,7 @@ def run(
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_client.client import SwarmClient
-    from agentjet_client.loader import load_agent
+    from agentjet_client.loader import CodeWatcher, load_agent
     from agentjet_client.runner import RunConfig, Runner, RunReport
     from agentjet_client.spool import Spool
 
@@ -79,7 +80,23 @@ def run(
         )
 
     config = RunConfig(episodes=episodes, group_size=group_size, concurrency=concurrency, timeout=timeout, seed=seed)
-    runner = Runner(client, agent, config, code_version=version, on_progress=progress, spool=spool)
+
+    def reloaded(new_version: str, error: str | None) -> None:
+        if error is None:
+            console.print(f"[cyan]agentjet-client[/cyan] code changed: new episodes run code {new_version}")
+        else:
+            err.print(f"[yellow]edit not loaded[/yellow] (still running code {new_version}): {escape(error)}")
+
+    runner = Runner(
+        client,
+        agent,
+        config,
+        code_version=version,
+        on_progress=progress,
+        spool=spool,
+        watcher=CodeWatcher(code_dir, version) if watch else None,
+        on_reload=reloaded,
+    )
     try:
         report = asyncio.run(runner.run())
     except KeyboardInterrupt:
@@ -94,6 +111,8 @@ def run(
         f"policy v{report.first_version} -> v{report.last_version}  "
         f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  failed {report.failed}"
     )
+    if report.reloads or report.reload_errors:
+        console.print(f"episodes per code version: {dict(report.code_versions)}")
     if report.resent_leftovers:
         console.print(f"delivered {report.resent_leftovers} trajectories an earlier run had left in the spool")
     if report.reject_reasons:

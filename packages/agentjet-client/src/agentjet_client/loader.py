@@ -1,14 +1,19 @@
-"""Load the ``@swarm_agent`` from a code directory, and fingerprint that code.
+"""Load the ``@swarm_agent`` from a code directory, fingerprint that code, and watch it for edits.
 
 ``DIR/agent.py`` is imported if it exists, else the single ``*.py`` file in DIR that defines a
 ``SwarmAgent``. DIR goes on ``sys.path`` so the agent can import its sibling modules. The code
 version is a hash of every ``*.py`` file under DIR, so a trajectory says which code made it.
+
+``CodeWatcher`` re-imports the directory when its code version changes (hot swap): sibling modules
+from DIR are dropped from ``sys.modules`` first so that edits to them count too; an edit that does
+not import is reported once and the previous agent stays in use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -16,6 +21,8 @@ from types import ModuleType
 
 from agentjet_client.agent import SwarmAgent
 from agentjet_client.errors import AgentLoadError
+
+logger = logging.getLogger(__name__)
 
 
 def code_version(code_dir: Path) -> str:
@@ -66,3 +73,39 @@ def load_agent(code_dir: Path) -> tuple[SwarmAgent, str]:
         names = ", ".join(a.name for a in found)
         raise AgentLoadError(f"{code_dir} defines several agents ({names}); keep exactly one @swarm_agent")
     return found[0], version
+
+
+def _forget_modules_under(code_dir: Path) -> None:
+    """Drop DIR's sibling modules from the import cache, so the next import reads the edited files."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and not name.startswith("agentjet_user_") and Path(path).resolve().is_relative_to(code_dir):
+            del sys.modules[name]
+
+
+class CodeWatcher:
+    """Polled by the runner: returns the new agent after an edit that imports, else None."""
+
+    def __init__(self, code_dir: Path, version: str) -> None:
+        self.code_dir = code_dir.resolve()
+        self.version = version
+        self.failed_version: str | None = None
+        self.last_error: str | None = None
+
+    def poll(self) -> tuple[SwarmAgent, str] | None:
+        try:
+            current = code_version(self.code_dir)
+        except OSError as exc:  # a file vanished between listing and reading: look again next time
+            logger.debug("code dir changed while hashing: %s", exc)
+            return None
+        if current in (self.version, self.failed_version):
+            return None
+        _forget_modules_under(self.code_dir)
+        try:
+            agent, loaded = load_agent(self.code_dir)
+        except AgentLoadError as exc:
+            self.failed_version, self.last_error = current, str(exc)
+            logger.error("the edit in %s does not load (%s); still running code %s", self.code_dir, exc, self.version)
+            return None
+        self.version, self.failed_version, self.last_error = loaded, None, None
+        return agent, loaded

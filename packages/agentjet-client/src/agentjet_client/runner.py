@@ -30,6 +30,7 @@ from typing import Any
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.errors import AgentJetError, RejectedRequest
+from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import TrajectoryStatus
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
 
@@ -47,6 +48,7 @@ class RunConfig:
     seed: int | None = None
     send_batch: int = 256
     backoff_max: float = 30.0  # seconds between resends while the server does not answer
+    watch_interval: float = 1.0  # seconds between looks at the code dir (with a watcher)
 
 
 @dataclass
@@ -64,6 +66,10 @@ class RunReport:
     last_version: int | None = None
     elapsed_s: float = 0.0
     resent_leftovers: int = 0  # answered items a previous run had left in the spool
+    code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
+    rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
+    reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
+    reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
 
     def mean(self, lo: float, hi: float) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order."""
@@ -94,6 +100,8 @@ class Runner:
         code_version: str | None = None,
         on_progress: Callable[[RunReport], None] | None = None,
         spool: Spool | None = None,
+        watcher: CodeWatcher | None = None,
+        on_reload: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.client = client
         self.agent = agent
@@ -102,6 +110,8 @@ class Runner:
         self.report = RunReport()
         self.spool = spool or Spool(default_spool_dir() / spool_key(client.server_url))
         self._on_progress = on_progress or (lambda report: None)
+        self.watcher = watcher
+        self._on_reload = on_reload or (lambda version, error: None)
         self._pending = 0  # episodes started and not yet answered by the server
         self._mine: set[str] = set()  # this run's spooled ids not yet answered
         self._spooled = asyncio.Event()
@@ -151,6 +161,7 @@ class Runner:
         started = time.monotonic()
         self._spooled = asyncio.Event()
         sender = asyncio.create_task(self._send_loop())
+        watching = asyncio.create_task(self._watch_loop()) if self.watcher is not None else None
         sem = asyncio.Semaphore(self.config.concurrency)
         episodes: set[asyncio.Task[None]] = set()
         g = self.config.group_size
@@ -176,10 +187,28 @@ class Runner:
             await self._drained(sender)
         finally:
             sender.cancel()
+            if watching is not None:
+                watching.cancel()
             self._executor.shutdown(wait=False, cancel_futures=True)
             await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
         return self.report
+
+    async def _watch_loop(self) -> None:
+        """Hot swap: new episodes take the new code; running ones finish on the code they started with."""
+        assert self.watcher is not None
+        while True:
+            await asyncio.sleep(self.config.watch_interval)
+            swapped = await asyncio.to_thread(self.watcher.poll)
+            if swapped is not None:
+                self.agent, self.code_version = swapped
+                self.report.reloads.append(swapped[1])
+                self._on_reload(swapped[1], None)
+            elif self.watcher.last_error and (
+                not self.report.reload_errors or self.report.reload_errors[-1] != self.watcher.last_error
+            ):
+                self.report.reload_errors.append(self.watcher.last_error)
+                self._on_reload(self.watcher.version, self.watcher.last_error)
 
     async def _drained(self, sender: asyncio.Task[None]) -> None:
         """Wait until the server has answered every trajectory this run produced."""
@@ -225,8 +254,10 @@ class Runner:
                 metadata={"task": task_id},
             )
             self.report.finished += 1
+            self.report.code_versions[code_version or "-"] += 1
             if trajectory.status == "complete":
                 self.report.rewards.append(reward)
+                self.report.rewards_by_version.setdefault(code_version or "-", []).append(reward)
             else:
                 self.report.failed += 1
                 self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
