@@ -42,3 +42,46 @@ def test_stop_string_across_tokens_cuts_text_and_stream(engine):
     state, streamed = feed(engine, ids, stop=["🚀 ç"])
     assert state.stopped_by_string and state.finish == "stop"
     assert state.text == streamed == "héllo wörld "
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_stops_its_generation(chatty_server, stream):
+    """The engine drops a request whose client went away: it costs the server nothing more."""
+    import json
+    import socket
+    import time
+
+    import httpx2
+
+    engine = chatty_server.engine
+    ask = [{"role": "user", "content": "go on"}]
+    # a seed whose completion runs long when nobody hangs up (the same seed samples the same tokens)
+    for seed in range(40):
+        full = httpx2.post(
+            chatty_server.url + "/v1/chat/completions",
+            json={"model": "agentjet-tiny", "messages": ask, "max_tokens": 1000, "seed": seed},
+            timeout=60,
+        ).json()["usage"]["completion_tokens"]
+        if full >= 600:
+            break
+    assert full >= 600
+    request = {"model": "agentjet-tiny", "messages": ask, "max_tokens": 1000, "seed": seed, "stream": stream}
+    body = json.dumps(request).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    before = engine.tokens_sampled
+    with socket.create_connection(("127.0.0.1", chatty_server.port)) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 10
+        while engine.tokens_sampled - before < 20:  # generation is under way
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    deadline = time.monotonic() + 10
+    while True:  # wait until sampling stops (it would run on to `full` tokens if nobody noticed)
+        settled = engine.tokens_sampled
+        time.sleep(0.5)
+        if engine.tokens_sampled == settled or time.monotonic() > deadline:
+            break
+    assert settled - before < full / 2, f"sampled {settled - before} of {full} tokens after the client left"

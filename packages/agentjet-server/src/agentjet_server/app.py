@@ -7,12 +7,14 @@ wrong and how to fix it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -43,6 +45,7 @@ from agentjet_server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def error_response(
@@ -99,6 +102,21 @@ async def read_model(request: Request, model: type[M], limit: int) -> M:
     return model.model_validate(data)
 
 
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Run ``work``; if the client hangs up first, cancel it (the engine drops the request) and return None."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            logger.info("client disconnected from %s; generation cancelled", request.url.path)
+            return None
+
+
 def _key_in(token: str, keys: Sequence[str]) -> bool:
     return any(hmac.compare_digest(token.encode(), k.encode()) for k in keys)
 
@@ -147,7 +165,9 @@ def create_app(
                     yield frame
 
             return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        completion = await rt.chat.complete(body, rt.engine.model_name)
+        completion = await _unless_disconnected(request, rt.chat.complete(body, rt.engine.model_name))
+        if completion is None:  # nobody is waiting for it any more
+            return Response(status_code=499)
         return Response(completion.model_dump_json(exclude_none=True), media_type="application/json")
 
     async def trajectories(request: Request) -> Response:

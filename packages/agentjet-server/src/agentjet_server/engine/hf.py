@@ -80,6 +80,7 @@ class TransformersEngine(TemplateEngine):
         self._closed = threading.Event()
         self.batches_run = 0
         self.largest_batch = 0
+        self.tokens_sampled = 0
         self._thread = threading.Thread(target=self._run, name="agentjet-engine", daemon=True)
         self._thread.start()
 
@@ -234,6 +235,7 @@ class TransformersEngine(TemplateEngine):
             finish = self._finish_reason(request, token)
             if finish is not None:
                 live[i] = False
+            self.tokens_sampled += 1
             request.push(TokenEvent(token, float(logprobs[i, token]), version, top, finish))
         return chosen.to(self.device)
 
