@@ -42,6 +42,9 @@ def run(
     ] = None,
     spool_max: Annotated[int, typer.Option(min=1, help="spooled trajectories before new episodes wait")] = 100_000,
     watch: Annotated[bool, typer.Option(help="hot swap: new episodes run CODE_DIR's code as it is edited")] = True,
+    isolate: Annotated[
+        bool, typer.Option(help="run sync agents in worker processes, so a hung episode can be killed")
+    ] = True,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
@@ -50,6 +53,7 @@ def run(
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_client.client import SwarmClient
+    from agentjet_client.isolation import WorkerPool
     from agentjet_client.loader import CodeWatcher, load_agent
     from agentjet_client.runner import RunConfig, Runner, RunReport
     from agentjet_client.spool import Spool
@@ -96,6 +100,7 @@ def run(
         spool=spool,
         watcher=CodeWatcher(code_dir, version) if watch else None,
         on_reload=reloaded,
+        workers=WorkerPool(code_dir, concurrency) if isolate and not agent.is_async else None,
     )
     try:
         report = asyncio.run(runner.run())

@@ -30,6 +30,7 @@ from typing import Any
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.errors import AgentJetError, RejectedRequest
+from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import TrajectoryStatus
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
@@ -102,6 +103,7 @@ class Runner:
         spool: Spool | None = None,
         watcher: CodeWatcher | None = None,
         on_reload: Callable[[str, str | None], None] | None = None,
+        workers: WorkerPool | None = None,
     ) -> None:
         self.client = client
         self.agent = agent
@@ -111,6 +113,7 @@ class Runner:
         self.spool = spool or Spool(default_spool_dir() / spool_key(client.server_url))
         self._on_progress = on_progress or (lambda report: None)
         self.watcher = watcher
+        self.workers = workers  # sync agents run here (killable) instead of in threads
         self._on_reload = on_reload or (lambda version, error: None)
         self._pending = 0  # episodes started and not yet answered by the server
         self._mine: set[str] = set()  # this run's spooled ids not yet answered
@@ -189,6 +192,8 @@ class Runner:
             sender.cancel()
             if watching is not None:
                 watching.cancel()
+            if self.workers is not None:
+                self.workers.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
             await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
@@ -232,6 +237,11 @@ class Runner:
             try:
                 if agent.is_async:
                     value = await asyncio.wait_for(agent.fn(task, episode), self.config.timeout)
+                elif self.workers is not None:
+                    proxy_base = episode.base_url.split("/episodes/", 1)[0]
+                    value, code_version = await self.workers.run(
+                        task, episode.id, episode.task_id, proxy_base, episode.api_key, self.config.timeout
+                    )
                 else:
                     loop = asyncio.get_running_loop()
                     value = await asyncio.wait_for(
@@ -240,6 +250,9 @@ class Runner:
                 reward = _coerce_reward(value)
             except TimeoutError:
                 status, error = "failed", f"episode timed out after {self.config.timeout:g}s"
+            except AgentFailed as exc:  # raised in a worker process
+                status, error = "failed", str(exc)
+                logger.warning("episode of task %s failed: %s", group_id, error)
             except Exception as exc:  # the agent's bug fails this episode only
                 status = "failed"
                 error = "".join(traceback.format_exception_only(exc)).strip()

@@ -1,0 +1,162 @@
+"""Sync agents in worker processes, so an episode stuck in a blocking call can be abandoned for real.
+
+A thread cannot be stopped from outside: a sync agent stuck in ``time.sleep(10**6)`` or a socket
+read would hold its thread forever, and every such hang would cost the runner one unit of
+concurrency. So, when the agent comes from a code directory, the runner hands sync episodes to a
+``WorkerPool``: at most ``size`` spawned processes, each importing the agent from the directory.
+The agent's ``episode`` there is a ``ProxyEpisode`` whose model handles go through the client's
+loopback capture proxy, so every call is still recorded into the episode's trajectory. An episode
+past its timeout has its worker killed and replaced: the pool never holds more than ``size``
+processes and never loses capacity.
+
+Each worker runs the code that is on disk when it takes the episode, and reports the code version
+it ran; after an edit (hot swap) workers re-import before their next episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentjet_client.errors import AgentJetError
+
+
+class AgentFailed(AgentJetError):
+    """The agent raised in its worker process; the message is the exception's last line."""
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Any
+
+
+class ProxyEpisode:
+    """What a sync agent in a worker process gets as ``episode``: model handles through the capture proxy."""
+
+    def __init__(self, episode_id: str, task_id: str, proxy_base: str, api_key: str) -> None:
+        self.id = episode_id
+        self.task_id = task_id
+        self.api_key = api_key
+        self._proxy_base = proxy_base
+
+    def url_for(self, agent: str) -> str:
+        return f"{self._proxy_base}/episodes/{self.id}/{agent}/v1"
+
+    @property
+    def base_url(self) -> str:
+        return self.url_for("default")
+
+    def openai(self, agent: str = "default", **kwargs: Any) -> Any:
+        import openai
+
+        kwargs.setdefault("max_retries", 2)
+        return openai.OpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
+
+    def async_openai(self, agent: str = "default", **kwargs: Any) -> Any:
+        import openai
+
+        kwargs.setdefault("max_retries", 2)
+        return openai.AsyncOpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
+
+
+class WorkerPool:
+    def __init__(self, code_dir: Path, size: int) -> None:
+        self.code_dir = Path(code_dir).resolve()
+        self.size = size
+        self.started = 0  # processes ever started (replacements included)
+        self.killed = 0
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: list[_Worker] = []
+        self._live = 0
+        self._free: asyncio.Semaphore | None = None
+        self._waits = ThreadPoolExecutor(max_workers=size, thread_name_prefix="agentjet-worker-wait")
+
+    @property
+    def live(self) -> int:
+        """Worker processes that exist now (never more than ``size``)."""
+        return self._live
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker_main, args=(child, str(self.code_dir)), name="agentjet-agent", daemon=True
+        )
+        process.start()
+        child.close()
+        self.started += 1
+        self._live += 1
+        return _Worker(process, parent)
+
+    def _kill(self, worker: _Worker) -> None:
+        worker.process.kill()
+        worker.process.join(timeout=10)
+        worker.conn.close()
+        self._live -= 1
+        self.killed += 1
+
+    async def run(
+        self, task: Any, episode_id: str, task_id: str, proxy_base: str, api_key: str, timeout: float
+    ) -> tuple[Any, str]:
+        """The agent's return value and the code version that ran; TimeoutError past ``timeout``."""
+        if self._free is None:
+            self._free = asyncio.Semaphore(self.size)
+        async with self._free:
+            worker = self._idle.pop() if self._idle else self._spawn()
+            loop = asyncio.get_running_loop()
+            try:
+                worker.conn.send((task, episode_id, task_id, proxy_base, api_key))
+                answered = await loop.run_in_executor(self._waits, worker.conn.poll, timeout)
+                if not answered:
+                    raise TimeoutError
+                kind, value, version = worker.conn.recv()
+            except BaseException:  # timed out, cancelled, or the worker died: it is not reused
+                self._kill(worker)
+                raise
+            self._idle.append(worker)
+        if kind == "error":
+            raise AgentFailed(value)
+        return value, version
+
+    def close(self) -> None:
+        for worker in self._idle:
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+        for worker in self._idle:
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
+            self._live -= 1
+        self._idle.clear()
+        self._waits.shutdown(wait=False, cancel_futures=True)
+
+
+def _worker_main(conn: Any, code_dir: str) -> None:
+    from agentjet_client.loader import CodeWatcher, code_version, load_agent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
+    directory = Path(code_dir)
+    agent, version = load_agent(directory)
+    watcher = CodeWatcher(directory, version)
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        if code_version(directory) != version:  # hot swap: take the edit if it loads
+            swapped = watcher.poll()
+            if swapped is not None:
+                agent, version = swapped
+        task, episode_id, task_id, proxy_base, api_key = job
+        try:
+            value = agent.fn(task, ProxyEpisode(episode_id, task_id, proxy_base, api_key))
+            conn.send(("ok", value, version))
+        except Exception as exc:  # the agent's bug: reported, the worker lives on
+            conn.send(("error", "".join(traceback.format_exception_only(exc)).strip(), version))
