@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +19,7 @@ from pathlib import Path
 import httpx2
 import openai
 
+from _server import served
 from agentjet_client import SwarmClient
 
 MESSAGES = [{"role": "user", "content": "Write seven as a digit."}]
@@ -76,35 +73,7 @@ def main() -> None:
     print(f"engine direct: {n} requests ...", flush=True)
     results["engine direct (in-process)"] = engine_direct(model_dir, n)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bindir = Path(sys.executable).parent
-    server = subprocess.Popen(
-        [
-            str(bindir / "agentjet-server"),
-            "up",
-            "--port",
-            str(port),
-            "--model",
-            str(model_dir),
-            "--model-name",
-            "agentjet-tiny",
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx2.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                time.sleep(0.2)
+    with served(model_dir) as url:
         body = {"model": "agentjet-tiny", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0.0}
         with httpx2.Client() as http:
             print("server endpoint (raw HTTP) ...", flush=True)
@@ -129,9 +98,6 @@ def main() -> None:
             proxy_sdk.close()
             assert len(episode.recorder.turns) == 2 * (n + 10) and episode.recorder.failures == 0
             episode.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
     base50 = statistics.median(results["engine direct (in-process)"])
     base99 = pct(results["engine direct (in-process)"], 0.99)

@@ -42,6 +42,7 @@ class FaultProxy:
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
 
     def _switch(self, mode: str) -> None:
         previous, self.mode = self.mode, mode
@@ -58,6 +59,12 @@ class FaultProxy:
             self._loop.run_forever()
         finally:
             server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.run_until_complete(server.wait_closed())
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.counts["connections"] += 1

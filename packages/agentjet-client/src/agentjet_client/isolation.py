@@ -134,6 +134,8 @@ class WorkerPool:
             worker.process.join(timeout=5)
             if worker.process.is_alive():
                 worker.process.kill()
+                worker.process.join(timeout=5)
+            worker.conn.close()
             self._live -= 1
         self._idle.clear()
         self._waits.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,38 @@
+"""A real ``agentjet-server up`` process on a free loopback port, for the benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+
+
+@contextlib.contextmanager
+def served(model_dir: Path, *extra: str) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [str(Path(sys.executable).parent / "agentjet-server"), "up", "--port", str(port)]
+    command += ["--model", str(model_dir), "--model-name", "agentjet-tiny", "--log-level", "warning", *extra]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx2.get(url + "/healthz").status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise SystemExit("the server did not come up")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
