@@ -39,6 +39,12 @@ def spool_stats(path: Path) -> SpoolStats:
         spool.close()
 
 
+def tally(stats: SpoolStats, counts: dict[str, int]) -> tuple[int, int, int, int]:
+    """produced, acked (every answer but duplicate), duplicate, lost (= produced - acked - still spooled)."""
+    acked = counts["accepted"] + counts["rejected"]
+    return stats.spooled, acked, counts["duplicate"], stats.spooled - acked - stats.depth
+
+
 def test_client_killed_mid_run_and_restarted_loses_nothing(model_dir, tmp_path):
     server = ServerProcess(["--batch-groups", "2", "--group-size", "8"], tmp_path / "server.log")
     spool_dir = tmp_path / "spool"
@@ -61,12 +67,10 @@ def test_client_killed_mid_run_and_restarted_loses_nothing(model_dir, tmp_path):
         counts = server.status()["trajectories"]
     finally:
         server.stop()
-    produced = stats.spooled
-    acked = counts["accepted"] + counts["rejected"]
-    lost = produced - acked - stats.depth
+    produced, acked, duplicate, lost = tally(stats, counts)
     print(
         f"client SIGKILL: produced {produced} (at kill {at_kill.spooled}, {at_kill.depth} unsent), "
-        f"acked {acked}, duplicate {counts['duplicate']}, still spooled {stats.depth}, lost {lost}"
+        f"acked {acked}, duplicate {duplicate}, still spooled {stats.depth}, lost {lost}"
     )
     assert produced >= 150 + 64 and stats.depth == 0
     assert lost == 0

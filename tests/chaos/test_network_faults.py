@@ -14,7 +14,7 @@ import pytest
 
 from agentjet_client.spool import spool_key
 from tests.chaos.faultproxy import FaultProxy
-from tests.chaos.test_client_kill import spool_stats
+from tests.chaos.test_client_kill import spool_stats, tally
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -64,12 +64,10 @@ def test_drops_partition_and_delays_lose_nothing(model_dir, tmp_path):
     finally:
         proxy.close()
         server.stop()
-    produced = stats.spooled
-    acked = counts["accepted"] + counts["rejected"]
-    lost = produced - acked - stats.depth
+    produced, acked, duplicate, lost = tally(stats, counts)
     print(
         f"network faults ({len(seen)} mode switches, {proxy.counts}): produced {produced}, acked {acked}, "
-        f"duplicate {counts['duplicate']}, still spooled {stats.depth}, lost {lost}"
+        f"duplicate {duplicate}, still spooled {stats.depth}, lost {lost}"
     )
     assert {"drop", "blackhole"} <= set(seen) and proxy.counts["dropped"] and proxy.counts["blackholed"]
     assert produced == 480 and stats.depth == 0 and lost == 0

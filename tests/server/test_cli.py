@@ -50,3 +50,18 @@ def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
             timeout=120,
         )
         assert out.returncode == 2 and "agentjet-server[vllm]" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_client_status_shows_the_spool(live_server, tmp_path):
+    from agentjet_client.protocol import Trajectory
+    from agentjet_client.spool import Spool, spool_key
+
+    spool = Spool(tmp_path / spool_key(live_server.url))
+    spool.put(Trajectory(id="left-1", task_id="t", turns=[], status="failed", reward=0.0))
+    spool.note_error("server unreachable")
+    spool.close()
+    out = run("agentjet-client", "status", "--server", live_server.url, "--spool-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.replace("\n", " ")
+    assert "spool depth 1/100000" in text and "spooled 1" in text and "server unreachable" in text
+    assert "model agentjet-tiny" in text  # then the server's line

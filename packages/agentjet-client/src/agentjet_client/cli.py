@@ -160,20 +160,17 @@ def status(
 
     Example: agentjet-client status --server http://127.0.0.1:8000 --spool-dir ~/.local/share/agentjet/spool
     """
-    from agentjet_client.client import SwarmClient, normalise_server_url
+    from agentjet_client.client import normalise_server_url
     from agentjet_client.spool import Spool
 
     path = _spool_path(spool_dir, normalise_server_url(server))
     if (path / "spool.db").exists():
-        console.print(f"spool {path}: {Spool(path).stats().summary()}")
+        spool = Spool(path)
+        console.print(f"spool {path}: {spool.stats().summary()}")
+        spool.close()
     else:
         console.print(f"spool {path}: empty (no run has spooled anything for this server)")
-    try:
-        with SwarmClient(server, api_key=api_key, attempts=1) as client:
-            st = client.status()
-    except (AgentJetError, ValueError) as exc:
-        _fail(str(exc))
-    console.print(f"server {server}: {st.summary()}")
+    server_status(server, api_key)
 
 
 def main() -> None:
