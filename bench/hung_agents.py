@@ -2,8 +2,9 @@
 
     python bench/hung_agents.py [--episodes 160] [--concurrency 8] [--timeout 2]
 
-Three runs of a sync agent against one real server (embedded model), same tasks and settings:
-(a) no episode hangs; (b) every 8th task's episodes call ``time.sleep(10**6)``, agents in
+Runs of a sync agent against one real server (embedded model), same tasks and settings:
+(a) no episode hangs (threads), (a2) no hangs (worker processes: the cost of isolation); (b)
+every 8th task's episodes call ``time.sleep(10**6)``, agents in
 threads (what a plain runner can do: the stuck threads cannot be stopped); (c) the same hangs,
 agents in worker processes (``WorkerPool``: a hung episode's worker is killed at the timeout and
 replaced). Reported: completed (non-hung) episodes per second, and threads / processes left.
@@ -77,6 +78,8 @@ def main() -> None:
         print("(a) no hangs ...", flush=True)
         common = (url, code_dir, args.episodes, args.concurrency, args.timeout)
         rows["(a) no hangs, threads"] = run(*common, False)
+        print("(a2) no hangs, worker processes ...", flush=True)
+        rows["(a2) no hangs, processes"] = run(*common, True)
         os.environ["AGENTJET_BENCH_HANG"] = "1"
         print("(c) hangs, worker processes ...", flush=True)
         rows["(c) 1 task in 8 hangs, processes"] = run(*common, True)

@@ -10,7 +10,9 @@ past its timeout has its worker killed and replaced: the pool never holds more t
 processes and never loses capacity.
 
 Each worker runs the code that is on disk when it takes the episode, and reports the code version
-it ran; after an edit (hot swap) workers re-import before their next episode.
+it ran; after an edit (hot swap) workers re-import before their next episode. A worker's start-up
+(spawn + import) is not counted against an episode's timeout. A new worker cannot start while the
+code on disk does not import: its episodes fail with the import error until the edit is fixed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.errors import AgentJetError
+
+STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import the agent
 
 
 class AgentFailed(AgentJetError):
@@ -57,6 +61,7 @@ class ProxyEpisode:
         import openai
 
         kwargs.setdefault("max_retries", 2)
+        kwargs.setdefault("http_client", _shared_http())  # a new client per episode costs ~40 ms (SSL setup)
         return openai.OpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
 
     def async_openai(self, agent: str = "default", **kwargs: Any) -> Any:
@@ -64,6 +69,19 @@ class ProxyEpisode:
 
         kwargs.setdefault("max_retries", 2)
         return openai.AsyncOpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
+
+
+_HTTP: Any = None
+
+
+def _shared_http() -> Any:
+    """One connection pool per worker process for the sync OpenAI clients its episodes create."""
+    global _HTTP
+    if _HTTP is None:
+        import httpx2
+
+        _HTTP = httpx2.Client(timeout=httpx2.Timeout(600.0, connect=10.0))
+    return _HTTP
 
 
 class WorkerPool:
@@ -83,7 +101,8 @@ class WorkerPool:
         """Worker processes that exist now (never more than ``size``)."""
         return self._live
 
-    def _spawn(self) -> _Worker:
+    async def _spawn(self) -> _Worker:
+        """A new worker, once it has imported the agent (start-up is not part of any episode's timeout)."""
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main, args=(child, str(self.code_dir)), name="agentjet-agent", daemon=True
@@ -92,7 +111,19 @@ class WorkerPool:
         child.close()
         self.started += 1
         self._live += 1
-        return _Worker(process, parent)
+        worker = _Worker(process, parent)
+        loop = asyncio.get_running_loop()
+        try:
+            if not await loop.run_in_executor(self._waits, parent.poll, STARTUP_TIMEOUT):
+                raise AgentFailed(f"an agent worker process did not start within {STARTUP_TIMEOUT:g}s")
+            kind, detail = parent.recv()
+        except BaseException:
+            self._kill(worker)
+            raise
+        if kind != "ready":
+            self._kill(worker)
+            raise AgentFailed(f"the agent worker could not load the code in {self.code_dir}: {detail}")
+        return worker
 
     def _kill(self, worker: _Worker) -> None:
         worker.process.kill()
@@ -108,7 +139,7 @@ class WorkerPool:
         if self._free is None:
             self._free = asyncio.Semaphore(self.size)
         async with self._free:
-            worker = self._idle.pop() if self._idle else self._spawn()
+            worker = self._idle.pop() if self._idle else await self._spawn()
             loop = asyncio.get_running_loop()
             try:
                 worker.conn.send((task, episode_id, task_id, proxy_base, api_key))
@@ -146,7 +177,12 @@ def _worker_main(conn: Any, code_dir: str) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
     directory = Path(code_dir)
-    agent, version = load_agent(directory)
+    try:
+        agent, version = load_agent(directory)
+    except Exception as exc:  # e.g. a broken edit on disk: the episode fails with this message
+        conn.send(("failed", str(exc)))
+        return
+    conn.send(("ready", version))
     watcher = CodeWatcher(directory, version)
     while True:
         job = conn.recv()
