@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ import torch
 from agentjet_server.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentjet_server.learner.trainer import Batch, Learner, Sequence
+    from agentjet_server.learner.trainer import Learner, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +144,7 @@ def broadcast(ctx: DistContext, message: object) -> object:
     return box[0]
 
 
-def worker_loop(learner: Learner, ctx: DistContext, on_step: Callable[[Batch], None] | None = None) -> None:
+def worker_loop(learner: Learner, ctx: DistContext) -> None:
     """Ranks other than 0: take part in every step rank 0 starts, until it says stop."""
     from agentjet_server.learner.trainer import Batch
 
@@ -161,8 +160,6 @@ def worker_loop(learner: Learner, ctx: DistContext, on_step: Callable[[Batch], N
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
         learner.step(message)
         learner.full_state_dict()
-        if on_step is not None:
-            on_step(message)
 
 
 def shutdown(ctx: DistContext) -> None:
