@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -66,6 +67,7 @@ class LiveServer:
         from agentjet_server.settings import ServerSettings
 
         self.port = free_port()
+        settings.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="agentjet-state-")))
         self.settings = ServerSettings(port=self.port, **settings)  # type: ignore[arg-type]
         self.engine = engine or TransformersEngine(model_dir, model_name="agentjet-tiny")
         self.app = create_app(self.engine, self.settings, model_path=str(model_dir))
@@ -103,6 +105,8 @@ class ServerProcess:
         self.log_path = log
         self._log = log.open("w")
         command = launcher or [str(Path(sys.executable).parent / "agentjet-server")]
+        if "--state-dir" not in args:  # each server its own state unless a test shares one on purpose
+            args = [*args, "--state-dir", tempfile.mkdtemp(prefix="agentjet-state-")]
         env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), **(env or {})}
         self.proc = subprocess.Popen(
             [*command, "up", "--port", str(self.port), *args], env=env, stdout=self._log, stderr=subprocess.STDOUT

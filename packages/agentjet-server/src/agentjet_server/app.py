@@ -173,7 +173,9 @@ def create_app(
     async def trajectories(request: Request) -> Response:
         authorize(request)
         batch = await read_model(request, TrajectoryBatch, settings.max_body_bytes)
-        return JSONResponse(rt.ingest(batch).model_dump())
+        # the answer waits for the log's fsync; a thread keeps that off the event loop
+        result = await asyncio.to_thread(rt.ingest, batch)
+        return JSONResponse(result.model_dump())
 
     async def status(request: Request) -> Response:
         authorize(request)

@@ -38,7 +38,16 @@ def up(
         Path | None, typer.Option(help="local Hugging Face model dir (default: embedded tiny model)")
     ] = None,
     model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
-    state_dir: Annotated[Path, typer.Option(help="where the server keeps its state")] = Path(".agentjet/server"),
+    state_dir: Annotated[Path, typer.Option(help="trajectory log and checkpoints; one server per directory")] = Path(
+        ".agentjet/server"
+    ),
+    resume: Annotated[
+        bool, typer.Option(help="continue the run in --state-dir from its newest checkpoint, replaying the log")
+    ] = False,
+    fresh: Annotated[bool, typer.Option(help="discard an earlier run in --state-dir and start over")] = False,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="learner steps between checkpoints (0 = on shutdown only)")
+    ] = 20,
     algorithm: Annotated[str, typer.Option(help="policy optimisation algorithm")] = "grpo",
     batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 10,
     group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 16,
@@ -57,6 +66,9 @@ def up(
 
     Example: agentjet-server up --port 8000 --batch-groups 10 --group-size 16
 
+    After a crash or a stop, continue where it left off (same --state-dir):
+    agentjet-server up --resume
+
     Under torchrun the learner shards over the processes (FSDP2); rank 0 serves:
     torchrun --nproc_per_node 2 -m agentjet_server up --model PATH
     """
@@ -70,6 +82,9 @@ def up(
             model=model,
             model_name=model_name,
             state_dir=state_dir,
+            resume=resume,
+            fresh=fresh,
+            checkpoint_every=checkpoint_every,
             algorithm=algorithm,  # type: ignore[arg-type]
             batch_groups=batch_groups,
             group_size=group_size,
@@ -131,21 +146,41 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     import uvicorn
 
     from agentjet_server.app import create_app
+    from agentjet_server.checkpoint import StateDir
     from agentjet_server.engine import Engine, create_engine
     from agentjet_server.runtime import SwarmRuntime
 
-    name = settings.model_name or ("agentjet-tiny" if settings.model is None else None)
-    options = {"model_name": name, "device": ctx.device, "max_batch": settings.max_batch, "dtype": settings.dtype}
-    engine: Engine
-    if settings.engine == "vllm" and ctx.enabled:
-        # vLLM's engine core joins torch.distributed wherever it runs; this process belongs to the
-        # learner ranks' group, so vLLM gets a process of its own
-        from agentjet_server.engine.remote import EngineProcess
+    state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+    try:
+        checkpoint = state.resumed
+        name = settings.model_name or ("agentjet-tiny" if settings.model is None else path.name)
+        options: dict[str, Any] = {
+            "model_name": name,
+            "device": ctx.device,
+            "max_batch": settings.max_batch,
+            "dtype": settings.dtype,
+            "version": checkpoint.meta.version if checkpoint else 0,
+        }
+        # the engine starts from the checkpoint's weights (HF format) when resuming
+        engine_path = checkpoint.model_dir if checkpoint else path
+        if checkpoint:
+            console.print(
+                f"[cyan]agentjet[/cyan] resuming from {checkpoint.path} "
+                f"(step {checkpoint.meta.step}, policy v{checkpoint.meta.version})"
+            )
+        engine: Engine
+        if settings.engine == "vllm" and ctx.enabled:
+            # vLLM's engine core joins torch.distributed wherever it runs; this process belongs to the
+            # learner ranks' group, so vLLM gets a process of its own
+            from agentjet_server.engine.remote import EngineProcess
 
-        engine = EngineProcess("vllm", path, **options)
-    else:
-        engine = create_engine(settings.engine, path, **options)
-    runtime = SwarmRuntime.create(engine, settings, str(path), ctx)
+            engine = EngineProcess("vllm", engine_path, **options)
+        else:
+            engine = create_engine(settings.engine, engine_path, **options)
+        runtime = SwarmRuntime.create(engine, settings, str(path), ctx, state=state)
+    except BaseException:
+        state.close()
+        raise
     app = create_app(engine, settings, runtime=runtime)
     if not settings.auth_enabled:
         console.print("[yellow]warning:[/yellow] no --api-key given: the server accepts requests without a key")

@@ -3,6 +3,7 @@
 AgentJetServerError
 ├── ConfigError              bad settings (CLI / create_app), raised before serving starts
 │   └── ModelLoadError       the model directory can't be loaded
+├── StateError               the state dir (trajectory log, checkpoints) can't be used as asked
 ├── EngineError              inference failed (answered as 500 "engine_error")
 └── RequestError             the caller's fault; answered as 4xx in OpenAI's error shape
     ├── InvalidRequestError      400
@@ -23,6 +24,10 @@ class ConfigError(AgentJetServerError):
 
 class ModelLoadError(ConfigError):
     """The model or tokenizer could not be loaded."""
+
+
+class StateError(AgentJetServerError):
+    """The state directory holds something the server can't use as asked (or can't write)."""
 
 
 class EngineError(AgentJetServerError):

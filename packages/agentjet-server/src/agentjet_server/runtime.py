@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,17 +16,22 @@ import torch
 from agentjet_client.protocol import (
     LearnerInfo,
     ServerStatus,
+    Trajectory,
     TrajectoryBatch,
     TrajectoryBatchResult,
 )
 from agentjet_server.batching.buffer import GroupBuffer
+from agentjet_server.checkpoint import TRAINING_SETTINGS, CheckpointMeta, StateDir, settings_changes
 from agentjet_server.engine.base import Engine
+from agentjet_server.errors import StateError
+from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 from agentjet_server.serving import ChatService
 from agentjet_server.settings import ServerSettings
 from agentjet_server.store import TrajectoryStore
+from agentjet_server.wal import TrajectoryLog
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +46,15 @@ def trainable_copy(model_path: str, device: str) -> torch.nn.Module:
     return model  # type: ignore[no-any-return]
 
 
-def build_learner(settings: ServerSettings, model_path: str, ctx: DistContext | None = None) -> Learner:
-    """The learner every rank builds identically (same seed, same checkpoint)."""
+def build_learner(
+    settings: ServerSettings,
+    model_path: str,
+    ctx: DistContext | None = None,
+    resume_from: dict[str, Any] | None = None,
+) -> Learner:
+    """The learner every rank builds identically (same seed, same checkpoint). ``resume_from``
+    (rank 0's ``Checkpoint.trainer_state()``) loads a checkpoint's weights, optimizer and RNG;
+    under torchrun rank 0 tells the other ranks whether it does, and they load their shards."""
     ctx = ctx or DistContext(device=settings.device)
     torch.manual_seed(settings.seed)
     model = trainable_copy(model_path, ctx.device)
@@ -53,38 +66,153 @@ def build_learner(settings: ServerSettings, model_path: str, ctx: DistContext | 
         entropy_coef=settings.entropy_coef,
     )
     config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-    return Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx)
+    learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx)
+    resuming = resume_from is not None
+    if ctx.enabled:
+        resuming = bool(distributed.broadcast(ctx, resuming))
+    if resuming:
+        learner.load_training_state(resume_from)
+    return learner
 
 
 class SwarmRuntime:
-    def __init__(self, engine: Engine, settings: ServerSettings, learner: Learner, vocab_size: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: ServerSettings,
+        learner: Learner,
+        vocab_size: int,
+        state: StateDir | None = None,
+        model_path: Path | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
+        self.state = state
+        self.model_path = model_path
         self.chat = ChatService(engine, default_max_tokens=settings.default_max_tokens)
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups)
-        self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add)
+        self.log = TrajectoryLog(state.log_dir) if state is not None else None
+        self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add, self.log)
+        resumed = state.resumed if state is not None else None
         self.loop = TrainingLoop(
-            learner, self.buffer, engine, version=engine.version, on_trained=self.store.mark_trained
+            learner,
+            self.buffer,
+            engine,
+            version=resumed.meta.version if resumed else engine.version,
+            on_trained=self.store.mark_trained,
+            on_version=self.store.record_version,
+            save=self._save_checkpoint if state is not None else None,
+            checkpoint_every=settings.checkpoint_every,
         )
+        self.replayed = self._replay() if state is not None and state.resuming else 0
         self.started = time.monotonic()
 
     @classmethod
     def create(
-        cls, engine: Engine, settings: ServerSettings, model_path: str, ctx: DistContext | None = None
+        cls,
+        engine: Engine,
+        settings: ServerSettings,
+        model_path: str,
+        ctx: DistContext | None = None,
+        state: StateDir | None = None,
     ) -> SwarmRuntime:
-        learner = build_learner(settings, model_path, ctx)
-        model: Any = learner.model
-        vocab_size = int(model.config.vocab_size)
-        runtime = cls(engine, settings, learner, vocab_size)
+        """Open (or take) the state dir, build the learner (from the newest checkpoint when
+        resuming), replay the log into the buffer and start training."""
+        state = state or StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+        try:
+            checkpoint = state.resumed
+            trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
+            learner = build_learner(settings, model_path, ctx, resume_from=trainer_state)
+            if checkpoint is not None and engine.version != checkpoint.meta.version:
+                # an engine built from the original model: give it the checkpoint's weights and version
+                assert trainer_state is not None
+                engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
+            model: Any = learner.model
+            runtime = cls(engine, settings, learner, int(model.config.vocab_size), state, Path(model_path))
+        except BaseException:
+            state.close()
+            raise
         runtime.loop.start()
         return runtime
+
+    def _replay(self) -> int:
+        """Put back what the checkpoint had buffered, then everything acknowledged after it."""
+        assert self.state is not None and self.log is not None
+        checkpoint = self.state.resumed
+        scan = self.log.scan
+        if checkpoint is not None:
+            changes = settings_changes(checkpoint.meta.settings, self.settings.model_dump(mode="json"))
+            if changes:
+                logger.warning("resuming with changed training settings: %s", "; ".join(changes))
+            self.store.trained = checkpoint.meta.trained
+            self.loop.skipped_batches = checkpoint.meta.skipped_batches
+            wanted = checkpoint.meta.buffer.lsns()
+            position = checkpoint.meta.next_lsn
+        else:
+            wanted, position = [], 0
+        wanted += sorted(n for n in scan.trajectories if n >= position)
+        missing = [n for n in wanted if n not in scan.trajectories]
+        if missing:
+            raise StateError(
+                f"the trajectory log in {self.log.directory} lacks {len(missing)} trajectories the checkpoint "
+                f"needs (log sequence numbers {missing[:5]}...); the state dir is damaged"
+            )
+        for lsn in wanted:
+            self.store.replay(Trajectory.model_validate(scan.trajectories[lsn]), lsn)
+        self.log.forget()
+        version = checkpoint.meta.version if checkpoint else self.loop.version
+        step = checkpoint.meta.step if checkpoint else 0
+        logger.info(
+            "resumed at step %d, policy v%d: %d trajectories back in the buffer (%d logged after the checkpoint); "
+            "%d ids known",
+            step,
+            version,
+            len(wanted),
+            len(wanted) - (len(checkpoint.meta.buffer.lsns()) if checkpoint else 0),
+            len(scan.seen),
+        )
+        return len(wanted)
+
+    def _save_checkpoint(self, trainer_state: dict[str, Any]) -> None:
+        """Called by the learner thread with the learner's state: snapshot the buffer and the log
+        position together (ingestion held still), write the checkpoint, compact the log."""
+        assert self.state is not None and self.log is not None and self.model_path is not None
+        with self.store.locked():
+            snapshot = self.buffer.snapshot()
+            next_lsn = self.store.next_lsn
+            segment = self.log.rotate()
+            trained = self.store.trained
+        meta = CheckpointMeta(
+            step=self.loop.learner.steps,
+            version=self.loop.version,
+            next_lsn=next_lsn,
+            buffer=snapshot,
+            trained=trained,
+            skipped_batches=self.loop.skipped_batches,
+            segment=segment,
+            settings={k: v for k, v in self.settings.model_dump(mode="json").items() if k in TRAINING_SETTINGS},
+        )
+        started = time.perf_counter()
+        path = self.state.write(
+            meta, trainer_state, self.loop.learner.model, self.model_path, keep=self.settings.keep_checkpoints
+        )
+        keep_from = min([next_lsn, *snapshot.lsns()])
+        with self.store.locked():
+            compacted = self.log.compact(keep_from, before_segment=segment)
+        logger.info(
+            "checkpoint %s (policy v%d) in %.2fs; %d log segments compacted",
+            path.name,
+            meta.version,
+            time.perf_counter() - started,
+            compacted,
+        )
 
     @property
     def version(self) -> int:
         return self.loop.version
 
     def ingest(self, batch: TrajectoryBatch) -> TrajectoryBatchResult:
-        results = [self.store.admit(t, self.version) for t in batch.trajectories]
+        results = self.store.admit_batch(batch.trajectories, self.version)
         return TrajectoryBatchResult(results=results, policy_version=self.version)
 
     def admission_budget(self) -> int:
@@ -114,6 +242,11 @@ class SwarmRuntime:
             uptime_s=time.monotonic() - self.started,
         )
 
-    def close(self) -> None:
-        self.loop.close()
+    def close(self, checkpoint: bool = True) -> None:
+        """Stop training (saving a last checkpoint unless ``checkpoint`` is False), then serving."""
+        self.loop.close(checkpoint=checkpoint)
         self.engine.close()
+        if self.log is not None:
+            self.log.close()
+        if self.state is not None:
+            self.state.close()

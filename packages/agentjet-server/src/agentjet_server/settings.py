@@ -16,6 +16,10 @@ class ServerSettings(BaseModel):
     model: Path | None = Field(default=None, description="local HF model dir; None = embedded default")
     model_name: str | None = None
     state_dir: Path = Path(".agentjet/server")
+    resume: bool = Field(default=False, description="continue the run in state_dir from its newest checkpoint")
+    fresh: bool = Field(default=False, description="discard an earlier run in state_dir")
+    checkpoint_every: int = Field(default=20, ge=0, description="steps between checkpoints; 0 = on shutdown only")
+    keep_checkpoints: int = Field(default=2, ge=1)
     device: str = "cpu"
     engine: Literal["transformers", "vllm"] = "transformers"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

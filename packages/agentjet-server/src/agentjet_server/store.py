@@ -1,8 +1,10 @@
-"""Ingestion of trajectories: idempotency, staleness, validation against the model, counts.
+"""Ingestion of trajectories: idempotency, staleness, validation against the model, durability, counts.
 
-``TrajectoryStore.admit`` decides for each pushed trajectory: ``duplicate`` if its id was seen
+``TrajectoryStore.admit_batch`` decides for each pushed trajectory: ``duplicate`` if its id was seen
 before (it is not trained again), ``rejected`` with a reason if it is stale or does not fit the
-model, else ``accepted`` and handed to the group buffer.
+model, else ``accepted``. With a ``TrajectoryLog`` the decisions are on disk (fsynced) before the
+call returns, i.e. before the client is answered; only then do accepted trajectories reach the
+group buffer. The set of seen ids and the counts come back from the log after a restart.
 """
 
 from __future__ import annotations
@@ -10,26 +12,46 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from agentjet_client.protocol import Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_server.wal import ACCEPTED, REJECTED, VERSION, TrajectoryLog
 
 
 class TrajectoryStore:
-    def __init__(self, vocab_size: int, max_staleness: int, sink: Callable[[Trajectory], None]) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        max_staleness: int,
+        sink: Callable[[Trajectory, int], None],
+        log: TrajectoryLog | None = None,
+    ) -> None:
         self.vocab_size = vocab_size
         self.max_staleness = max_staleness
         self._sink = sink
-        self._seen: set[str] = set()
+        self.log = log
         self._lock = threading.Lock()
+        self._seen: set[str] = set()
         self.accepted = 0
         self.duplicate = 0
         self.rejected: Counter[str] = Counter()
         self.trained = 0
+        self.next_lsn = 0
+        # the highest policy version an earlier run of this server published: after a resume, a
+        # trajectory sampled by it is not from the future, the learner is only catching up
+        self.known_version = 0
+        if log is not None:
+            scan = log.scan
+            self._seen = set(scan.seen)
+            self.accepted = scan.accepted
+            self.rejected = Counter(scan.rejected)
+            self.next_lsn = scan.next_lsn
+            self.known_version = scan.max_version
 
     def _problem(self, trajectory: Trajectory, version: int) -> tuple[str, str] | None:
         """``(reason code, message)`` if the trajectory cannot be trained."""
         oldest = trajectory.oldest_version
-        if oldest is not None and oldest > version:
+        if oldest is not None and oldest > max(version, self.known_version):
             return "future_version", (
                 f"a turn claims policy version {oldest} but the server is at {version}; "
                 "send versions exactly as the server returned them"
@@ -49,23 +71,63 @@ class TrajectoryStore:
                 )
         return None
 
-    def admit(self, trajectory: Trajectory, version: int) -> TrajectoryResult:
+    def admit_batch(self, trajectories: list[Trajectory], version: int) -> list[TrajectoryResult]:
+        """Decide, log (fsync) and buffer a batch; the answers are durable when this returns."""
         with self._lock:
-            if trajectory.id in self._seen:
-                self.duplicate += 1
-                return TrajectoryResult(
-                    id=trajectory.id, status="duplicate", reason="already received; not trained again"
-                )
-            problem = self._problem(trajectory, version)
-            if problem is not None:
-                code, message = problem
-                self.rejected[code] += 1
-                self._seen.add(trajectory.id)
-                return TrajectoryResult(id=trajectory.id, status="rejected", reason=message)
-            self._seen.add(trajectory.id)
-            self.accepted += 1
-        self._sink(trajectory)
-        return TrajectoryResult(id=trajectory.id, status="accepted")
+            results: list[TrajectoryResult] = []
+            records: list[dict[str, Any]] = []
+            accepted: list[tuple[Trajectory, int]] = []
+            rejected: list[str] = []
+            batch_ids: set[str] = set()
+            for trajectory in trajectories:
+                if trajectory.id in self._seen or trajectory.id in batch_ids:
+                    results.append(
+                        TrajectoryResult(
+                            id=trajectory.id, status="duplicate", reason="already received; not trained again"
+                        )
+                    )
+                    continue
+                batch_ids.add(trajectory.id)
+                problem = self._problem(trajectory, version)
+                if problem is not None:
+                    code, message = problem
+                    rejected.append(code)
+                    records.append({"k": REJECTED, "id": trajectory.id, "why": code})
+                    results.append(TrajectoryResult(id=trajectory.id, status="rejected", reason=message))
+                    continue
+                lsn = self.next_lsn + len(accepted)
+                accepted.append((trajectory, lsn))
+                records.append({"k": ACCEPTED, "n": lsn, "t": trajectory.model_dump(mode="json")})
+                results.append(TrajectoryResult(id=trajectory.id, status="accepted"))
+            if self.log is not None:
+                self.log.append(records)  # raises before anything is counted or answered
+            self._seen |= batch_ids
+            self.duplicate += len(trajectories) - len(batch_ids)
+            self.rejected.update(rejected)
+            self.accepted += len(accepted)
+            self.next_lsn += len(accepted)
+            for trajectory, lsn in accepted:  # under the lock: buffer order == log order
+                self._sink(trajectory, lsn)
+        return results
+
+    def admit(self, trajectory: Trajectory, version: int) -> TrajectoryResult:
+        return self.admit_batch([trajectory], version)[0]
+
+    def record_version(self, version: int) -> None:
+        """Log that ``version`` is about to go live (before any trajectory can be sampled by it)."""
+        with self._lock:
+            if self.log is not None:
+                self.log.append([{"k": VERSION, "v": version}])
+            self.known_version = max(self.known_version, version)
+
+    def replay(self, trajectory: Trajectory, lsn: int) -> None:
+        """Put back a trajectory accepted by an earlier run (resume): buffered, not counted again."""
+        with self._lock:
+            self._sink(trajectory, lsn)
+
+    def locked(self) -> threading.Lock:
+        """Hold to keep ingestion still (a checkpoint snapshots the buffer and ``next_lsn`` together)."""
+        return self._lock
 
     def mark_trained(self, count: int) -> None:
         with self._lock:

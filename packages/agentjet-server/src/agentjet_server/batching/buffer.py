@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 
 from agentjet_client.protocol import Trajectory
 
@@ -20,14 +21,15 @@ class GroupBuffer:
             raise ValueError("group_size and batch_groups must be at least 1")
         self.group_size = group_size
         self.batch_groups = batch_groups
-        self._open: OrderedDict[str, list[Trajectory]] = OrderedDict()
-        self._ready: deque[list[Trajectory]] = deque()
+        # each entry is (log sequence number, trajectory); the numbers let a checkpoint name them
+        self._open: OrderedDict[str, list[tuple[int, Trajectory]]] = OrderedDict()
+        self._ready: deque[list[tuple[int, Trajectory]]] = deque()
         self._cond = threading.Condition()
 
-    def add(self, trajectory: Trajectory) -> None:
+    def add(self, trajectory: Trajectory, lsn: int = -1) -> None:
         with self._cond:
             group = self._open.setdefault(trajectory.task_id, [])
-            group.append(trajectory)
+            group.append((lsn, trajectory))
             if len(group) >= self.group_size:
                 del self._open[trajectory.task_id]
                 self._ready.append(group)
@@ -39,7 +41,16 @@ class GroupBuffer:
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._ready) >= self.batch_groups, timeout=timeout):
                 return None
-            return [self._ready.popleft() for _ in range(self.batch_groups)]
+            taken = [self._ready.popleft() for _ in range(self.batch_groups)]
+        return [[t for _, t in group] for group in taken]
+
+    def snapshot(self) -> BufferSnapshot:
+        """The log sequence numbers of everything buffered, in buffer order (for a checkpoint)."""
+        with self._cond:
+            return BufferSnapshot(
+                ready=[[n for n, _ in group] for group in self._ready],
+                open=[[n for n, _ in group] for group in self._open.values()],
+            )
 
     def wake(self) -> None:
         with self._cond:
@@ -50,3 +61,14 @@ class GroupBuffer:
         """Trajectories waiting to be trained (in open and complete groups)."""
         with self._cond:
             return sum(len(g) for g in self._open.values()) + sum(len(g) for g in self._ready)
+
+
+@dataclass
+class BufferSnapshot:
+    """Complete groups in training order, then open groups in the order they were opened."""
+
+    ready: list[list[int]] = field(default_factory=list)
+    open: list[list[int]] = field(default_factory=list)
+
+    def lsns(self) -> list[int]:
+        return [n for group in (*self.ready, *self.open) for n in group]

@@ -28,16 +28,21 @@ def create_engine(
     device: str,
     max_batch: int,
     dtype: DType = "auto",
+    version: int = 0,
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with."""
     torch_dtype = resolve_dtype(dtype, device)
     if kind == "vllm":
         from agentjet_server.engine.vllm import VLLMEngine
 
-        return VLLMEngine(model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype)
+        return VLLMEngine(
+            model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype, version=version
+        )
     from agentjet_server.engine.hf import TransformersEngine
 
-    return TransformersEngine(model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype)
+    return TransformersEngine(
+        model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype, version=version
+    )
 
 
 __all__ = ["DType", "Engine", "EngineKind", "SamplingParams", "TokenEvent", "create_engine", "resolve_dtype"]

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 # rank 0 sends one of these (or a Batch) to every other rank
 STOP = "stop"
 IDLE = "idle"
+CHECKPOINT = "checkpoint"
 HEARTBEAT_SECONDS = 30.0
 
 
@@ -155,6 +156,9 @@ def worker_loop(learner: Learner, ctx: DistContext) -> None:
             logger.info("learner rank %d stopping", ctx.rank)
             return
         if message == IDLE:
+            continue
+        if message == CHECKPOINT:
+            learner.training_state()  # gathers this rank's shards to rank 0
             continue
         if not isinstance(message, Batch):
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.buffer import GroupBuffer
@@ -31,6 +32,9 @@ class TrainingLoop:
         *,
         version: int = 0,
         on_trained: Callable[[int], None] | None = None,
+        on_version: Callable[[int], None] | None = None,
+        save: Callable[[dict[str, Any]], None] | None = None,
+        checkpoint_every: int = 0,
     ) -> None:
         self.learner = learner
         self.buffer = buffer
@@ -40,17 +44,36 @@ class TrainingLoop:
         self.skipped_batches = 0
         self.error: str | None = None
         self._on_trained = on_trained or (lambda n: None)
+        self._on_version = on_version or (lambda v: None)
+        self._save = save
+        self.checkpoint_every = checkpoint_every
+        self.saved_step = learner.steps
+        self._final_checkpoint = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentjet-learner", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, checkpoint: bool = True) -> None:
+        """Stop after the step in progress, then (with ``checkpoint``) save one last checkpoint."""
+        self._final_checkpoint = checkpoint
         self._stop.set()
         self.buffer.wake()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=600)
+            if self._thread.is_alive():
+                logger.error("the learner did not stop within 10 minutes; giving up on it")
+
+    def checkpoint(self) -> None:
+        """Save a checkpoint now (call from the learner thread: under torchrun it is collective)."""
+        if self._save is None:
+            return
+        if self.learner.ctx.enabled:
+            distributed.broadcast(self.learner.ctx, distributed.CHECKPOINT)
+        state = self.learner.training_state()
+        self._save(state)
+        self.saved_step = self.learner.steps
 
     def _run(self) -> None:
         ctx = self.learner.ctx
@@ -68,8 +91,20 @@ class TrainingLoop:
             except Exception as exc:  # a failed step is logged and reported; serving goes on
                 logger.exception("learner step failed")
                 self.error = f"{type(exc).__name__}: {exc}"
+                continue
+            if self.checkpoint_every and self.learner.steps - self.saved_step >= self.checkpoint_every:
+                self._try_checkpoint()
+        if self._final_checkpoint and self.learner.steps != self.saved_step:
+            self._try_checkpoint()
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
+
+    def _try_checkpoint(self) -> None:
+        try:
+            self.checkpoint()
+        except Exception as exc:  # training goes on; the log still holds everything since the last one
+            logger.exception("checkpoint failed")
+            self.error = f"checkpoint failed: {type(exc).__name__}: {exc}"
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         batch = build_batch(groups, keep_flat=self.learner.config.entropy_coef > 0)
@@ -83,6 +118,7 @@ class TrainingLoop:
         stats = self.learner.step(batch)
         weights = self.learner.full_state_dict()
         new_version = self.version + 1
+        self._on_version(new_version)  # logged before any token can be sampled with it
         self.engine.update_weights(weights, new_version)
         self.version = new_version
         self.last = stats

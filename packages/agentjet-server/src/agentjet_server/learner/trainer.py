@@ -18,6 +18,7 @@ The server runs this in a background thread (``learner.loop``); it runs on its o
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,6 +212,71 @@ class Learner:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0)."""
         return full_state_dict(self.model, self.ctx)
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything a resumed learner needs, whole, on rank 0 (collective under FSDP; ``{}``
+        elsewhere): model weights (HF names), optimizer state (by parameter name, so it loads into
+        any world size), step count and RNG state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer = get_optimizer_state_dict(self.policy, self.optimizer, options=options)
+        weights = self.full_state_dict()
+        if not self.ctx.is_main:
+            return {}
+        return {
+            "weights": weights,
+            "optimizer": optimizer,
+            "steps": self.steps,
+            "rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+        }
+
+    def load_training_state(self, state: dict[str, Any] | None) -> None:
+        """Inverse of ``training_state``: rank 0 passes the state, the others ``None`` (collective)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.ctx.enabled)
+        weights: dict[str, Any] = (
+            {f"lm.{k}": v for k, v in self._complete_tied(state["weights"]).items()} if state else {}
+        )
+        set_model_state_dict(self.policy, weights, options=options)
+        set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"] if state else {}, options=options)
+        steps = state["steps"] if state else 0
+        if self.ctx.enabled:
+            import torch.distributed as dist
+
+            box = [steps]
+            dist.broadcast_object_list(box, src=0)
+            steps = box[0]
+        self.steps = int(steps)
+        if state:
+            torch.set_rng_state(state["rng"])
+            random.setstate(state["python_rng"])
+
+    def _complete_tied(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Fill names that a saved HF checkpoint leaves out because they share a tensor with another
+        (a tied output head); any other missing name is an error."""
+        groups: dict[int, list[str]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            groups.setdefault(id(param), []).append(name)
+        out = dict(weights)
+        missing = []
+        for names in groups.values():
+            present = [n for n in names if n in weights]
+            for name in names:
+                if name not in out:
+                    if present:
+                        out[name] = weights[present[0]]
+                    else:
+                        missing.append(name)
+        if missing:
+            raise ValueError(f"the checkpoint has no weights for {', '.join(sorted(missing)[:5])}")
+        return out
 
     def _plan(self, sequences: list[Sequence]) -> list[dict[str, torch.Tensor] | None]:
         """This rank's micro-batches, padded with ``None`` to the largest count of any rank:

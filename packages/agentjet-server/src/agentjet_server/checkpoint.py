@@ -1,0 +1,222 @@
+"""Checkpoints and the state directory: what ``--resume`` continues from.
+
+    <state-dir>/
+      LOCK                      held by the running server (one server per state dir)
+      log/                      the trajectory write-ahead log (``wal``)
+      checkpoints/step-00000020/
+        model/                  HF safetensors + config + tokenizer: loadable by transformers
+        trainer.pt              optimizer state (by parameter name), learner step, RNG
+        state.json              policy version, log position, buffered trajectories, counts
+
+A checkpoint is written into a ``.tmp`` directory, fsynced, then renamed into place, so the
+newest ``step-*`` directory is always complete. Resume = load it, then put back into the group
+buffer the trajectories it had buffered and every trajectory logged after it, in log order:
+nothing acknowledged is lost and nothing already trained is trained again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from agentjet_server.batching.buffer import BufferSnapshot
+from agentjet_server.errors import StateError
+from agentjet_server.wal import fsync_dir
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+# settings that change what a resumed run computes; a change is allowed but reported
+TRAINING_SETTINGS = ("group_size", "batch_groups", "lr", "clip_low", "clip_high", "max_grad_norm", "entropy_coef")
+
+
+@dataclass
+class CheckpointMeta:
+    step: int
+    version: int
+    next_lsn: int  # trajectories with a log sequence number from here on came after this checkpoint
+    buffer: BufferSnapshot
+    trained: int
+    skipped_batches: int
+    segment: int  # the log segment opened right after the checkpoint
+    settings: dict[str, Any] = field(default_factory=dict)
+    created: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckpointMeta:
+        data = json.loads(text)
+        data["buffer"] = BufferSnapshot(**data["buffer"])
+        return cls(**data)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    meta: CheckpointMeta
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    def trainer_state(self) -> dict[str, Any]:
+        """Weights (from the safetensors) plus optimizer, step count and RNG, for ``Learner.load_training_state``."""
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for file in sorted(self.model_dir.glob("*.safetensors")):
+            weights.update(load_file(str(file)))
+        if not weights:
+            raise StateError(
+                f"checkpoint {self.path} has no model weights; it is damaged: remove it to resume from an older one"
+            )
+        state: dict[str, Any] = torch.load(self.path / "trainer.pt", map_location="cpu", weights_only=True)
+        state["weights"] = weights
+        return state
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    for path in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(path)
+    fsync_dir(root)
+
+
+class StateDir:
+    """The server's state directory, locked for this process. ``open`` applies the start policy:
+
+    - nothing there: a fresh start;
+    - an earlier run's state and ``resume``: continue from its newest checkpoint (or from the
+      initial model, replaying the whole log, if it never wrote one);
+    - an earlier run's state and ``fresh``: it is deleted;
+    - an earlier run's state and neither: an error that says which flag to pass.
+    """
+
+    def __init__(self, root: Path, lock: IO[str]) -> None:
+        self.root = root
+        self._lock = lock
+        self.log_dir = root / "log"
+        self.checkpoint_dir = root / "checkpoints"
+        self.resumed: Checkpoint | None = None
+        self.resuming = False
+
+    @classmethod
+    def open(cls, root: Path, *, resume: bool = False, fresh: bool = False) -> StateDir:
+        if resume and fresh:
+            raise StateError("--resume and --fresh contradict each other; pass one of them")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            lock = (root / "LOCK").open("a+")
+        except OSError as exc:
+            raise StateError(f"cannot use --state-dir {root}: {exc}") from exc
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise StateError(
+                f"--state-dir {root} is in use by {holder}; stop that server, or give this one its own --state-dir"
+            ) from exc
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"agentjet-server pid {os.getpid()}\n")
+        lock.flush()
+        state = cls(root, lock)
+        earlier = state.describe_earlier_run()
+        if earlier and not (resume or fresh):
+            state.close()
+            raise StateError(
+                f"--state-dir {root} holds an earlier run ({earlier}); pass --resume to continue it, "
+                "--fresh to discard it, or another --state-dir"
+            )
+        if earlier and fresh:
+            logger.warning("--fresh: discarding the earlier run in %s (%s)", root, earlier)
+            shutil.rmtree(state.log_dir, ignore_errors=True)
+            shutil.rmtree(state.checkpoint_dir, ignore_errors=True)
+        if resume:
+            state.resuming = bool(earlier)
+            state.resumed = state.latest()
+            if not earlier:
+                logger.info("--resume: nothing to resume in %s; starting fresh", root)
+        state.checkpoint_dir.mkdir(exist_ok=True)
+        for leftover in state.checkpoint_dir.glob("*.tmp"):  # a checkpoint a crash interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
+        return state
+
+    def describe_earlier_run(self) -> str:
+        logged = any(self.log_dir.glob("*.wal")) or any(self.log_dir.glob("*.ids"))
+        latest = self.latest()
+        if latest is not None:
+            return f"checkpoint at step {latest.meta.step}, policy v{latest.meta.version}"
+        return "a trajectory log, no checkpoint yet" if logged else ""
+
+    def checkpoints(self) -> list[Path]:
+        if not self.checkpoint_dir.is_dir():
+            return []
+        return sorted(p for p in self.checkpoint_dir.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+
+    def latest(self) -> Checkpoint | None:
+        for path in reversed(self.checkpoints()):
+            meta_file = path / "state.json"
+            if meta_file.exists():
+                return Checkpoint(path, CheckpointMeta.from_json(meta_file.read_text()))
+        return None
+
+    def write(
+        self, meta: CheckpointMeta, trainer_state: dict[str, Any], model: Any, source_model: Path, keep: int
+    ) -> Path:
+        """Write a checkpoint atomically; keep the newest ``keep``. ``model`` gives the config to save."""
+        final = self.checkpoint_dir / f"step-{meta.step:08d}"
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            model_dir = tmp / "model"
+            model_dir.mkdir(parents=True)
+            model.save_pretrained(str(model_dir), state_dict=trainer_state["weights"])
+            for item in source_model.iterdir():  # tokenizer, chat template, ...: what the weights don't carry
+                if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and not (model_dir / item.name).exists():
+                    shutil.copy2(item, model_dir / item.name)
+            rest = {k: v for k, v in trainer_state.items() if k != "weights"}
+            torch.save(rest, tmp / "trainer.pt")
+            meta.created = time.time()
+            (tmp / "state.json").write_text(meta.to_json())
+            _fsync_tree(tmp)
+            if final.exists():  # the same step again (a shutdown right after a periodic checkpoint)
+                shutil.rmtree(final)
+            tmp.rename(final)
+            fsync_dir(self.checkpoint_dir)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StateError(f"cannot write checkpoint {final}: {exc}") from exc
+        for old in self.checkpoints()[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def close(self) -> None:
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+
+
+def settings_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Training settings that differ between a checkpoint and this run, as ``name a -> b``."""
+    return [
+        f"{name} {saved[name]} -> {current.get(name)}"
+        for name in TRAINING_SETTINGS
+        if name in saved and saved[name] != current.get(name)
+    ]

@@ -1,0 +1,231 @@
+"""The server's write-ahead log of ingested trajectories, under ``<state-dir>/log/``.
+
+Every trajectory the server accepts is appended here and fsynced before the client gets its
+answer; so are the ids of rejected ones (a resend after a crash is then a duplicate, not a second
+decision) and each policy version the learner publishes. Records carry a log sequence number
+(``lsn``, the order in which accepted trajectories reached the group buffer) so that a checkpoint
+can name the trajectories it had buffered and resume can replay the rest in the same order.
+
+On disk: segments ``00000001.wal``, ``00000002.wal``, ... (a new one after each checkpoint), one
+record per line, ``<crc32 hex> <json>``. A crash can tear the last line of the last segment (it
+was never acknowledged, since its fsync had not returned); opening the log truncates it. A
+segment whose trajectories are all trained and checkpointed is compacted into ``<n>.ids`` (the
+ids and answers only: the set of seen ids must outlive the data) and removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentjet_server.errors import StateError
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED, REJECTED, VERSION = "a", "r", "v"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    body = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def _decode(line: bytes) -> dict[str, Any] | None:
+    """The record on a whole line, or None if it is torn or corrupt."""
+    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
+        return None
+    body = line[9:-1]
+    try:
+        if int(line[:8], 16) != zlib.crc32(body):
+            return None
+        record = json.loads(body)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@dataclass
+class LogScan:
+    """What opening the log found: every id seen, counts, the highest version, and the
+    accepted trajectories (raw dicts) that resume may need, by lsn."""
+
+    seen: set[str] = field(default_factory=set)
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    next_lsn: int = 0
+    max_version: int = 0
+    trajectories: dict[int, dict[str, Any]] = field(default_factory=dict)
+    torn_bytes: int = 0
+
+
+class TrajectoryLog:
+    """Append-only, fsynced, segmented. Not thread-safe: the trajectory store serialises writers."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"cannot create the trajectory log in {directory}: {exc}; check --state-dir") from exc
+        self.scan = self._scan()
+        segments = self._segments()
+        self._segment = segments[-1] if segments else 1
+        self._file = self._open_segment(self._segment)
+
+    # -- reading -------------------------------------------------------------------------------
+    def _segments(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.directory.glob("*.wal") if p.stem.isdigit())
+
+    def _compacted(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.directory.glob("*.ids") if p.stem.isdigit())
+
+    def _scan(self) -> LogScan:
+        scan = LogScan()
+        live = set(self._segments())
+        for number in self._compacted():
+            if number in live:  # compaction crashed before removing the segment: the segment wins
+                continue
+            for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
+                kind, trajectory_id, reason, lsn = json.loads(row)
+                self._count(scan, kind, trajectory_id, reason)
+                if kind == ACCEPTED:
+                    scan.next_lsn = max(scan.next_lsn, int(lsn) + 1)
+        segments = sorted(live)
+        for number in segments:
+            path = self.directory / f"{number:08d}.wal"
+            good = 0
+            with path.open("rb") as f:
+                for line in f:
+                    record = _decode(line)
+                    if record is None:
+                        break
+                    good += len(line)
+                    self._apply(scan, record)
+            size = path.stat().st_size
+            if good < size:
+                if number != segments[-1]:
+                    raise StateError(
+                        f"the trajectory log segment {path} is corrupt at byte {good} (not at the end of the "
+                        "log, so it is not a torn last write); restore the state dir from a backup"
+                    )
+                logger.warning("trajectory log: dropping a torn last record (%d bytes, never answered)", size - good)
+                with path.open("r+b") as f:
+                    f.truncate(good)
+                    os.fsync(f.fileno())
+                scan.torn_bytes = size - good
+        return scan
+
+    @staticmethod
+    def _count(scan: LogScan, kind: str, trajectory_id: str, reason: str | None) -> None:
+        scan.seen.add(trajectory_id)
+        if kind == ACCEPTED:
+            scan.accepted += 1
+        else:
+            scan.rejected[reason or "rejected"] = scan.rejected.get(reason or "rejected", 0) + 1
+
+    def _apply(self, scan: LogScan, record: dict[str, Any]) -> None:
+        kind = record.get("k")
+        if kind == ACCEPTED:
+            trajectory = record["t"]
+            self._count(scan, ACCEPTED, trajectory["id"], None)
+            scan.trajectories[int(record["n"])] = trajectory
+            scan.next_lsn = max(scan.next_lsn, int(record["n"]) + 1)
+        elif kind == REJECTED:
+            self._count(scan, REJECTED, record["id"], record.get("why"))
+        elif kind == VERSION:
+            scan.max_version = max(scan.max_version, int(record["v"]))
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every record still in a segment, oldest first (for inspection and tests)."""
+        for number in self._segments():
+            with (self.directory / f"{number:08d}.wal").open("rb") as f:
+                for line in f:
+                    record = _decode(line)
+                    if record is None:
+                        break
+                    yield record
+
+    # -- writing -------------------------------------------------------------------------------
+    def _open_segment(self, number: int) -> Any:
+        path = self.directory / f"{number:08d}.wal"
+        new = not path.exists()
+        handle = path.open("ab")
+        if new:
+            fsync_dir(self.directory)
+        return handle
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        """Write ``records`` and return once they are on disk."""
+        if not records:
+            return
+        try:
+            self._file.write(b"".join(_encode(r) for r in records))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise StateError(f"cannot write the trajectory log in {self.directory}: {exc}") from exc
+
+    def rotate(self) -> int:
+        """Start a new segment; returns its number (records before it are in older segments)."""
+        self._file.close()
+        self._segment += 1
+        self._file = self._open_segment(self._segment)
+        return self._segment
+
+    def compact(self, keep_from_lsn: int, before_segment: int) -> int:
+        """Reduce segments older than ``before_segment`` whose trajectories all have an lsn below
+        ``keep_from_lsn`` (trained and checkpointed) to their ids. Returns how many were compacted."""
+        done = 0
+        for number in self._segments():
+            if number >= before_segment:
+                break
+            path = self.directory / f"{number:08d}.wal"
+            rows: list[list[Any]] = []
+            with path.open("rb") as f:
+                for line in f:
+                    record = _decode(line)
+                    if record is None:
+                        break
+                    if record.get("k") == ACCEPTED:
+                        if int(record["n"]) >= keep_from_lsn:
+                            return done  # still needed by resume; so are the segments after it
+                        rows.append([ACCEPTED, record["t"]["id"], None, record["n"]])
+                    elif record.get("k") == REJECTED:
+                        rows.append([REJECTED, record["id"], record.get("why"), None])
+            target = self.directory / f"{number:08d}.ids"
+            tmp = target.with_suffix(".ids.tmp")
+            with tmp.open("w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(target)
+            fsync_dir(self.directory)
+            path.unlink()
+            fsync_dir(self.directory)
+            done += 1
+        return done
+
+    def close(self) -> None:
+        self._file.close()
+
+    def forget(self, lsns: set[int] | None = None) -> None:
+        """Drop the raw trajectories kept from the scan (all, or all but ``lsns``) once replayed."""
+        if lsns is None:
+            self.scan.trajectories = {}
+        else:
+            self.scan.trajectories = {n: t for n, t in self.scan.trajectories.items() if n in lsns}
