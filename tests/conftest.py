@@ -93,17 +93,22 @@ class ServerProcess:
     """``agentjet-server up`` (or ``torchrun ... -m agentjet_server up``) as a real process on loopback."""
 
     def __init__(
-        self, args: list[str], log: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None
+        self,
+        args: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        launcher: list[str] | None = None,
+        port: int | None = None,
     ) -> None:
         import subprocess
         import sys
 
         import httpx2
 
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
-        self._log = log.open("w")
+        self._log = log.open("a")
         command = launcher or [str(Path(sys.executable).parent / "agentjet-server")]
         if "--state-dir" not in args:  # each server its own state unless a test shares one on purpose
             args = [*args, "--state-dir", tempfile.mkdtemp(prefix="agentjet-state-")]
@@ -126,6 +131,12 @@ class ServerProcess:
         import httpx2
 
         return httpx2.get(self.url + "/v1/status").json()  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown path runs (no final checkpoint, no flush)."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._log.close()
 
     def stop(self) -> None:
         import subprocess

@@ -41,7 +41,9 @@ def make_trajectories(vocab: int, steps: int, seed: int = 0) -> list[Trajectory]
                 completion_logprobs=[-rng.uniform(3.0, 7.0) for _ in completion],
                 finish_reason="stop",
             )
-            out.append(Trajectory(id=f"g{g}-{i}", task_id=f"task-{g}", turns=[turn], reward=float(i % 2 + rng.random())))
+            out.append(
+                Trajectory(id=f"g{g}-{i}", task_id=f"task-{g}", turns=[turn], reward=float(i % 2 + rng.random()))
+            )
     return out
 
 
@@ -187,3 +189,46 @@ def test_state_dir_start_policy(model_dir, tmp_path):
     StateDir.open(root, fresh=True).close()
     assert not (root / "log").exists()
     StateDir.open(root).close()  # discarded: a plain start works again
+
+
+def test_tied_head_model_round_trips_through_a_checkpoint(model_dir, trajectories, tmp_path):
+    """HF drops a tied head from saved weights; loading fills it from the embedding, and the
+    optimizer's moments come back for every parameter."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentjet_server.batching.buffer import BufferSnapshot
+    from agentjet_server.checkpoint import CheckpointMeta
+    from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.tie_word_embeddings = True
+
+    def learner() -> Learner:
+        torch.manual_seed(5)
+        return Learner(AutoModelForCausalLM.from_config(config), LearnerConfig(lr=1e-2), pad_id=0)
+
+    groups = [trajectories[i : i + GROUP] for i in range(0, 2 * GROUP, GROUP)]
+    trained = learner()
+    trained.step(build_batch(groups))
+    state = StateDir.open(tmp_path / "state")
+    try:
+        meta = CheckpointMeta(
+            step=1, version=1, next_lsn=0, buffer=BufferSnapshot(), trained=0, skipped_batches=0, segment=2
+        )
+        state.write(meta, trained.training_state(), trained.model, model_dir, keep=2)
+        checkpoint = state.latest()
+        assert checkpoint is not None
+        restored = learner()
+        restored.load_training_state(checkpoint.trainer_state())
+    finally:
+        state.close()
+    assert restored.steps == 1
+    head = restored.model.get_output_embeddings().weight
+    assert head is restored.model.get_input_embeddings().weight  # still tied, not two copies
+    for (name, a), b in zip(trained.model.named_parameters(), restored.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    for a, b in zip(trained.optimizer.state.values(), restored.optimizer.state.values(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+    trained.step(build_batch(groups))
+    restored.step(build_batch(groups))
+    assert all(torch.equal(a, b) for a, b in zip(trained.model.parameters(), restored.model.parameters(), strict=True))

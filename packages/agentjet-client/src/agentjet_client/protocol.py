@@ -410,7 +410,7 @@ class TrajectoryCounts(_Strict):
     rejected: int = 0
     rejected_by_reason: dict[str, int] = Field(default_factory=dict)
     buffered: int = 0
-    trained: int = 0
+    trained: int = 0  # taken by the learner, batches without a reward signal included
 
 
 class LearnerInfo(_Strict):

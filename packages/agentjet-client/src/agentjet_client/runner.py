@@ -29,7 +29,7 @@ from typing import Any
 
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
-from agentjet_client.errors import AgentJetError, RejectedRequest
+from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import TrajectoryStatus
@@ -67,6 +67,7 @@ class RunReport:
     last_version: int | None = None
     elapsed_s: float = 0.0
     resent_leftovers: int = 0  # answered items a previous run had left in the spool
+    waits_for_server: int = 0  # status polls that found the server down (episodes held back meanwhile)
     code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
     rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
     reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
@@ -148,12 +149,27 @@ class Runner:
         await self._wait_for_spool_room()
         if not self.config.admission:
             return
+        failures = 0
         while not self._stop.is_set():
             try:
                 status = await asyncio.to_thread(self.client.status)
+            except (ServerUnreachable, ServerError) as exc:
+                if isinstance(exc, RejectedRequest):  # it answers, but not as an agentjet server would
+                    logger.warning("could not read server status for admission (%s); starting anyway", exc)
+                    return
+                # down or restarting: an episode started now could only fail; finished ones wait in the spool
+                if failures == 0:
+                    logger.warning("server unavailable (%s); new episodes wait until it answers", exc)
+                failures += 1
+                self.report.waits_for_server += 1
+                await asyncio.sleep(min(self.config.backoff_max, 0.25 * 2 ** min(failures, 8)) * random.uniform(0.5, 1))
+                continue
             except AgentJetError as exc:
                 logger.warning("could not read server status for admission (%s); starting anyway", exc)
                 return
+            if failures:
+                logger.warning("server is back (policy v%d); starting episodes again", status.policy_version)
+                failures = 0
             if self.report.first_version is None:
                 self.report.first_version = status.policy_version
             if status.admission_budget - self._pending >= need or (self._pending == 0 and status.admission_budget > 0):

@@ -39,6 +39,7 @@ from agentjet_server.errors import (
     InvalidRequestError,
     PayloadTooLargeError,
     RequestError,
+    StateError,
 )
 from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
@@ -204,6 +205,11 @@ def create_app(
         logger.error("engine error on %s: %s", request.url.path, exc)
         return error_response(500, str(exc), "engine_error")
 
+    async def on_state_error(request: Request, exc: Exception) -> Response:
+        # nothing was acknowledged: the client keeps the batch and retries
+        logger.error("state error on %s: %s", request.url.path, exc)
+        return error_response(503, f"{exc}; nothing in this request was acknowledged, retry later", "server_error")
+
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unexpected error on %s", request.url.path)
         return error_response(500, f"internal error ({type(exc).__name__}); see the server log", "server_error")
@@ -226,6 +232,7 @@ def create_app(
             ValidationError: on_validation_error,
             HTTPException: on_http_error,
             EngineError: on_engine_error,
+            StateError: on_state_error,
             Exception: on_unexpected,
         },
         lifespan=lifespan,

@@ -150,15 +150,34 @@ class TrajectoryLog:
         elif kind == VERSION:
             scan.max_version = max(scan.max_version, int(record["v"]))
 
+    def answers(self) -> Iterator[tuple[str, str]]:
+        """``(kind, trajectory id)`` for every accepted (``a``) or rejected (``r``) trajectory ever
+        logged, compacted segments included, oldest first."""
+        live = set(self._segments())
+        for number in sorted(live | set(self._compacted())):
+            if number in live:
+                for record in self._segment_records(number):
+                    if record.get("k") == ACCEPTED:
+                        yield ACCEPTED, record["t"]["id"]
+                    elif record.get("k") == REJECTED:
+                        yield REJECTED, record["id"]
+            else:
+                for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
+                    kind, trajectory_id, _, _ = json.loads(row)
+                    yield kind, trajectory_id
+
+    def _segment_records(self, number: int) -> Iterator[dict[str, Any]]:
+        with (self.directory / f"{number:08d}.wal").open("rb") as f:
+            for line in f:
+                record = _decode(line)
+                if record is None:
+                    return
+                yield record
+
     def records(self) -> Iterator[dict[str, Any]]:
         """Every record still in a segment, oldest first (for inspection and tests)."""
         for number in self._segments():
-            with (self.directory / f"{number:08d}.wal").open("rb") as f:
-                for line in f:
-                    record = _decode(line)
-                    if record is None:
-                        break
-                    yield record
+            yield from self._segment_records(number)
 
     # -- writing -------------------------------------------------------------------------------
     def _open_segment(self, number: int) -> Any:

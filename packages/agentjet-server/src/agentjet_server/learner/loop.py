@@ -110,7 +110,7 @@ class TrainingLoop:
         batch = build_batch(groups, keep_flat=self.learner.config.entropy_coef > 0)
         if not batch.sequences:
             self.skipped_batches += 1
-            self._on_trained(0)
+            self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
         if self.learner.ctx.enabled:
