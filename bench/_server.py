@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,8 @@ def served(model_dir: Path, *extra: str) -> Iterator[str]:
         port = s.getsockname()[1]
     command = [str(Path(sys.executable).parent / "agentjet-server"), "up", "--port", str(port)]
     command += ["--model", str(model_dir), "--model-name", "agentjet-tiny", "--log-level", "warning", *extra]
+    state = tempfile.mkdtemp(prefix="agentjet-bench-state-")  # a fresh run each time
+    command += ["--state-dir", state]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -36,3 +40,4 @@ def served(model_dir: Path, *extra: str) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(state, ignore_errors=True)

@@ -86,7 +86,9 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0) 
 def demo(port: int = 8765, episodes: int = 26000) -> None:
     ensure_env()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(BIN / "agentjet-server"), "up", "--port", str(port), "--log-level", "warning"])
+    server = subprocess.Popen(
+        [str(BIN / "agentjet-server"), "up", "--port", str(port), "--log-level", "warning", "--fresh"]
+    )
     try:
         wait_healthy(url, server)
         sh(

@@ -6,8 +6,8 @@ concurrency. So, when the agent comes from a code directory, the runner hands sy
 ``WorkerPool``: at most ``size`` spawned processes, each importing the agent from the directory.
 The agent's ``episode`` there is a ``ProxyEpisode`` whose model handles go through the client's
 loopback capture proxy, so every call is still recorded into the episode's trajectory. An episode
-past its timeout has its worker killed and replaced: the pool never holds more than ``size``
-processes and never loses capacity.
+past its timeout has its worker killed and replaced by a spare that was started ahead of time:
+the pool never holds more than ``size + spares`` processes and never loses capacity.
 
 Each worker runs the code that is on disk when it takes the episode, and reports the code version
 it ran; after an edit (hot swap) workers re-import before their next episode. A worker's start-up
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import signal
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,17 @@ STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import the agent
 
 class AgentFailed(AgentJetError):
     """The agent raised in its worker process; the message is the exception's last line."""
+
+
+def _context() -> Any:
+    """Workers fork from a server process that has already imported the client and the OpenAI SDK
+    (``forkserver``): a new worker costs a fork, not a fresh interpreter (about 1 s of CPU each).
+    Where there is no fork (Windows), they are spawned."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["agentjet_client.isolation", "openai", "httpx2"])
+    return context
 
 
 @dataclass
@@ -85,38 +97,51 @@ def _shared_http() -> Any:
 
 
 class WorkerPool:
-    def __init__(self, code_dir: Path, size: int) -> None:
+    """At most ``size`` episodes at once, each in a worker process; ``spares`` more processes are
+    kept started and idle, so the worker that replaces a killed one is ready before it is needed
+    (spawn + import takes a second or two; it is never on an episode's critical path once the
+    pool is warm). Processes alive never exceed ``size + spares``."""
+
+    def __init__(self, code_dir: Path, size: int, spares: int = 1) -> None:
         self.code_dir = Path(code_dir).resolve()
         self.size = size
+        self.spares = spares
         self.started = 0  # processes ever started (replacements included)
-        self.killed = 0
-        self._context = multiprocessing.get_context("spawn")
-        self._idle: list[_Worker] = []
+        self.killed = 0  # workers killed because their episode timed out (or was cancelled)
+        self.peak = 0  # most processes alive at once
+        self._context = _context()
+        self._idle: asyncio.Queue[_Worker | BaseException] | None = None
         self._live = 0
+        self._pending = 0  # workers started in the background, not yet ready
+        self._waiting = 0  # episodes waiting for one of them
+        self._background: set[asyncio.Task[None]] = set()
         self._free: asyncio.Semaphore | None = None
-        self._waits = ThreadPoolExecutor(max_workers=size, thread_name_prefix="agentjet-worker-wait")
+        self._waits = ThreadPoolExecutor(max_workers=size + spares, thread_name_prefix="agentjet-worker-wait")
 
     @property
     def live(self) -> int:
-        """Worker processes that exist now (never more than ``size``)."""
+        """Worker processes that exist now (never more than ``size + spares``)."""
         return self._live
 
-    async def _spawn(self) -> _Worker:
-        """A new worker, once it has imported the agent (start-up is not part of any episode's timeout)."""
+    def _start(self) -> _Worker:
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_worker_main, args=(child, str(self.code_dir)), name="agentjet-agent", daemon=True
+            target=_worker_main, args=(child, str(self.code_dir), dict(os.environ)), name="agentjet-agent", daemon=True
         )
         process.start()
         child.close()
         self.started += 1
         self._live += 1
-        worker = _Worker(process, parent)
+        self.peak = max(self.peak, self._live)
+        return _Worker(process, parent)
+
+    async def _ready(self, worker: _Worker) -> _Worker:
+        """``worker`` once it has imported the agent (start-up is not part of any episode's timeout)."""
         loop = asyncio.get_running_loop()
         try:
-            if not await loop.run_in_executor(self._waits, parent.poll, STARTUP_TIMEOUT):
+            if not await loop.run_in_executor(self._waits, worker.conn.poll, STARTUP_TIMEOUT):
                 raise AgentFailed(f"an agent worker process did not start within {STARTUP_TIMEOUT:g}s")
-            kind, detail = parent.recv()
+            kind, detail = worker.conn.recv()
         except BaseException:
             self._kill(worker)
             raise
@@ -125,21 +150,57 @@ class WorkerPool:
             raise AgentFailed(f"the agent worker could not load the code in {self.code_dir}: {detail}")
         return worker
 
+    def _top_up(self) -> None:
+        """Start spares in the background until ``spares`` are idle or on their way."""
+        assert self._idle is not None
+        while self._idle.qsize() + self._pending < self.spares and self._live < self.size + self.spares:
+            worker = self._start()
+            self._pending += 1
+            task = asyncio.ensure_future(self._background_ready(worker))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _background_ready(self, worker: _Worker) -> None:
+        assert self._idle is not None
+        try:
+            item: _Worker | BaseException = await self._ready(worker)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to whoever takes it: that episode fails with the reason
+            item = exc
+        finally:
+            self._pending -= 1
+        self._idle.put_nowait(item)
+
+    async def _take(self) -> _Worker:
+        assert self._idle is not None
+        if self._idle.empty() and self._pending <= self._waiting:
+            return await self._ready(self._start())  # nothing on its way: start one for this episode
+        self._waiting += 1
+        try:
+            item = await self._idle.get()
+        finally:
+            self._waiting -= 1
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
     def _kill(self, worker: _Worker) -> None:
         worker.process.kill()
         worker.process.join(timeout=10)
         worker.conn.close()
         self._live -= 1
-        self.killed += 1
 
     async def run(
         self, task: Any, episode_id: str, task_id: str, proxy_base: str, api_key: str, timeout: float
     ) -> tuple[Any, str]:
         """The agent's return value and the code version that ran; TimeoutError past ``timeout``."""
-        if self._free is None:
+        if self._free is None or self._idle is None:
             self._free = asyncio.Semaphore(self.size)
+            self._idle = asyncio.Queue()
         async with self._free:
-            worker = self._idle.pop() if self._idle else await self._spawn()
+            worker = await self._take()
+            self._top_up()
             loop = asyncio.get_running_loop()
             try:
                 worker.conn.send((task, episode_id, task_id, proxy_base, api_key))
@@ -149,31 +210,42 @@ class WorkerPool:
                 kind, value, version = worker.conn.recv()
             except BaseException:  # timed out, cancelled, or the worker died: it is not reused
                 self._kill(worker)
+                self.killed += 1
+                self._top_up()
                 raise
-            self._idle.append(worker)
+            self._idle.put_nowait(worker)
         if kind == "error":
             raise AgentFailed(value)
         return value, version
 
     def close(self) -> None:
-        for worker in self._idle:
+        for task in self._background:
+            task.cancel()
+        idle: list[_Worker] = []
+        while self._idle is not None and not self._idle.empty():
+            item = self._idle.get_nowait()
+            if isinstance(item, _Worker):
+                idle.append(item)
+        for worker in idle:
             try:
                 worker.conn.send(None)
             except OSError:
                 pass
-        for worker in self._idle:
+        for worker in idle:
             worker.process.join(timeout=5)
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join(timeout=5)
             worker.conn.close()
             self._live -= 1
-        self._idle.clear()
         self._waits.shutdown(wait=False, cancel_futures=True)
 
 
-def _worker_main(conn: Any, code_dir: str) -> None:
+def _worker_main(conn: Any, code_dir: str, environ: dict[str, str]) -> None:
     from agentjet_client.loader import CodeWatcher, code_version, load_agent
+
+    os.environ.clear()  # the runner's environment now, not the fork server's from when it started
+    os.environ.update(environ)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner decides when workers stop
     directory = Path(code_dir)
@@ -182,6 +254,9 @@ def _worker_main(conn: Any, code_dir: str) -> None:
     except Exception as exc:  # e.g. a broken edit on disk: the episode fails with this message
         conn.send(("failed", str(exc)))
         return
+    import openai  # noqa: F401  (imported now, not in the first episode's time: ~1 s on a busy machine)
+
+    _shared_http()
     conn.send(("ready", version))
     watcher = CodeWatcher(directory, version)
     while True:
