@@ -69,7 +69,8 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
     """``torchrun --nproc_per_node 2 -m agentjet_server up``: rank 0 serves, both ranks train (FSDP2, gloo)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     launcher += ["-m", "agentjet_server"]
-    args = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info"]
+    state = tmp_path / "state"
+    args = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info", "--state-dir", str(state)]
     server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
     try:
         run_digits_client(server.url, 320, 8)
@@ -78,6 +79,20 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
         assert status["learner"]["step"] >= 3 and status["policy_version"] >= 3
         assert status["learner"]["last_error"] is None
     finally:
-        server.stop()
+        server.stop()  # SIGTERM: rank 0 writes the last checkpoint, gathering rank 1's shards
     log = (tmp_path / "server.log").read_text()
     assert "learner rank 1 of 2" in log and "learner rank 1 waiting for batches" in log and "FSDP2" in log
+    step, version = status["learner"]["step"], status["policy_version"]
+    assert (state / "checkpoints" / f"step-{step:08d}" / "model" / "config.json").exists()
+
+    # resume on 2 ranks: same version numbering, optimizer shards back on both ranks, training goes on
+    server = ServerProcess([*args, "--resume"], tmp_path / "resumed.log", launcher=launcher)
+    try:
+        assert server.status()["policy_version"] == version
+        run_digits_client(server.url, 160, 8)
+        status = server.status()
+        assert status["trajectories"]["accepted"] == 480 and status["learner"]["last_error"] is None
+        assert status["learner"]["step"] > step and status["policy_version"] > version
+    finally:
+        server.stop()
+    assert f"(step {step}, policy v{version})" in (tmp_path / "resumed.log").read_text()

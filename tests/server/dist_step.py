@@ -1,6 +1,6 @@
 """Two learner steps on a fixed batch, run under torchrun; rank 0 saves the weights.
 
-    torchrun --nproc_per_node 2 tests/server/dist_step.py --model DIR --out W.safetensors
+    torchrun --nproc_per_node 2 tests/server/dist_step.py --model DIR --out W.safetensors [--resume-at 1]
 
 Used by test_distributed.py to compare a sharded step with a single-process one.
 """
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--entropy-coef", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
     ctx = distributed.init_from_env(args.device)
     torch.manual_seed(0)
@@ -73,7 +74,12 @@ def main() -> None:
     batches = [build_batch(fixed_groups(model, args.groups, 5, seed=step)) for step in range(args.steps)]
     learner = Learner(model.to(ctx.device), config, pad_id=0, ctx=ctx)
     stats = []
-    for batch in batches:
+    for i, batch in enumerate(batches):
+        if args.resume_at and i == args.resume_at:  # what a checkpoint + --resume does, in memory
+            state = learner.training_state()
+            fresh = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+            learner = Learner(fresh.to(ctx.device), config, pad_id=0, ctx=ctx)
+            learner.load_training_state(state if ctx.is_main else None)
         s = learner.step(batch)
         stats.append({"loss": s.loss, "grad_norm": s.grad_norm, "sequences": s.sequences, **s.extra})
     weights = learner.full_state_dict()

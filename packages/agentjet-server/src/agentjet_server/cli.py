@@ -114,8 +114,14 @@ def serve(settings: Any) -> None:
     try:
         path = _model_path(settings, ctx)
         if not ctx.is_main:
+            import signal
+
             from agentjet_server.runtime import build_learner
 
+            # torchrun passes Ctrl-C / SIGTERM to every rank; this one stops when rank 0 says so,
+            # after rank 0's last checkpoint (which needs this rank's shards)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             distributed.worker_loop(build_learner(settings, str(path), ctx), ctx)
             return
         _serve_main(settings, path, ctx)
