@@ -43,13 +43,29 @@ def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
 
         env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
         out = subprocess.run(
-            [str(BIN / "agentjet-server"), "up", "--engine", "vllm", "--port", "0"],
+            [str(BIN / "agentjet-server"), "up", "--engine", "vllm", "--port", "0", "--state-dir", str(tmp_path)],
             capture_output=True,
             text=True,
             env=env,
             timeout=120,
         )
         assert out.returncode == 2 and "agentjet-server[vllm]" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_state_dir_with_an_earlier_run_needs_resume_or_fresh(tmp_path):
+    import os
+
+    from tests.conftest import CACHE
+
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "00000001.wal").write_bytes(b"")
+    env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
+    command = [str(BIN / "agentjet-server"), "up", "--port", "0", "--state-dir", str(tmp_path)]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    message = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "holds an earlier run (a trajectory log, no checkpoint yet); pass --resume" in message
+    assert "--fresh to discard it" in message
 
 
 def test_client_status_shows_the_spool(live_server, tmp_path):
