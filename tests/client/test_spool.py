@@ -93,3 +93,28 @@ def test_unwritable_directory_is_a_clear_error(tmp_path):
         target = str(tmp_path / "spool")
     with pytest.raises(SpoolError, match="--spool-dir"):
         Spool(__import__("pathlib").Path(target))
+
+
+def test_group_commit_puts_concurrent_trajectories_in_few_transactions(tmp_path):
+    import asyncio
+
+    from agentjet_client.spool import GroupCommit
+
+    spool = Spool(tmp_path)
+    group = GroupCommit(spool)
+
+    async def finish_together() -> list[bool]:
+        return await asyncio.gather(*(group.put(trajectory(i)) for i in range(64)), group.put(trajectory(0)))
+
+    inserted = asyncio.run(finish_together())
+    assert inserted == [True] * 64 + [False]  # the repeated id is reported, not stored twice
+    assert spool.depth == 64 and spool.stats().spooled == 64
+    assert 1 <= group.commits <= 3  # 65 puts, one transaction for everything that arrived together
+    assert [t.id for _, t in spool.peek(3)] == ["t0", "t1", "t2"]  # in the order they finished
+    spool.close()
+
+    async def after_close() -> None:
+        await asyncio.gather(group.put(trajectory(100)), group.put(trajectory(101)))
+
+    with pytest.raises(SpoolError):  # every waiting episode sees the failure; nothing is claimed stored
+        asyncio.run(after_close())

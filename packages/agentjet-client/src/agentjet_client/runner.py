@@ -33,7 +33,7 @@ from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, 
 from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import TrajectoryStatus
-from agentjet_client.spool import Spool, default_spool_dir, spool_key
+from agentjet_client.spool import GroupCommit, Spool, default_spool_dir, spool_key
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class Runner:
         self._on_reload = on_reload or (lambda version, error: None)
         self._pending = 0  # episodes started and not yet answered by the server
         self._mine: set[str] = set()  # this run's spooled ids not yet answered
+        self._commits = GroupCommit(self.spool)
         self._spooled = asyncio.Event()
         self._warned_full = False
         self._stop = asyncio.Event()
@@ -290,7 +291,7 @@ class Runner:
             else:
                 self.report.failed += 1
                 self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
-            if await asyncio.to_thread(self.spool.put, trajectory):  # on disk before we go on
+            if await self._commits.put(trajectory):  # on disk before we go on
                 self._mine.add(trajectory.id)
             else:  # the id is already spooled (cannot happen with fresh episode ids)
                 self._pending -= 1

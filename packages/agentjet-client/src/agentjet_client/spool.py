@@ -21,6 +21,7 @@ runner's concurrency).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import threading
@@ -120,6 +121,19 @@ class Spool:
                 self._bump(db, "spooled", 1)
         return bool(inserted)
 
+    def put_many(self, trajectories: list[Trajectory]) -> list[bool]:
+        """Commit several trajectories in one transaction (one fsync): ``put`` for each, grouped."""
+        rows = [(t.id, t.model_dump_json(), time.time()) for t in trajectories]
+        inserted = []
+        with self._lock, self._write() as db:
+            for row in rows:
+                inserted.append(
+                    bool(db.execute("INSERT OR IGNORE INTO items (id, body, added) VALUES (?, ?, ?)", row).rowcount)
+                )
+            if any(inserted):
+                self._bump(db, "spooled", sum(inserted))
+        return inserted
+
     def peek(self, limit: int = 256) -> list[tuple[str, Trajectory]]:
         """The oldest ``limit`` items, still in the spool."""
         with self._lock:
@@ -191,3 +205,38 @@ class Spool:
             "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + ?",
             (name, by, by),
         )
+
+
+class GroupCommit:
+    """The async side of a ``Spool``: ``await put(trajectory)`` returns once it is committed.
+    Trajectories that arrive while a commit is in flight go together into the next one (group
+    commit: one transaction and one fsync for all of them), so durability costs one disk flush per
+    burst of finished episodes, not one per episode."""
+
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
+        self.commits = 0
+        self._queue: list[tuple[Trajectory, asyncio.Future[bool]]] = []
+        self._committer: asyncio.Task[None] | None = None
+
+    async def put(self, trajectory: Trajectory) -> bool:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((trajectory, future))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                inserted = await asyncio.to_thread(self.spool.put_many, [t for t, _ in batch])
+            except Exception as exc:  # e.g. the disk is full: every trajectory of the group gets the error
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self.commits += 1
+            for (_, future), ok in zip(batch, inserted, strict=True):
+                if not future.done():
+                    future.set_result(ok)
