@@ -22,7 +22,7 @@ import httpx2
 import pytest
 
 from agentjet_client.spool import spool_key
-from agentjet_server.wal import TrajectoryLog
+from agentjet_server.wal import TrajectoryLog, read_records
 from tests.chaos.test_client_kill import spool_stats
 from tests.conftest import ServerProcess, free_port
 
@@ -84,6 +84,8 @@ def test_server_killed_twice_and_resumed_loses_nothing(tmp_path):
         for kill in range(2):
             at_kill = wait_for_step(server, client, (resumed_at[-1]["step"] if resumed_at else 0) + 5)
             server.kill()
+            if kill == 1:  # some trajectories this server had acknowledged, to resend after the restart
+                logged_before = [r["t"] for r in read_records(state / "log") if r["k"] == "a"][-5:]
             checkpoint = latest_checkpoint(state)
             print(
                 f"kill {kill + 1}: server at step {at_kill['learner']['step']} (v{at_kill['policy_version']}), "
@@ -97,6 +99,9 @@ def test_server_killed_twice_and_resumed_loses_nothing(tmp_path):
             # training continues from the checkpointed version (replayed batches may already have moved it on)
             assert status["policy_version"] >= checkpoint["version"]
             assert status["policy_version"] - checkpoint["version"] == status["learner"]["step"] - checkpoint["step"]
+        # the seen ids survived the SIGKILL: a resend is a duplicate, not a second training
+        resent = httpx2.post(server.url + "/v1/trajectories", json={"trajectories": logged_before}).json()
+        assert [r["status"] for r in resent["results"]] == ["duplicate"] * 5
         out, _ = client.communicate(timeout=600)
         assert client.returncode == 0, out
         deadline = time.monotonic() + 60
@@ -123,7 +128,7 @@ def test_server_killed_twice_and_resumed_loses_nothing(tmp_path):
     )
     assert produced >= 300 and stats.depth == 0 and answered == produced
     assert lost == 0 and not repeated
-    assert counts["accepted"] + counts["rejected"] == len(logged)
+    assert counts["accepted"] + counts["rejected"] == len(logged) and counts["duplicate"] >= 5
     assert counts["trained"] + counts["buffered"] == counts["accepted"]  # each accepted one trained once
     assert final["policy_version"] == final["learner"]["step"]  # one version per step, no gaps or repeats
     print("client:", out.strip().splitlines()[-2:])  # episodes in flight at a kill fail (their LLM call did)

@@ -116,6 +116,7 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     resumed = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True)
     try:
         assert resumed.loop.learner.steps == K and resumed.version == K  # numbering continues
+        assert resumed.status().learner.last_checkpoint_step == K
         assert resumed.engine.version == K
         assert resumed.replayed == half  # the checkpoint had nothing buffered; the rest is replayed
         wait_for(lambda: resumed.loop.learner.steps == 2 * K, "K more steps")

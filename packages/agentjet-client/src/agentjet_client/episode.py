@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from agentjet_client.client import SwarmClient
 
 
+# the OpenAI SDK's retries back off 0.5, 1, 2, 4, 8, 8 s: six ride out a server restart (--resume
+# takes a few seconds) instead of failing every episode that was waiting on the model
+LLM_RETRIES = 6
+
+
 class Episode:
     def __init__(
         self, client: SwarmClient, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None
@@ -60,7 +65,7 @@ class Episode:
             transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
         )
         self._closers.append(http)
-        kwargs.setdefault("max_retries", 2)
+        kwargs.setdefault("max_retries", LLM_RETRIES)
         return openai.OpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
     def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
@@ -72,7 +77,7 @@ class Episode:
             transport=AsyncCaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
         )
         self._async_clients.append(http)
-        kwargs.setdefault("max_retries", 2)
+        kwargs.setdefault("max_retries", LLM_RETRIES)
         return openai.AsyncOpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
     def to_trajectory(

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.episode import LLM_RETRIES
 from agentjet_client.errors import AgentJetError
 
 STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import the agent
@@ -72,14 +73,14 @@ class ProxyEpisode:
     def openai(self, agent: str = "default", **kwargs: Any) -> Any:
         import openai
 
-        kwargs.setdefault("max_retries", 2)
+        kwargs.setdefault("max_retries", LLM_RETRIES)
         kwargs.setdefault("http_client", _shared_http())  # a new client per episode costs ~40 ms (SSL setup)
         return openai.OpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
 
     def async_openai(self, agent: str = "default", **kwargs: Any) -> Any:
         import openai
 
-        kwargs.setdefault("max_retries", 2)
+        kwargs.setdefault("max_retries", LLM_RETRIES)
         return openai.AsyncOpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
 
 

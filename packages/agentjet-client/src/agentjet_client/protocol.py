@@ -424,6 +424,7 @@ class LearnerInfo(_Strict):
     last_mean_reward: float | None = None
     skipped_batches: int = 0
     last_error: str | None = None
+    last_checkpoint_step: int | None = None  # what --resume would continue from
 
 
 class ServerStatus(_Strict):
@@ -446,6 +447,11 @@ class ServerStatus(_Strict):
             f"model {self.model}  policy v{self.policy_version}  step {self.learner.step}  "
             f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected}{reasons}  "
             f"buffered {t.buffered}  trained {t.trained}  admission budget {self.admission_budget}"
+            + (
+                f"  checkpoint step {self.learner.last_checkpoint_step}"
+                if self.learner.last_checkpoint_step is not None
+                else ""
+            )
         )
 
 

@@ -104,6 +104,7 @@ class SwarmRuntime:
             save=self._save_checkpoint if state is not None else None,
             checkpoint_every=settings.checkpoint_every,
         )
+        self.last_checkpoint_step: int | None = resumed.meta.step if resumed else None
         self.replayed = self._replay() if state is not None and state.resuming else 0
         self.started = time.monotonic()
 
@@ -196,6 +197,7 @@ class SwarmRuntime:
         path = self.state.write(
             meta, trainer_state, self.loop.learner.model, self.model_path, keep=self.settings.keep_checkpoints
         )
+        self.last_checkpoint_step = meta.step
         keep_from = min([next_lsn, *snapshot.lsns()])
         with self.store.locked():
             compacted = self.log.compact(keep_from, before_segment=segment)
@@ -237,6 +239,7 @@ class SwarmRuntime:
                 last_mean_reward=last.mean_reward if last else None,
                 skipped_batches=self.loop.skipped_batches,
                 last_error=self.loop.error,
+                last_checkpoint_step=self.last_checkpoint_step,
             ),
             admission_budget=self.admission_budget(),
             uptime_s=time.monotonic() - self.started,

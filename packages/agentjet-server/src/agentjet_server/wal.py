@@ -59,6 +59,18 @@ def _decode(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def read_records(directory: Path) -> Iterator[dict[str, Any]]:
+    """The records of every segment in ``directory``, oldest first, without opening the log for
+    writing (safe while a server is appending: a half-written last record is skipped)."""
+    for path in sorted(p for p in directory.glob("*.wal") if p.stem.isdigit()):
+        with path.open("rb") as f:
+            for line in f:
+                record = _decode(line)
+                if record is None:
+                    break
+                yield record
+
+
 @dataclass
 class LogScan:
     """What opening the log found: every id seen, counts, the highest version, and the
