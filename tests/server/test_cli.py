@@ -55,10 +55,12 @@ def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
 def test_a_state_dir_with_an_earlier_run_needs_resume_or_fresh(tmp_path):
     import os
 
+    from agentjet_server.wal import TrajectoryLog
     from tests.conftest import CACHE
 
-    (tmp_path / "log").mkdir()
-    (tmp_path / "log" / "00000001.wal").write_bytes(b"")
+    log = TrajectoryLog(tmp_path / "log")
+    log.append([{"k": "r", "id": "t0", "why": "stale"}])
+    log.close()
     env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
     command = [str(BIN / "agentjet-server"), "up", "--port", "0", "--state-dir", str(tmp_path)]
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)

@@ -16,7 +16,6 @@ nothing acknowledged is lost and nothing already trained is trained again.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -86,6 +85,19 @@ class Checkpoint:
         return state
 
 
+def _lock_file(handle: IO[str]) -> None:
+    """An exclusive lock held until ``handle`` is closed (or the process dies); OSError if taken."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        handle.seek(0)
+        msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
+        return
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def _fsync_tree(root: Path) -> None:
     for path in sorted(root.rglob("*")):
         if path.is_file():
@@ -124,7 +136,7 @@ class StateDir:
         except OSError as exc:
             raise StateError(f"cannot use --state-dir {root}: {exc}") from exc
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_file(lock)
         except OSError as exc:
             lock.seek(0)
             holder = lock.read().strip() or "another process"
@@ -159,7 +171,8 @@ class StateDir:
         return state
 
     def describe_earlier_run(self) -> str:
-        logged = any(self.log_dir.glob("*.wal")) or any(self.log_dir.glob("*.ids"))
+        # a server that stopped before anything was pushed leaves an empty segment: nothing to resume
+        logged = any(p.stat().st_size for p in self.log_dir.glob("*.wal")) or any(self.log_dir.glob("*.ids"))
         latest = self.latest()
         if latest is not None:
             return f"checkpoint at step {latest.meta.step}, policy v{latest.meta.version}"
@@ -209,8 +222,7 @@ class StateDir:
 
     def close(self) -> None:
         if not self._lock.closed:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
+            self._lock.close()  # closing the file releases the lock
 
 
 def settings_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -254,9 +254,6 @@ class TrajectoryLog:
     def close(self) -> None:
         self._file.close()
 
-    def forget(self, lsns: set[int] | None = None) -> None:
-        """Drop the raw trajectories kept from the scan (all, or all but ``lsns``) once replayed."""
-        if lsns is None:
-            self.scan.trajectories = {}
-        else:
-            self.scan.trajectories = {n: t for n, t in self.scan.trajectories.items() if n in lsns}
+    def forget(self) -> None:
+        """Drop the raw trajectories kept from the scan once resume has replayed them."""
+        self.scan.trajectories = {}
