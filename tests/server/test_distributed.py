@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from agentjet_server.learner.distributed import partition
-from agentjet_server.learner.trainer import Sequence, _micro_batches
+from agentjet_server.learner.packing import Sequence, pack
 
 SCRIPT = Path(__file__).with_name("dist_step.py")
 
@@ -27,12 +27,14 @@ def run_steps(model_dir: Path, out: Path, nproc: int, *extra: str) -> dict:
     return report
 
 
-def test_partition_balances_tokens_and_keeps_every_sequence():
-    seqs = [Sequence(list(range(n)), 1, [0.0] * (n - 1), 0.0) for n in (50, 40, 30, 20, 10, 5, 5)]
-    shares = partition(seqs, 2)
-    assert sorted(id(s) for share in shares for s in share) == sorted(id(s) for s in seqs)
-    assert [sum(len(s.tokens) for s in share) for share in shares] == [80, 80]
-    assert partition(seqs[:1], 3)[1:] == [[], []]  # fewer sequences than ranks: the rest idle
+def test_partition_balances_tokens_and_keeps_every_micro_batch():
+    seqs = [Sequence.single([n, *range(n)], 1, [0.0] * n, 0.0) for n in (50, 40, 30, 20, 10, 6, 5)]
+    packed = pack(seqs, 60)  # distinct first tokens: nothing shared, one micro-batch per budget
+    shares = partition(packed, 2, lambda p: p.size)
+    assert sorted(id(p) for share in shares for p in share) == sorted(id(p) for p in packed)
+    loads = [sum(p.size for p in share) for share in shares]
+    assert sum(loads) == sum(len(s.tokens) for s in seqs) and abs(loads[0] - loads[1]) <= 20
+    assert partition(packed[:1], 3, lambda p: p.size)[1:] == [[], []]  # fewer micro-batches than ranks
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,8 @@ def test_small_micro_batches_make_ranks_pad_with_idle_passes(model_dir):
     counts = set()
     for step in range(2):
         batch = build_batch(fixed_groups(model, 3, 5, seed=step))
-        counts.add(tuple(len(_micro_batches(share, 60)) for share in partition(batch.sequences, 2)))
+        shares = partition(pack(batch.sequences, 60), 2, lambda p: p.size)
+        counts.add(tuple(len(share) for share in shares))
     assert any(len(set(c)) > 1 for c in counts), counts
 
 

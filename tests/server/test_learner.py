@@ -69,27 +69,23 @@ def test_head_on_trained_positions_only_equals_full_logits(model_dir):
 
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.learner.trainer import Sequence, _collate
+    from agentjet_server.learner.packing import Sequence, pack
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     learner = Learner(model, LearnerConfig(), pad_id=0)
     rng = random.Random(0)
-    seqs = []
-    for _ in range(12):
+    for _ in range(6):
         tokens = [rng.randrange(1000) for _ in range(rng.randint(5, 30))]
         start = rng.randint(1, len(tokens) - 1)
-        seqs.append(Sequence(tokens, start, [-1.0] * (len(tokens) - start), 1.0))
-    batch = _collate(seqs, 0, torch.device("cpu"))
-    with torch.no_grad():
-        fast, entropy = learner.sequence_logprobs(batch)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        full_logp = torch.log_softmax(logits, -1)
-        full = full_logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
-        full_entropy = -(full_logp.exp() * full_logp).sum(-1)
-    trained = batch["loss_mask"].bool()
-    assert torch.allclose(fast[trained], full[trained], atol=1e-6)
-    assert torch.allclose(entropy[trained], full_entropy[trained], atol=1e-5)
-    assert fast[~trained].abs().max() == 0 and entropy[~trained].abs().max() == 0
+        [packed] = pack([Sequence.single(tokens, start, [-1.0] * (len(tokens) - start), 1.0)], 4096)
+        batch = packed.tensors(torch.device("cpu"))
+        with torch.no_grad():
+            fast, entropy = learner.sequence_logprobs(batch)
+            full_logp = torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0, start - 1 : -1], -1)
+            full = full_logp.gather(-1, torch.tensor(tokens[start:]).unsqueeze(-1)).squeeze(-1)
+            full_entropy = -(full_logp.exp() * full_logp).sum(-1)
+        assert torch.allclose(fast, full, atol=1e-6)
+        assert torch.allclose(entropy, full_entropy, atol=1e-5)
 
 
 def test_entropy_bonus_acts_on_groups_without_reward_signal(model_dir):
@@ -101,7 +97,7 @@ def test_entropy_bonus_acts_on_groups_without_reward_signal(model_dir):
     flat = [t.model_copy(update={"reward": 0.0}) for t in group]
     assert build_batch([flat]).sequences == []  # plain GRPO: nothing to learn
     batch = build_batch([flat], keep_flat=True)
-    assert len(batch.sequences) == 10 and {s.advantage for s in batch.sequences} == {0.0}
+    assert len(batch.sequences) == 10 and {a for s in batch.sequences for a in s.advantages} == {0.0}
     learner = Learner(model, LearnerConfig(lr=1e-2, entropy_coef=1.0), pad_id=tok.pad_token_id)
     first = learner.step(batch).extra["entropy"]
     for _ in range(3):

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from agentjet_server.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentjet_server.learner.trainer import Learner, Sequence
+    from agentjet_server.learner.trainer import Learner
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -122,17 +125,15 @@ def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch
     return out
 
 
-def partition(sequences: list[Sequence], world_size: int) -> list[list[Sequence]]:
-    """Split sequences over ranks, balancing tokens (longest first onto the lightest rank).
-
-    Every rank computes the same split from the same batch, so nothing about it is sent.
-    """
-    shares: list[list[Sequence]] = [[] for _ in range(world_size)]
+def partition(items: list[T], world_size: int, size: Callable[[T], int]) -> list[list[T]]:
+    """Split items (micro-batches) over ranks, balancing ``size`` (largest first onto the lightest
+    rank). Every rank computes the same split from the same batch, so nothing about it is sent."""
+    shares: list[list[T]] = [[] for _ in range(world_size)]
     load = [0] * world_size
-    for seq in sorted(sequences, key=lambda s: len(s.tokens), reverse=True):
+    for item in sorted(items, key=size, reverse=True):
         rank = min(range(world_size), key=lambda r: (load[r], r))
-        shares[rank].append(seq)
-        load[rank] += len(seq.tokens)
+        shares[rank].append(item)
+        load[rank] += size(item)
     return shares
 
 

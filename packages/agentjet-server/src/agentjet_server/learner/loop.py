@@ -124,13 +124,15 @@ class TrainingLoop:
         self.last = stats
         self._on_trained(batch.trajectories)
         logger.info(
-            "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  tokens %d  %.2fs",
+            "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
             self.learner.steps,
             new_version,
             stats.loss,
             stats.mean_reward,
             stats.sequences,
             stats.trained_tokens,
+            stats.processed_tokens,
+            batch.call_tokens,
             stats.seconds,
         )
         return stats

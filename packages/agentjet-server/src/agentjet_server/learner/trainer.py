@@ -1,13 +1,14 @@
 """One GRPO step over a batch of trajectory groups, top to bottom.
 
 1. ``build_batch`` — for each group, normalise rewards among its complete episodes
-   (``group_advantages``); skip groups with no signal (all rewards equal). Every turn of every
-   remaining episode becomes one sequence ``prompt + completion``; only completion tokens (the
-   ones the policy sampled) are trained, each with its behaviour log-probability and the
-   episode's advantage.
-2. ``Learner.step`` — forward the sequences in micro-batches bounded by a token budget,
-   compute ``clipped_policy_loss`` normalised by the batch's total trained tokens, accumulate
-   gradients, clip the gradient norm, one AdamW step.
+   (``group_advantages``); skip groups with no signal (all rewards equal). Each remaining
+   episode's turns are merged into timelines (``batching.timeline``: a turn that extends an
+   earlier one token for token continues it), and each timeline becomes one sequence whose
+   sampled tokens are trained, each with its behaviour log-probability and the episode's advantage.
+2. ``Learner.step`` — pack the sequences into prefix trees (``learner.packing``: shared prefixes
+   such as a group's prompt are computed once), forward each micro-batch with a tree attention
+   mask, compute ``clipped_policy_loss`` over the trained tokens normalised by the batch's total,
+   accumulate gradients, clip the gradient norm, one AdamW step.
 
 The server runs this in a background thread (``learner.loop``); it runs on its own, too:
 
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from agentjet_client.protocol import Trajectory
+from agentjet_server.batching.timeline import build_timelines, call_tokens
 from agentjet_server.learner.distributed import (
     DistContext,
     decoder_layers,
@@ -34,6 +36,7 @@ from agentjet_server.learner.distributed import (
     shard_model,
 )
 from agentjet_server.learner.losses import clipped_policy_loss, group_advantages
+from agentjet_server.learner.packing import Packed, Sequence, pack
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,7 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     entropy_coef: float = 0.0  # bonus on the policy's entropy at trained positions
     epochs: int = 1  # optimizer steps per batch; past the first, the clip keeps updates near the behaviour policy
-    micro_batch_tokens: int = 16384
-
-
-@dataclass
-class Sequence:
-    tokens: list[int]
-    completion_start: int  # index in ``tokens`` of the first trained token
-    old_logprobs: list[float]
-    advantage: float
+    micro_batch_tokens: int = 8192  # prefix-tree nodes per forward pass (a tree mask is N x N)
 
 
 @dataclass
@@ -64,9 +59,11 @@ class Batch:
     skipped_groups: int
     trajectories: int
 
+    call_tokens: int = 0  # what training one sample per call would process
+
     @property
     def trained_tokens(self) -> int:
-        return sum(len(s.old_logprobs) for s in self.sequences)
+        return sum(len(s.positions) for s in self.sequences)
 
 
 @dataclass
@@ -78,6 +75,8 @@ class StepStats:
     grad_norm: float
     seconds: float
     extra: dict[str, float] = field(default_factory=dict)
+    processed_tokens: int = 0  # prefix-tree nodes the forward passes ran over
+    micro_batches: int = 0
 
 
 def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batch:
@@ -91,6 +90,7 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
     rewards: list[float] = []
     skipped = 0
     count = 0
+    call_count = 0
     for group in groups:
         complete = [t for t in group if t.status == "complete" and t.turns]
         count += len(group)
@@ -104,79 +104,49 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
             if not keep_flat:
                 continue
         for trajectory, advantage in zip(complete, advantages.tolist(), strict=True):
-            for turn in trajectory.turns:
+            call_count += call_tokens(trajectory.turns)
+            for timeline in build_timelines(trajectory.turns):
                 sequences.append(
                     Sequence(
-                        tokens=list(turn.prompt_token_ids) + list(turn.completion_token_ids),
-                        completion_start=len(turn.prompt_token_ids),
-                        old_logprobs=list(turn.completion_logprobs),
-                        advantage=advantage,
+                        tokens=timeline.tokens,
+                        positions=timeline.trained,
+                        old_logprobs=timeline.old_logprobs,
+                        advantages=[advantage] * len(timeline.trained),
                     )
                 )
-    return Batch(sequences, rewards, len(groups), skipped, count)
-
-
-def _micro_batches(sequences: list[Sequence], budget: int) -> list[list[Sequence]]:
-    ordered = sorted(sequences, key=lambda s: len(s.tokens))
-    out: list[list[Sequence]] = [[]]
-    for seq in ordered:
-        width = max([len(seq.tokens)] + [len(s.tokens) for s in out[-1]])
-        if out[-1] and width * (len(out[-1]) + 1) > budget:
-            out.append([])
-        out[-1].append(seq)
-    return [mb for mb in out if mb]
-
-
-def _collate(sequences: list[Sequence], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    width = max(len(s.tokens) for s in sequences)
-    n = len(sequences)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    loss_mask = torch.zeros((n, width - 1))
-    old = torch.zeros((n, width - 1))
-    adv = torch.zeros((n, width - 1))
-    for i, seq in enumerate(sequences):
-        length = len(seq.tokens)
-        ids[i, :length] = torch.tensor(seq.tokens)
-        attention[i, :length] = 1
-        # logits at position p predict token p + 1: completion token j sits at start + j
-        lo, hi = seq.completion_start - 1, length - 1
-        loss_mask[i, lo:hi] = 1.0
-        old[i, lo:hi] = torch.tensor(seq.old_logprobs)
-        adv[i, lo:hi] = seq.advantage
-    return {
-        "input_ids": ids.to(device),
-        "attention_mask": attention.to(device),
-        "targets": ids[:, 1:].to(device),
-        "loss_mask": loss_mask.to(device),
-        "old_logprobs": old.to(device),
-        "advantages": adv.to(device),
-    }
+    return Batch(sequences, rewards, len(groups), skipped, count, call_count)
 
 
 class PolicyLogits(torch.nn.Module):
-    """Wraps a causal LM: logits ``[T, V]`` at the T trained positions only.
+    """Wraps a causal LM: logits ``[E, V]`` at the E nodes whose next token is trained.
 
-    The output head runs only where tokens are trained: prompts, tool results and padding make
-    up most of a sequence and need no logits, so the head (vocab x hidden, the largest matrix of
-    a small model) costs in proportion to sampled tokens, not to context. Being one module with
-    one ``forward`` also makes it the FSDP root, so a sharded model's embeddings, final norm and
-    head are gathered around exactly this computation.
+    Runs on a packed micro-batch (one row, ``position_ids`` and an optional tree mask, see
+    ``learner.packing``). The output head runs only at trained entries: prompts, tool results and
+    shared prefixes make up most of a batch and need no logits, so the head (vocab x hidden, the
+    largest matrix of a small model) costs in proportion to sampled tokens, not to context. Being
+    one module with one ``forward`` also makes it the FSDP root, so a sharded model's embeddings,
+    final norm and head are gathered around exactly this computation.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.lm = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        nodes: torch.Tensor,
+    ) -> torch.Tensor:
         model: Any = self.lm
         decoder: Any = getattr(model, "get_decoder", lambda: None)()
         head: Any = getattr(model, "get_output_embeddings", lambda: None)()
+        inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
         if decoder is None or head is None:  # not a standard HF causal LM: full logits
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-            return logits[:, :-1, :][trained]  # type: ignore[no-any-return]
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return head(hidden[:, :-1, :][trained])  # type: ignore[no-any-return]
+            return model(**inputs).logits[0, nodes]  # type: ignore[no-any-return]
+        hidden = decoder(**inputs).last_hidden_state
+        return head(hidden[0, nodes])  # type: ignore[no-any-return]
 
 
 class Learner:
@@ -199,15 +169,13 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.steps = 0
 
-    def sequence_logprobs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target log-probabilities and policy entropies, each ``[N, L-1]``, 0 off trained positions."""
-        trained = batch["loss_mask"].bool()
-        logits = self.policy(batch["input_ids"], batch["attention_mask"], trained)
+    def sequence_logprobs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability of each trained entry's token, and the policy's entropy there, ``[E]``."""
+        logits = self.policy(batch["input_ids"], batch["position_ids"], batch["attention_mask"], batch["entry_nodes"])
         logp = torch.log_softmax(logits.float(), dim=-1)
-        values = logp.gather(-1, batch["targets"][trained].unsqueeze(-1)).squeeze(-1)
+        values = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
-        zeros = torch.zeros(trained.shape, dtype=values.dtype, device=values.device)
-        return zeros.masked_scatter(trained, values), zeros.masked_scatter(trained, entropy)
+        return values, entropy
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0)."""
@@ -278,19 +246,21 @@ class Learner:
             raise ValueError(f"the checkpoint has no weights for {', '.join(sorted(missing)[:5])}")
         return out
 
-    def _plan(self, sequences: list[Sequence]) -> list[dict[str, torch.Tensor] | None]:
-        """This rank's micro-batches, padded with ``None`` to the largest count of any rank:
-        FSDP gathers weights collectively, so every rank runs the same number of passes."""
-        budget = self.config.micro_batch_tokens
-        shares = partition(sequences, self.ctx.world_size) if self.ctx.enabled else [sequences]
-        counts = [len(_micro_batches(share, budget)) for share in shares]
-        mine = _micro_batches(shares[self.ctx.rank], budget)
-        tensors: list[dict[str, torch.Tensor] | None] = [_collate(part, self.pad_id, self.device) for part in mine]
-        return tensors + [None] * (max(counts) - len(mine))
+    def _plan(self, sequences: list[Sequence]) -> tuple[list[dict[str, Any] | None], int]:
+        """This rank's packed micro-batches, padded with ``None`` to the largest count of any
+        rank (FSDP gathers weights collectively, so every rank runs the same number of passes),
+        and the tokens all ranks process."""
+        packed = pack(sequences, self.config.micro_batch_tokens)
+        shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
+        mine = shares[self.ctx.rank]
+        tensors: list[dict[str, Any] | None] = [p.tensors(self.device) for p in mine]
+        return tensors + [None] * (max(len(s) for s in shares) - len(mine)), sum(p.size for p in packed)
 
-    def _idle_pass(self) -> dict[str, torch.Tensor]:
+    def _idle_pass(self) -> dict[str, Any]:
         """A one-token stand-in micro-batch for a rank with no sequences left; its loss is scaled by 0."""
-        return _collate([Sequence([self.pad_id, self.pad_id], 1, [0.0], 0.0)], self.pad_id, self.device)
+        stand_in = Packed()
+        stand_in.insert(Sequence([self.pad_id, self.pad_id], [1], [0.0], [0.0]))
+        return stand_in.tensors(self.device)
 
     def step(self, batch: Batch) -> StepStats:
         if not batch.sequences:
@@ -298,7 +268,7 @@ class Learner:
         started = time.perf_counter()
         self.policy.train()
         total = float(batch.trained_tokens)
-        plan = self._plan(batch.sequences)
+        plan, processed = self._plan(batch.sequences)
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
         for _epoch in range(self.config.epochs):
@@ -308,22 +278,21 @@ class Learner:
             for planned in plan:
                 part = planned if planned is not None else self._idle_pass()
                 logprobs, entropy = self.sequence_logprobs(part)
+                mask = torch.ones_like(logprobs)
                 loss, stats = clipped_policy_loss(
                     logprobs,
                     part["old_logprobs"],
                     part["advantages"],
-                    part["loss_mask"],
+                    mask,
                     self.config.clip_low,
                     self.config.clip_high,
                     normaliser=total,
                 )
                 if self.config.entropy_coef:
-                    loss = loss - self.config.entropy_coef * (entropy * part["loss_mask"]).sum() / total
+                    loss = loss - self.config.entropy_coef * entropy.sum() / total
                     with torch.no_grad():
-                        stats["entropy"] = float(
-                            (entropy * part["loss_mask"]).sum() / part["loss_mask"].sum().clamp(min=1)
-                        )
-                weight = float(part["loss_mask"].sum()) / total
+                        stats["entropy"] = float(entropy.mean())
+                weight = float(logprobs.numel()) / total
                 if planned is None:
                     loss, weight = loss * 0.0, 0.0
                 # FSDP averages gradients over ranks; each rank's loss is its share of the batch's sum
@@ -346,6 +315,8 @@ class Learner:
             grad_norm=grad_norm,
             seconds=time.perf_counter() - started,
             extra=extra,
+            processed_tokens=processed,
+            micro_batches=len(plan),
         )
 
     def _sum_over_ranks(self, loss: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:

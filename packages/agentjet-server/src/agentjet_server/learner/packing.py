@@ -1,0 +1,159 @@
+"""Prefix-shared packing: sequences that share a prefix compute it once.
+
+A batch's sequences (merged timelines, see ``batching.timeline``) often begin with the same tokens:
+the GRPO siblings of one task share its prompt, agents of one episode share a system prompt and a
+document, retried branches share the conversation up to the retry. ``pack`` inserts the sequences
+into a prefix tree (a trie of tokens) and flattens it into one row per micro-batch, each tree
+node once, in depth-first order. The model runs on that row with
+
+* position ids = each node's depth (its position in every sequence that passes through it), and
+* an attention mask that lets a node see exactly its ancestors and itself (a tree mask; with
+  depth-first order, node j is an ancestor of node i iff ``j <= i < end[j]``, ``end`` being one
+  past j's subtree), or plain causal attention when the tree is a single chain.
+
+So each node's hidden state is the one it has in any sequence that contains it, and each trained
+token's log-probability (read at its parent node, for the token of the child on that sequence's
+path) equals the unpacked computation's. A trained token is one *entry* (node, target token,
+behaviour log-prob, advantage); siblings that sampled the same token at the same place give two
+entries on one node, so the loss and its gradient are exactly the unpacked sum.
+
+Tokens processed per micro-batch = nodes in its tree, close to the batch's unique tokens (a tree
+that does not fit in ``budget`` nodes is split between micro-batches, which recompute the prefix
+they share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Sequence:
+    """A token sequence to train: ``tokens[p]`` is trained for each ``p`` in ``positions``
+    (predicted from ``tokens[:p]``), with its behaviour log-prob and advantage."""
+
+    tokens: list[int]
+    positions: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]
+
+    @classmethod
+    def single(cls, tokens: list[int], completion_start: int, old_logprobs: list[float], advantage: float) -> Sequence:
+        """One call: prompt ``tokens[:completion_start]`` untrained, the rest trained."""
+        positions = list(range(completion_start, len(tokens)))
+        return cls(tokens, positions, list(old_logprobs), [advantage] * len(positions))
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.positions)
+
+
+@dataclass
+class Packed:
+    """One micro-batch: a forest of token trees in depth-first order, and its trained entries."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # -1 for a root
+    depth: list[int] = field(default_factory=list)
+    entry_nodes: list[int] = field(default_factory=list)  # node whose output predicts the entry's token
+    entry_targets: list[int] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    sequences: int = 0
+    _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def new_nodes(self, tokens: list[int]) -> int:
+        """Nodes that inserting ``tokens`` would add."""
+        node = -1
+        for i, token in enumerate(tokens):
+            child = self._children.get((node, token))
+            if child is None:
+                return len(tokens) - i
+            node = child
+        return 0
+
+    def insert(self, seq: Sequence) -> None:
+        nodes = []
+        node = -1
+        for token in seq.tokens:
+            child = self._children.get((node, token))
+            if child is None:
+                child = len(self.tokens)
+                self._children[(node, token)] = child
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.depth.append(0 if node < 0 else self.depth[node] + 1)
+            nodes.append(child)
+            node = child
+        for p, old, adv in zip(seq.positions, seq.old_logprobs, seq.advantages, strict=True):
+            if p < 1:
+                raise ValueError("a sequence's first token cannot be trained: nothing predicts it")
+            self.entry_nodes.append(nodes[p - 1])
+            self.entry_targets.append(seq.tokens[p])
+            self.old_logprobs.append(old)
+            self.advantages.append(adv)
+        self.sequences += 1
+
+    @property
+    def is_chain(self) -> bool:
+        """One unbranched sequence: ordinary causal attention does."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def subtree_ends(self) -> list[int]:
+        end = list(range(1, self.size + 1))
+        for i in range(self.size - 1, -1, -1):  # children come after their parent
+            p = self.parents[i]
+            if p >= 0:
+                end[p] = max(end[p], end[i])
+        return end
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """``[1, 1, N, N]`` bool, True where node i may attend to node j; None for a chain."""
+        if self.is_chain:
+            return None
+        idx = torch.arange(self.size)
+        end = torch.tensor(self.subtree_ends())
+        allowed = (idx[None, :] <= idx[:, None]) & (idx[:, None] < end[None, :])
+        return allowed[None, None]
+
+    def tensors(self, device: torch.device) -> dict[str, torch.Tensor | None]:
+        mask = self.attention_mask()
+        return {
+            "input_ids": torch.tensor([self.tokens], device=device),
+            "position_ids": torch.tensor([self.depth], device=device),
+            "attention_mask": mask.to(device) if mask is not None else None,
+            "entry_nodes": torch.tensor(self.entry_nodes, dtype=torch.long, device=device),
+            "targets": torch.tensor(self.entry_targets, dtype=torch.long, device=device),
+            "old_logprobs": torch.tensor(self.old_logprobs, dtype=torch.float32, device=device),
+            "advantages": torch.tensor(self.advantages, dtype=torch.float32, device=device),
+        }
+
+
+def pack(sequences: list[Sequence], budget: int) -> list[Packed]:
+    """Pack ``sequences`` into prefix trees of at most ``budget`` nodes each (a longer sequence
+    gets a micro-batch of its own). Sorting the sequences puts those that share a prefix next to
+    each other and makes insertion order a depth-first order."""
+    out: list[Packed] = []
+    current = Packed()
+    for seq in sorted(sequences, key=lambda s: s.tokens):
+        if current.sequences and current.size + current.new_nodes(seq.tokens) > budget:
+            out.append(current)
+            current = Packed()
+        current.insert(seq)
+    if current.sequences:
+        out.append(current)
+    return out
+
+
+def unique_tokens(sequences: list[list[int]]) -> int:
+    """Nodes of the prefix tree of ``sequences``: the floor of tokens any exact trainer processes."""
+    tree = Packed()
+    for tokens in sorted(sequences):
+        tree.insert(Sequence(tokens, [], [], []))
+    return tree.size
