@@ -63,8 +63,9 @@ def model(model_dir):  # type: ignore[no-untyped-def]
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
+@pytest.mark.parametrize("mode", ["dense", "segments"])
 @pytest.mark.parametrize("seed", range(6))
-def test_packed_logprobs_and_gradients_equal_unpacked(model, seed):
+def test_packed_logprobs_and_gradients_equal_unpacked(model, seed, mode):
     rng = random.Random(seed)
     vocab = model.config.vocab_size
     sequences = random_forest(rng, vocab, rng.randint(3, 14))
@@ -91,7 +92,7 @@ def test_packed_logprobs_and_gradients_equal_unpacked(model, seed):
     total = torch.zeros(())
     worst = 0.0
     for micro in packed:
-        batch = micro.tensors(torch.device("cpu"))
+        batch = micro.tensors(torch.device("cpu"), mode)
         logprobs, _ = learner.sequence_logprobs(batch)
         total = total + objective(logprobs, batch["old_logprobs"], batch["advantages"], len(old))
         for e, value in enumerate(logprobs.tolist()):
@@ -102,7 +103,7 @@ def test_packed_logprobs_and_gradients_equal_unpacked(model, seed):
     assert sum(len(m.entry_nodes) for m in packed) == sum(len(s.positions) for s in sequences)
     assert worst <= 1e-5, f"packed log-probs differ by {worst}"
     grad_diff = max(float((p.grad - want_grads[n]).abs().max()) for n, p in model.named_parameters())
-    print(f"packing seed {seed}: max |dlogp| {worst:.2g}, max |dgrad| {grad_diff:.2g}, budget {budget}")
+    print(f"packing {mode} seed {seed}: max |dlogp| {worst:.2g}, max |dgrad| {grad_diff:.2g}, budget {budget}")
     assert grad_diff <= 1e-5, f"packed gradients differ by {grad_diff}"
     assert max(float(g.abs().max()) for g in want_grads.values()) > 1e-3  # real gradients
     processed = sum(m.size for m in packed)
@@ -128,6 +129,7 @@ def test_tree_mask_sees_exactly_the_ancestors():
     assert mask is not None
     allowed = {i: [j for j in range(micro.size) if mask[0, 0, i, j]] for i in range(micro.size)}
     assert allowed == {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 3], 4: [0, 1, 3, 4], 5: [0, 5], 6: [6], 7: [6, 7]}
+    assert micro.segments() == [(0, 1, -1), (1, 2, 0), (2, 3, 1), (3, 5, 1), (5, 6, 0), (6, 8, -1)]
     chain = Packed()
     chain.insert(Sequence([1, 2, 3], [1, 2], [-1.0, -1.0], [1.0, 1.0]))
     chain.insert(Sequence([1, 2], [1], [-1.0], [0.5]))  # a prefix of the other: no new node

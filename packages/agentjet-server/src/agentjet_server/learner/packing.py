@@ -7,9 +7,15 @@ into a prefix tree (a trie of tokens) and flattens it into one row per micro-bat
 node once, in depth-first order. The model runs on that row with
 
 * position ids = each node's depth (its position in every sequence that passes through it), and
-* an attention mask that lets a node see exactly its ancestors and itself (a tree mask; with
-  depth-first order, node j is an ancestor of node i iff ``j <= i < end[j]``, ``end`` being one
-  past j's subtree), or plain causal attention when the tree is a single chain.
+* attention that lets a node see exactly its ancestors and itself, computed one of two ways:
+  - ``dense``: one forward pass with a tree mask (with depth-first order, node j is an ancestor
+    of node i iff ``j <= i < end[j]``, ``end`` being one past j's subtree). N x N, and a custom
+    mask takes attention off its fast kernels: for small trees.
+  - ``segments``: the tree is cut into chains at its branch points; each chain runs as an
+    ordinary causal pass continuing from its ancestors' keys and values (a KV cache that stays in
+    the autograd graph, so gradients reach the shared prefix from every branch). The attention
+    cost is what the tree needs, no more: for large trees.
+  A single chain is plain causal attention either way.
 
 So each node's hidden state is the one it has in any sequence that contains it, and each trained
 token's log-probability (read at its parent node, for the token of the child on that sequence's
@@ -25,8 +31,11 @@ they share).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+DENSE_TREE_MAX = 2048  # nodes; above it a tree mask costs more than running its chains separately
 
 
 @dataclass
@@ -100,6 +109,24 @@ class Packed:
             self.advantages.append(adv)
         self.sequences += 1
 
+    def segments(self) -> list[tuple[int, int, int]]:
+        """The tree cut into chains at branch points: ``(start, end, parent segment or -1)``,
+        node ranges in depth-first order; a segment's parent ends at its first node's parent."""
+        children = [0] * self.size
+        for p in self.parents:
+            if p >= 0:
+                children[p] += 1
+        out: list[tuple[int, int, int]] = []
+        segment_of = [0] * self.size
+        for i, p in enumerate(self.parents):
+            if i == 0 or p != i - 1 or children[p] > 1:
+                out.append((i, i + 1, segment_of[p] if p >= 0 else -1))
+            else:
+                start, _, parent = out[-1]
+                out[-1] = (start, i + 1, parent)
+            segment_of[i] = len(out) - 1
+        return out
+
     @property
     def is_chain(self) -> bool:
         """One unbranched sequence: ordinary causal attention does."""
@@ -122,12 +149,17 @@ class Packed:
         allowed = (idx[None, :] <= idx[:, None]) & (idx[:, None] < end[None, :])
         return allowed[None, None]
 
-    def tensors(self, device: torch.device) -> dict[str, torch.Tensor | None]:
-        mask = self.attention_mask()
+    def tensors(self, device: torch.device, tree_attention: str = "auto") -> dict[str, Any]:
+        """What the learner's forward pass takes. ``tree_attention``: ``dense``, ``segments`` or
+        ``auto`` (dense up to ``DENSE_TREE_MAX`` nodes)."""
+        mode = tree_attention if tree_attention != "auto" else ("dense" if self.size <= DENSE_TREE_MAX else "segments")
+        mask = self.attention_mask() if mode == "dense" else None
+        segments = self.segments() if mode == "segments" and not self.is_chain else None
         return {
             "input_ids": torch.tensor([self.tokens], device=device),
             "position_ids": torch.tensor([self.depth], device=device),
             "attention_mask": mask.to(device) if mask is not None else None,
+            "segments": segments,
             "entry_nodes": torch.tensor(self.entry_nodes, dtype=torch.long, device=device),
             "targets": torch.tensor(self.entry_targets, dtype=torch.long, device=device),
             "old_logprobs": torch.tensor(self.old_logprobs, dtype=torch.float32, device=device),

@@ -18,6 +18,7 @@ The server runs this in a background thread (``learner.loop``); it runs on its o
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import time
@@ -48,7 +49,8 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     entropy_coef: float = 0.0  # bonus on the policy's entropy at trained positions
     epochs: int = 1  # optimizer steps per batch; past the first, the clip keeps updates near the behaviour policy
-    micro_batch_tokens: int = 8192  # prefix-tree nodes per forward pass (a tree mask is N x N)
+    micro_batch_tokens: int = 8192  # prefix-tree nodes per micro-batch
+    tree_attention: str = "auto"  # dense | segments | auto (see learner.packing)
 
 
 @dataclass
@@ -117,6 +119,11 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
     return Batch(sequences, rewards, len(groups), skipped, count, call_count)
 
 
+def _cache_kwarg(module: Any) -> str:
+    """transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 class PolicyLogits(torch.nn.Module):
     """Wraps a causal LM: logits ``[E, V]`` at the E nodes whose next token is trained.
 
@@ -138,15 +145,54 @@ class PolicyLogits(torch.nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         nodes: torch.Tensor,
+        segments: list[tuple[int, int, int]] | None = None,
     ) -> torch.Tensor:
         model: Any = self.lm
         decoder: Any = getattr(model, "get_decoder", lambda: None)()
         head: Any = getattr(model, "get_output_embeddings", lambda: None)()
+        if segments is not None and decoder is not None and head is not None:
+            return head(self._segment_hidden(decoder, input_ids, position_ids, segments)[nodes])  # type: ignore[no-any-return]
+        if segments is not None:
+            raise ValueError("segment-wise tree attention needs a Hugging Face causal LM (get_decoder)")
         inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
         if decoder is None or head is None:  # not a standard HF causal LM: full logits
             return model(**inputs).logits[0, nodes]  # type: ignore[no-any-return]
         hidden = decoder(**inputs).last_hidden_state
         return head(hidden[0, nodes])  # type: ignore[no-any-return]
+
+    def _segment_hidden(
+        self, decoder: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: list[tuple[int, int, int]]
+    ) -> torch.Tensor:
+        """Hidden states ``[N, H]`` of a tree run chain by chain, each continuing from its
+        ancestors' keys and values (kept in the graph: the prefix gets every branch's gradient)."""
+        from transformers import DynamicCache
+
+        config = getattr(self.lm, "config", None)
+        cache_kwarg = _cache_kwarg(decoder)
+        kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        hidden = []
+        for start, end, parent in segments:
+            chain = []
+            while parent >= 0:
+                chain.append(parent)
+                parent = segments[parent][2]
+            cache: Any = DynamicCache(config=config)
+            if chain:
+                chain.reverse()
+                for layer in range(len(kv[chain[0]])):
+                    keys = torch.cat([kv[s][layer][0] for s in chain], dim=2)
+                    values = torch.cat([kv[s][layer][1] for s in chain], dim=2)
+                    cache.update(keys, values, layer)
+            out = decoder(
+                input_ids=input_ids[:, start:end],
+                position_ids=position_ids[:, start:end],
+                use_cache=True,
+                **{cache_kwarg: cache},
+            )
+            n = end - start
+            kv.append([(layer.keys[:, :, -n:], layer.values[:, :, -n:]) for layer in cache.layers])
+            hidden.append(out.last_hidden_state[0])
+        return torch.cat(hidden)
 
 
 class Learner:
@@ -171,7 +217,9 @@ class Learner:
 
     def sequence_logprobs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of each trained entry's token, and the policy's entropy there, ``[E]``."""
-        logits = self.policy(batch["input_ids"], batch["position_ids"], batch["attention_mask"], batch["entry_nodes"])
+        logits = self.policy(
+            batch["input_ids"], batch["position_ids"], batch["attention_mask"], batch["entry_nodes"], batch["segments"]
+        )
         logp = torch.log_softmax(logits.float(), dim=-1)
         values = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
@@ -253,7 +301,7 @@ class Learner:
         packed = pack(sequences, self.config.micro_batch_tokens)
         shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
         mine = shares[self.ctx.rank]
-        tensors: list[dict[str, Any] | None] = [p.tensors(self.device) for p in mine]
+        tensors: list[dict[str, Any] | None] = [p.tensors(self.device, self.config.tree_attention) for p in mine]
         return tensors + [None] * (max(len(s) for s in shares) - len(mine)), sum(p.size for p in packed)
 
     def _idle_pass(self) -> dict[str, Any]:
