@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--entropy-coef", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    parser.add_argument("--tree-attention", default="auto", help="dense | segments | auto")
     parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
     ctx = distributed.init_from_env(args.device)
@@ -70,7 +71,12 @@ def main() -> None:
     if ctx.device == "cpu":
         torch.use_deterministic_algorithms(True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    config = LearnerConfig(lr=1e-3, micro_batch_tokens=args.micro_batch_tokens, entropy_coef=args.entropy_coef)
+    config = LearnerConfig(
+        lr=1e-3,
+        micro_batch_tokens=args.micro_batch_tokens,
+        entropy_coef=args.entropy_coef,
+        tree_attention=args.tree_attention,
+    )
     batches = [build_batch(fixed_groups(model, args.groups, 5, seed=step)) for step in range(args.steps)]
     learner = Learner(model.to(ctx.device), config, pad_id=0, ctx=ctx)
     stats = []

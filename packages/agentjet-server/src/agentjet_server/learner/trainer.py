@@ -301,7 +301,10 @@ class Learner:
         packed = pack(sequences, self.config.micro_batch_tokens)
         shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
         mine = shares[self.ctx.rank]
-        tensors: list[dict[str, Any] | None] = [p.tensors(self.device, self.config.tree_attention) for p in mine]
+        # segment-wise trees run a varying number of decoder passes per micro-batch; FSDP gathers
+        # each layer once per pass, collectively, so sharded ranks must all use one pass (dense)
+        mode = "dense" if self.ctx.enabled else self.config.tree_attention
+        tensors: list[dict[str, Any] | None] = [p.tensors(self.device, mode) for p in mine]
         return tensors + [None] * (max(len(s) for s in shares) - len(mine)), sum(p.size for p in packed)
 
     def _idle_pass(self) -> dict[str, Any]:
