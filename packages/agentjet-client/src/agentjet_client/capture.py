@@ -26,6 +26,7 @@ class EpisodeRecorder:
 
     def __init__(self) -> None:
         self._turns: list[Turn] = []
+        self._answers: list[str | None] = []  # each turn's answer text, to tell n > 1 choices apart
         self._lock = threading.Lock()
         self.failures = 0
         self.last_failure: str | None = None
@@ -41,8 +42,42 @@ class EpisodeRecorder:
             self.last_failure = reason
         logger.warning("capture failed (the agent's call is unaffected): %s", reason)
 
+    def claim(self, agent: str, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``agentjet`` request extension naming the earlier call of ``agent`` that ``request``
+        continues: the newest turn whose messages begin the request's, followed by an assistant
+        message (the answer sent back). The server checks the claim against the text; a wrong one
+        costs nothing (it renders afresh)."""
+        try:
+            messages = [_canonical(m) for m in request.get("messages") or []]
+            with self._lock:
+                candidates = []
+                for turn, answer in zip(self._turns, self._answers, strict=True):
+                    n = len(turn.request_messages)
+                    if turn.agent != agent or n == 0 or len(messages) <= n or messages[n].get("role") != "assistant":
+                        continue
+                    if [_canonical(m) for m in turn.request_messages] == messages[:n]:
+                        candidates.append((turn, answer))
+            if not candidates:
+                return None
+            # n > 1 choices share their messages: take the one whose answer was sent back
+            answered = [t for t, a in candidates if a is not None and a == _sent_back(messages, t)]
+            turn = (answered or [t for t, _ in candidates])[-1]
+            return {
+                "prefix_token_ids": [*turn.prompt_token_ids, *turn.completion_token_ids],
+                "prefix_prompt_tokens": len(turn.prompt_token_ids),
+            }
+        except Exception as exc:  # capture must never raise into the agent
+            self.fail(f"could not match the request to an earlier call: {type(exc).__name__}: {exc}")
+            return None
+
     def _add(
-        self, agent: str, request: dict[str, Any], ext: AgentJetExtension, model: str | None, started: float
+        self,
+        agent: str,
+        request: dict[str, Any],
+        ext: AgentJetExtension,
+        model: str | None,
+        started: float,
+        answer: str | None = None,
     ) -> None:
         turn = Turn(
             agent=agent,
@@ -59,6 +94,7 @@ class EpisodeRecorder:
         )
         with self._lock:
             self._turns.append(turn)
+            self._answers.append(answer)
 
     def record_response(self, agent: str, request: dict[str, Any], response: Any, started: float) -> None:
         """Record a non-streamed chat completion (parsed JSON body)."""
@@ -72,7 +108,8 @@ class EpisodeRecorder:
                 if ext is None:
                     self.fail("response choice has no 'agentjet' extension; is the base URL an AgentJet server?")
                     continue
-                self._add(agent, request, AgentJetExtension.model_validate(ext), response.get("model"), started)
+                answer = (choice.get("message") or {}).get("content")
+                self._add(agent, request, AgentJetExtension.model_validate(ext), response.get("model"), started, answer)
         except Exception as exc:  # capture must never raise into the agent
             self.fail(f"could not record response: {type(exc).__name__}: {exc}")
 
@@ -80,11 +117,18 @@ class EpisodeRecorder:
         """Record a streamed chat completion from its parsed SSE chunks."""
         try:
             found = 0
+            texts: dict[int, str] = {}
             for chunk in chunks:
                 for choice in chunk.get("choices") or []:
+                    index = int(choice.get("index") or 0)
+                    piece = (choice.get("delta") or {}).get("content")
+                    if isinstance(piece, str):
+                        texts[index] = texts.get(index, "") + piece
                     ext = choice.get("agentjet")
                     if ext is not None:
-                        self._add(agent, request, AgentJetExtension.model_validate(ext), chunk.get("model"), started)
+                        model = chunk.get("model")
+                        ext_model = AgentJetExtension.model_validate(ext)
+                        self._add(agent, request, ext_model, model, started, texts.get(index) or None)
                         found += 1
             if not found:
                 self.fail("stream ended without an 'agentjet' extension (interrupted, or not an AgentJet server)")
@@ -119,6 +163,28 @@ class SSECollector:
             return
         if isinstance(obj, dict):
             self.chunks.append(obj)
+
+
+def _sent_back(messages: list[dict[str, Any]], turn: Turn) -> Any:
+    """The content of the assistant message that follows ``turn``'s messages in ``messages``."""
+    return messages[len(turn.request_messages)].get("content")
+
+
+def _canonical(message: Any) -> dict[str, Any]:
+    """A message as compared between calls: keys with null values dropped."""
+    if not isinstance(message, dict):
+        return {"value": message}
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def with_claim(body: bytes, claim: dict[str, Any] | None) -> bytes:
+    """The request body with the ``agentjet`` extension added (unchanged without a claim)."""
+    if claim is None:
+        return body
+    data = parse_request_body(body)
+    if not data or "agentjet" in data:
+        return body
+    return json.dumps({**data, "agentjet": claim}).encode()
 
 
 def is_chat_request(method: str, path: str) -> bool:

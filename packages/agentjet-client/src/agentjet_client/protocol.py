@@ -94,6 +94,14 @@ class StreamOptions(_Open):
     include_usage: bool | None = None
 
 
+class RequestExtension(_Strict):
+    """Our extension on a chat request (``agentjet``): the exact tokens of the earlier call this
+    request continues, so the server starts from them instead of re-tokenising their text."""
+
+    prefix_token_ids: list[int] = Field(min_length=2, description="the earlier call's prompt + completion ids")
+    prefix_prompt_tokens: int = Field(ge=1, description="how many of them were its prompt")
+
+
 class ChatCompletionRequest(_Strict):
     """``POST /v1/chat/completions``. Unknown fields are rejected so a typo is never ignored."""
 
@@ -122,6 +130,8 @@ class ChatCompletionRequest(_Strict):
     tools: list[ToolDefinition] | None = None
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     user: str | None = None
+    # --- AgentJet extension ---
+    agentjet: RequestExtension | None = None
 
     @field_validator("stop")
     @classmethod
@@ -207,6 +217,9 @@ class AgentJetExtension(_Open):
     completion_versions: list[int]
     finish_reason: FinishReason
     policy_version: int
+    # how the prompt used ``agentjet.prefix_token_ids`` of the request, if it had them
+    prefix: Literal["extended", "spliced", "mismatch"] | None = None
+    prefix_drift: bool = False  # re-tokenising the history would have changed the prefix's tokens
 
 
 class Choice(_Open):
@@ -427,6 +440,16 @@ class LearnerInfo(_Strict):
     last_checkpoint_step: int | None = None  # what --resume would continue from
 
 
+class ContextCounts(_Strict):
+    """Requests that named the earlier call they continue (``agentjet.prefix_token_ids``)."""
+
+    prefix_requests: int = 0
+    extended: int = 0  # the prefix text starts the rendered prompt: its tokens used as they were
+    spliced: int = 0  # an answer re-rendered differently (e.g. tool-call JSON): the sampled tokens used
+    mismatch: int = 0  # the history really differed (edited, retried): rendered afresh
+    drift_prevented: int = 0  # re-tokenising would have given other tokens than the model sampled
+
+
 class ServerStatus(_Strict):
     """``GET /v1/status``: what the server is doing, and how many episodes it wants now."""
 
@@ -438,6 +461,7 @@ class ServerStatus(_Strict):
         description="Episodes a runner may start now so that they land within the staleness bound"
     )
     uptime_s: float
+    context: ContextCounts = Field(default_factory=ContextCounts)
 
     def summary(self) -> str:
         """One line for people: what ``agentjet-server status`` and ``agentjet-client status`` print."""

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body
+from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body, with_claim
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +125,10 @@ class CaptureProxy:
         url = f"{self.upstream}/v1/{request.path_params['path']}"
         capture = is_chat_request(request.method, url)
         started = time.time()
+        sent = with_claim(body, recorder.claim(agent, parse_request_body(body))) if capture else body
+        headers.pop("content-length", None)
         upstream_request = self._http().build_request(
-            request.method, url, content=body, headers=headers, params=request.query_params
+            request.method, url, content=sent, headers=headers, params=request.query_params
         )
         try:
             upstream = await self._http().send(upstream_request, stream=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx2
 
-from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body
+from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body, with_claim
 
 
 class _Tee:
@@ -85,6 +85,15 @@ def _with_stream(
     )
 
 
+def _claimed(request: httpx2.Request, claim: dict[str, Any] | None) -> httpx2.Request:
+    """``request`` carrying the claim of which earlier call it continues (see ``EpisodeRecorder.claim``)."""
+    if claim is None:
+        return request
+    content = with_claim(request.content, claim)
+    headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
+    return httpx2.Request(request.method, request.url, headers=headers, content=content, extensions=request.extensions)
+
+
 def _json_or_none(response: httpx2.Response) -> Any:
     try:
         return response.json()
@@ -118,6 +127,7 @@ class CaptureTransport(_Capture, httpx2.BaseTransport):
             return self.inner.handle_request(request)
         started = time.time()
         body = parse_request_body(request.read())
+        request = _claimed(request, self.recorder.claim(self.agent, body))
         response = self.inner.handle_request(request)
         if response.status_code != 200:
             return response
@@ -144,6 +154,7 @@ class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         started = time.time()
         body = parse_request_body(await request.aread())
+        request = _claimed(request, self.recorder.claim(self.agent, body))
         response = await self.inner.handle_async_request(request)
         if response.status_code != 200:
             return response

@@ -242,6 +242,7 @@ class SwarmRuntime:
             ),
             admission_budget=self.admission_budget(),
             uptime_s=time.monotonic() - self.started,
+            context=self.chat.context.model_copy(),
         )
 
     def close(self, checkpoint: bool = True) -> None:

@@ -25,13 +25,16 @@ from agentjet_client.protocol import (
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
+    ContextCounts,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
     Usage,
 )
 from agentjet_server.chat_format import TOOL_CALL_OPEN, forced_tool_prefix, parse_tool_calls
+from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 
 
@@ -42,6 +45,8 @@ class PreparedRequest:
     forced_prefix: str
     tools_active: bool
     want_logprobs: bool
+    prefix_status: Status | None = None  # how the request's prefix tokens were used (``continuation``)
+    prefix_drift: bool = False
 
 
 @dataclass
@@ -113,6 +118,8 @@ class _ChoiceState:
             completion_versions=versions,
             finish_reason=self.finish_reason(),
             policy_version=min(versions) if versions else self.engine.version,
+            prefix=self.prepared.prefix_status,
+            prefix_drift=self.prepared.prefix_drift,
         )
 
     def parsed(self) -> tuple[str | None, list[Any]]:
@@ -170,6 +177,37 @@ class ChatService:
     def __init__(self, engine: Engine, *, default_max_tokens: int = 512) -> None:
         self.engine = engine
         self.default_max_tokens = default_max_tokens
+        self.context = ContextCounts()
+
+    def _prompt(
+        self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None, prefix: str
+    ) -> tuple[list[int], Status | None, bool]:
+        """The prompt's token ids; with ``agentjet.prefix_token_ids``, continued from those exactly."""
+        messages = _message_dicts(request.messages)
+        chat = getattr(self.engine, "chat", None)
+        if request.agentjet is None or not isinstance(chat, ChatTokenizer):
+            return self.engine.render(messages, tools, assistant_prefix=prefix), None, False
+        claim = request.agentjet
+        if claim.prefix_prompt_tokens >= len(claim.prefix_token_ids):
+            raise InvalidRequestError(
+                f"agentjet.prefix_prompt_tokens is {claim.prefix_prompt_tokens} but prefix_token_ids has only "
+                f"{len(claim.prefix_token_ids)} tokens; it must count the earlier call's prompt, which is "
+                "followed by its completion",
+                param="agentjet.prefix_prompt_tokens",
+            )
+        vocab = len(chat.tokenizer)
+        if any(t < 0 or t >= vocab for t in claim.prefix_token_ids):
+            raise InvalidRequestError(
+                f"agentjet.prefix_token_ids holds ids outside the vocabulary (0..{vocab - 1}); send the ids "
+                "this server returned",
+                param="agentjet.prefix_token_ids",
+            )
+        result = continue_from(chat, claim.prefix_token_ids, claim.prefix_prompt_tokens, messages, tools, prefix)
+        counts = self.context
+        counts.prefix_requests += 1
+        setattr(counts, result.status, getattr(counts, result.status) + 1)
+        counts.drift_prevented += int(result.drift)
+        return result.prompt_ids, result.status, result.drift
 
     def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
         tools_active = bool(request.tools) and request.tool_choice != "none"
@@ -177,7 +215,7 @@ class ChatService:
         if request.tool_choice not in (None, "none", "auto") and not request.tools:
             raise InvalidRequestError("tool_choice needs a non-empty 'tools' list", param="tool_choice")
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []] if tools_active else None
-        prompt_ids = self.engine.render(_message_dicts(request.messages), tools, assistant_prefix=prefix)
+        prompt_ids, prefix_status, drift = self._prompt(request, tools, prefix)
         room = self.engine.max_context - len(prompt_ids)
         if room <= 0:
             raise InvalidRequestError(
@@ -196,7 +234,7 @@ class ChatService:
             stop=tuple(request.stop_list),
             top_logprobs=request.top_logprobs or 0,
         )
-        return PreparedRequest(prompt_ids, params, prefix, tools_active, bool(request.logprobs))
+        return PreparedRequest(prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift)
 
     def _params_for(self, prepared: PreparedRequest, index: int) -> SamplingParams:
         seed = prepared.params.seed

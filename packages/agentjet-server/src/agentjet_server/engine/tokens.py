@@ -74,17 +74,34 @@ class ChatTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         assistant_prefix: str = "",
     ) -> list[int]:
+        return self.encode(self.render_text(messages, tools) + assistant_prefix)
+
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's text for ``messages`` (special tokens as text)."""
         try:
-            text = self.tokenizer.apply_chat_template(
+            text: str = self.tokenizer.apply_chat_template(
                 list(messages),
                 tools=list(tools) if tools else None,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
         except Exception as exc:  # jinja raises many kinds; all mean the messages don't fit the template
             raise EngineError(f"the model's chat template could not render these messages: {exc}") from exc
-        ids: list[int] = self.tokenizer.encode(text + assistant_prefix, add_special_tokens=False)
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
+
+    def decode_all(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` with special tokens kept (``decode`` drops them)."""
+        text: str = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        return text
 
     def decode(self, token_ids: Sequence[int]) -> str:
         text: str = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -1,0 +1,115 @@
+"""Token-in/token-out across turns: a request that continues an earlier call starts from the exact
+tokens that call saw and sampled, not from a re-rendering of its text.
+
+An agent's turn k+1 carries turn k's answer back as an assistant message. Rendering that message
+through the chat template and tokenizing it again can give other token ids than the ones sampled
+(a BPE merges differently than the model happened to sample; a tool call's JSON is re-serialised
+with other spacing). Training on such a prompt would condition turn k+1 on tokens the model never
+produced, and its timeline could not be merged with turn k's. So the client tells the server which
+earlier call the request continues (``agentjet.prefix_token_ids``: that call's prompt + completion,
+and ``prefix_prompt_tokens``: where its prompt ends), and the server:
+
+1. ``extended``: if the prefix decodes to exactly the start of the rendered prompt text, the prompt
+   is the prefix tokens followed by the tokens of the rest of the text;
+2. ``spliced``: else, if the prefix's prompt part renders the messages before one assistant message
+   exactly, and the prefix's completion parses (content, tool calls) to that assistant message,
+   the prompt is the prefix tokens followed by the tokens of what comes after that message;
+3. ``mismatch``: else the history really differs (edited, retried, compacted): the messages are
+   rendered afresh, as without a prefix.
+
+``drift`` reports whether rendering afresh would have produced other tokens than the prefix, i.e.
+what this module prevented; it is counted in ``/v1/status``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agentjet_server.chat_format import parse_tool_calls
+from agentjet_server.engine.tokens import ChatTokenizer
+
+Status = Literal["extended", "spliced", "mismatch"]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    prompt_ids: list[int]
+    status: Status
+    drift: bool  # a fresh rendering would not have started with the prefix tokens
+
+
+def continue_from(
+    chat: ChatTokenizer,
+    prefix_ids: Sequence[int],
+    prompt_tokens: int,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    assistant_prefix: str = "",
+) -> Continuation:
+    prefix = list(prefix_ids)
+    text = chat.render_text(messages, tools) + assistant_prefix
+    fresh = chat.encode(text)
+    differs = fresh[: len(prefix)] != prefix
+    prefix_text = chat.decode_all(prefix)
+    if text.startswith(prefix_text):
+        return Continuation(prefix + chat.encode(text[len(prefix_text) :]), "extended", differs)
+    spliced = _splice(chat, prefix, prompt_tokens, messages, tools, text)
+    if spliced is not None:
+        return Continuation(spliced, "spliced", differs)
+    return Continuation(fresh, "mismatch", False)
+
+
+def _splice(
+    chat: ChatTokenizer,
+    prefix: list[int],
+    prompt_tokens: int,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    text: str,
+) -> list[int] | None:
+    if not 0 < prompt_tokens < len(prefix) or not chat.stop_ids & {prefix[-1]}:
+        return None  # a completion cut off by max_tokens has no end-of-turn to continue after
+    prompt, completion = prefix[:prompt_tokens], prefix[prompt_tokens:]
+    prompt_text = chat.decode_all(prompt)
+    for j, message in enumerate(messages):
+        if message.get("role") != "assistant" or chat.render_text(messages[:j], tools) != prompt_text:
+            continue
+        if not _same_answer(chat.decode(completion), message):
+            return None
+        through = chat.render_text(messages[: j + 1], tools, add_generation_prompt=False)
+        end = chat.decode_all([prefix[-1]])
+        cut = through.rfind(end)
+        if cut < 0 or not text.startswith(through):
+            return None
+        return prefix + chat.encode(text[cut + len(end) :])
+    return None
+
+
+def _same_answer(sampled: str, message: Mapping[str, Any]) -> bool:
+    """Whether the assistant ``message`` the agent sent back is what the server answered for ``sampled``."""
+    parsed = parse_tool_calls(sampled)
+    calls = message.get("tool_calls") or []
+    if len(calls) != len(parsed.tool_calls):
+        return False
+    for sent, ours in zip(calls, parsed.tool_calls, strict=True):
+        function = sent.get("function") or {}
+        if function.get("name") != ours.function.name or _json(function.get("arguments")) != _json(
+            ours.function.arguments
+        ):
+            return False
+    content = message.get("content")
+    if isinstance(content, list):  # content blocks: their text, in order
+        content = "".join(b.get("text", "") for b in content if isinstance(b, Mapping))
+    return (content or "").strip() == (parsed.content or "").strip()
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
