@@ -83,3 +83,48 @@ def test_client_status_shows_the_spool(live_server, tmp_path):
     text = out.stdout.replace("\n", " ")
     assert "spool depth 1/100000" in text and "spooled 1" in text and "server unreachable" in text
     assert "model agentjet-tiny" in text  # then the server's line
+
+
+def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
+    import os
+
+    from agentjet_client.protocol import Trajectory, Turn
+    from agentjet_server.engine.tokens import ChatTokenizer
+    from agentjet_server.store import TrajectoryStore
+    from agentjet_server.wal import TrajectoryLog
+
+    chat = ChatTokenizer(model_dir)
+    user = {"role": "user", "content": "Write two as a digit."}
+    p1 = chat.render([user])
+    c1 = [*chat.encode("2"), chat.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    history = [user, {"role": "assistant", "content": "2"}, {"role": "user", "content": "Again."}]
+    p2 = chat.render(history)
+    c2 = chat.encode("two")
+    edited = chat.render([{"role": "user", "content": "Start over."}])
+
+    def turn(prompt: list[int], completion: list[int]) -> Turn:
+        logprobs = [-0.5] * len(completion)
+        return Turn(
+            policy_version=0,
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            completion_logprobs=logprobs,
+            finish_reason="stop",
+        )
+
+    trajectory = Trajectory(id="look-1", task_id="t", turns=[turn(p1, c1), turn(p2, c2), turn(edited, c2)], reward=1.0)
+    log = TrajectoryLog(tmp_path / "log")
+    TrajectoryStore(10**6, 4, lambda t, n: None, log).admit(trajectory, 0)
+    log.close()
+    env = {**os.environ, "COLUMNS": "200"}
+    command = [str(BIN / "agentjet-server"), "inspect", "--state-dir", str(tmp_path), "--model", str(model_dir)]
+    out = subprocess.run([*command, "--recompute"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "look-1" in text and "3 calls -> 2 timelines" in text  # the default is the newest trajectory
+    assert "-- timeline 1" in text and "does not continue an earlier one token for token" in text
+    assert text.count("TRAIN 0") == len(c1) and text.count("TRAIN 1") == len(c2) and text.count("TRAIN 2") == len(c2)
+    trained_rows = [line for line in text.splitlines() if "TRAIN" in line]
+    assert all(len(line.split()) >= 6 and "nan" not in line for line in trained_rows)  # sampled + recomputed
+    missing = subprocess.run([*command, "nope"], capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 2 and "no trajectory nope in the log" in " ".join(missing.stderr.split())

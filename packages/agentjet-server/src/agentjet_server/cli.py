@@ -199,6 +199,89 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
 
 
+@app.command()
+def inspect(
+    trajectory_id: Annotated[str | None, typer.Argument(help="trajectory id (default: the newest in the log)")] = None,
+    state_dir: Annotated[Path, typer.Option(help="the server's --state-dir")] = Path(".agentjet/server"),
+    recompute: Annotated[bool, typer.Option(help="also show log-probs under the newest checkpoint's weights")] = False,
+    model: Annotated[
+        Path | None, typer.Option(help="model dir for tokenizer/weights (default: newest checkpoint)")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="rows shown per timeline (head and tail)")] = 200,
+) -> None:
+    """Show a stored trajectory token by token: timelines, trained tokens, log-probs.
+
+    Example: agentjet-server inspect --state-dir .agentjet/server --recompute
+    """
+    from agentjet_server.inspection import find_trajectory, latest_ids, rows
+
+    try:
+        if trajectory_id is None:
+            newest = latest_ids(state_dir, 1)
+            if not newest:
+                _fail(f"the log under {state_dir} holds no untrained trajectory; pass an id or another --state-dir")
+            trajectory_id = newest[0]
+        trajectory = find_trajectory(state_dir, trajectory_id)
+    except AgentJetServerError as exc:
+        _fail(str(exc))
+    source = model or _newest_checkpoint_model(state_dir)
+    from agentjet_server.engine.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(source)
+    weights = None
+    if recompute:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        weights = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+        weights.eval()  # type: ignore[no-untyped-call]
+    from agentjet_server.batching.timeline import build_timelines, call_tokens
+
+    timelines = build_timelines(trajectory.turns)
+    out = Console()
+    out.print(
+        f"trajectory [bold]{escape(trajectory.id)}[/bold]  task {escape(trajectory.task_id)}  "
+        f"status {trajectory.status}  reward {trajectory.reward:g}  {len(trajectory.turns)} calls -> "
+        f"{len(timelines)} timelines ({call_tokens(trajectory.turns)} tokens per call, "
+        f"{sum(len(t.tokens) for t in timelines)} merged)  weights: {escape(str(source))}"
+    )
+    for i, timeline in enumerate(timelines):
+        why = (
+            "first call of this agent"
+            if i == 0 or timelines[i - 1].agent != timeline.agent
+            else (
+                "new timeline: the prompt of call "
+                f"{timeline.turns[0]} does not continue an earlier one token for token (edited or retried history)"
+            )
+        )
+        out.print(
+            f"[cyan]-- timeline {i}[/cyan]  agent {escape(timeline.agent)}  calls {timeline.turns}  "
+            f"{len(timeline.tokens)} tokens, {len(timeline.trained)} trained  ({why})"
+        )
+        out.print("   pos      id  what     sampled  recomputed  text")
+        listed = list(rows(timeline, tokenizer, weights))
+        half = limit // 2
+        shown = listed if len(listed) <= limit else [*listed[:half], None, *listed[-half:]]
+        for row in shown:
+            if row is None:
+                out.print(f"   ... {len(listed) - limit} rows not shown (--limit)")
+                continue
+            what = f"[green]TRAIN {row.turn}[/green]" if row.trained else "ctx    "
+            sampled = f"{row.sampled_logprob:8.3f}" if row.sampled_logprob is not None else " " * 8
+            again = f"{row.recomputed_logprob:10.3f}" if row.recomputed_logprob is not None else " " * 10
+            out.print(f"  {row.position:5d} {row.token_id:6d}  {what} {sampled}  {again}  {escape(repr(row.text))}")
+
+
+def _newest_checkpoint_model(state_dir: Path) -> Path:
+    """Read-only (a running server holds the state dir): the newest checkpoint's model, else the embedded one."""
+    done = sorted(p for p in (state_dir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))
+    if done and (done[-1] / "model" / "config.json").exists():
+        return done[-1] / "model"
+    from agentjet_server.embedded import ensure_embedded_model
+
+    return ensure_embedded_model()
+
+
 # the server line of `agentjet-client status`
 app.command(name="status")(server_status)
 
