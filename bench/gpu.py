@@ -144,7 +144,7 @@ def learner_rows(model: Path, groups: int, steps: int) -> list[tuple[str, str]]:
 
             for layer in distributed.decoder_layers(lm):
                 fully_shard(layer)
-        learner = Learner(lm, LearnerConfig(micro_batch_tokens=32768), pad_id=0, ctx=ctx)
+        learner = Learner(lm, LearnerConfig(micro_batch_tokens=8192), pad_id=0, ctx=ctx)
         learner.step(batch())  # warm-up
         torch.cuda.synchronize()
         started = time.perf_counter()
