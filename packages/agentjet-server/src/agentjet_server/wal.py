@@ -59,16 +59,20 @@ def _decode(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def _read_segment(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as f:
+        for line in f:
+            record = _decode(line)
+            if record is None:  # a torn last record: never answered
+                return
+            yield record
+
+
 def read_records(directory: Path) -> Iterator[dict[str, Any]]:
     """The records of every segment in ``directory``, oldest first, without opening the log for
     writing (safe while a server is appending: a half-written last record is skipped)."""
     for path in sorted(p for p in directory.glob("*.wal") if p.stem.isdigit()):
-        with path.open("rb") as f:
-            for line in f:
-                record = _decode(line)
-                if record is None:
-                    break
-                yield record
+        yield from _read_segment(path)
 
 
 @dataclass
@@ -179,17 +183,7 @@ class TrajectoryLog:
                     yield kind, trajectory_id
 
     def _segment_records(self, number: int) -> Iterator[dict[str, Any]]:
-        with (self.directory / f"{number:08d}.wal").open("rb") as f:
-            for line in f:
-                record = _decode(line)
-                if record is None:
-                    return
-                yield record
-
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Every record still in a segment, oldest first (for inspection and tests)."""
-        for number in self._segments():
-            yield from self._segment_records(number)
+        return _read_segment(self.directory / f"{number:08d}.wal")
 
     # -- writing -------------------------------------------------------------------------------
     def _open_segment(self, number: int) -> Any:
@@ -227,17 +221,13 @@ class TrajectoryLog:
                 break
             path = self.directory / f"{number:08d}.wal"
             rows: list[list[Any]] = []
-            with path.open("rb") as f:
-                for line in f:
-                    record = _decode(line)
-                    if record is None:
-                        break
-                    if record.get("k") == ACCEPTED:
-                        if int(record["n"]) >= keep_from_lsn:
-                            return done  # still needed by resume; so are the segments after it
-                        rows.append([ACCEPTED, record["t"]["id"], None, record["n"]])
-                    elif record.get("k") == REJECTED:
-                        rows.append([REJECTED, record["id"], record.get("why"), None])
+            for record in _read_segment(path):
+                if record.get("k") == ACCEPTED:
+                    if int(record["n"]) >= keep_from_lsn:
+                        return done  # still needed by resume; so are the segments after it
+                    rows.append([ACCEPTED, record["t"]["id"], None, record["n"]])
+                elif record.get("k") == REJECTED:
+                    rows.append([REJECTED, record["id"], record.get("why"), None])
             target = self.directory / f"{number:08d}.ids"
             tmp = target.with_suffix(".ids.tmp")
             with tmp.open("w") as f:
