@@ -38,13 +38,19 @@ def sh(*cmd: str, **kw: object) -> None:
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
 
 
-def ensure_env(where: Path = VENV, extra: list[str] | None = None, remove: list[str] | None = None) -> Path:
-    """A virtual environment with torch (CPU), pytest, ``extra`` and both packages; returns its bin dir."""
+def ensure_env(
+    where: Path = VENV,
+    extra: list[str] | None = None,
+    remove: list[str] | None = None,
+    client_extras: str = "[langchain]",
+) -> Path:
+    """A virtual environment with torch (CPU), pytest, ``extra`` and both packages (the client with
+    ``client_extras``, for the framework examples and tests); returns its bin dir."""
     bin_dir = where / "bin"
     stamp = where / ".agentjet-installed"
     requirements = REQUIREMENTS + (extra or [])
     projects = "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
-    wanted = "\n".join(requirements) + "\n" + projects
+    wanted = "\n".join(requirements) + "\n" + client_extras + "\n" + projects
     if stamp.exists() and stamp.read_text() == wanted:
         return bin_dir
     print(f"setting up {where.name} (first run only: a few minutes)", flush=True)
@@ -62,7 +68,7 @@ def ensure_env(where: Path = VENV, extra: list[str] | None = None, remove: list[
         "install",
         "-q",
         "-e",
-        str(ROOT / "packages" / "agentjet-client"),
+        str(ROOT / "packages" / "agentjet-client") + client_extras,
         "-e",
         str(ROOT / "packages" / "agentjet-server"),
     )
@@ -119,7 +125,7 @@ def test_main(extra: list[str]) -> int:
 
 
 def test_vllm(extra: list[str]) -> int:
-    bin_dir = ensure_env(VLLM_VENV, VLLM_REQUIREMENTS, VLLM_REMOVE)
+    bin_dir = ensure_env(VLLM_VENV, VLLM_REQUIREMENTS, VLLM_REMOVE, client_extras="")
     return pytest(bin_dir, ["tests/vllm", "-m", "vllm", *extra])
 
 

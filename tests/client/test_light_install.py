@@ -20,7 +20,8 @@ def test_client_install_pulls_no_torch(tmp_path):
     names = {line.split("==")[0] for line in listing.splitlines()}
     assert "agentjet-client" in names
     for heavy in ("torch", "transformers", "langchain", "agentscope", "vllm"):
-        assert heavy not in names, f"{heavy} was installed with agentjet-client"
+        pulled = [n for n in names if n == heavy or n.startswith(heavy + "-") or n.startswith(heavy + "_")]
+        assert not pulled, f"{pulled} was installed with agentjet-client"
     out = subprocess.run(
         [str(py), "-c", "import agentjet_client, sys; print('torch' in sys.modules)"],
         check=True,

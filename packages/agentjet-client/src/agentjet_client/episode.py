@@ -68,6 +68,13 @@ class Episode:
         kwargs.setdefault("max_retries", LLM_RETRIES)
         return openai.OpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
+    def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
+        """A LangChain chat model (``ChatOpenAI``) recorded as ``agent``; ``kwargs`` go to ``ChatOpenAI``.
+        Needs ``pip install 'agentjet-client[langchain]'``."""
+        from agentjet_client.adapters.langchain import chat_model
+
+        return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+
     def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai

@@ -77,6 +77,11 @@ class ProxyEpisode:
         kwargs.setdefault("http_client", _shared_http())  # a new client per episode costs ~40 ms (SSL setup)
         return openai.OpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
 
+    def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
+        from agentjet_client.adapters.langchain import chat_model
+
+        return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+
     def async_openai(self, agent: str = "default", **kwargs: Any) -> Any:
         import openai
 

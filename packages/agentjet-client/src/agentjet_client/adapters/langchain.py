@@ -1,0 +1,25 @@
+"""``episode.langchain()``: a LangChain chat model whose calls are captured into the episode.
+
+It is langchain-openai's ``ChatOpenAI`` pointed at the episode's loopback capture proxy
+(``/episodes/<id>/<agent>/v1``), so ``invoke``, ``ainvoke``, ``stream``, ``bind_tools`` and tool-calling
+agent loops work unchanged, and each call is recorded as the agent named in the URL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import SecretStr
+
+
+def chat_model(base_url: str, api_key: str, retries: int, **kwargs: Any) -> Any:
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError as exc:
+        raise ImportError(
+            "episode.langchain() needs LangChain: pip install 'agentjet-client[langchain]' "
+            "(langchain-core and langchain-openai)"
+        ) from exc
+    kwargs.setdefault("model", "default")  # the server serves one model under any of its names
+    kwargs.setdefault("max_retries", retries)
+    return ChatOpenAI(base_url=base_url, api_key=SecretStr(api_key), **kwargs)
