@@ -84,12 +84,26 @@ class RunReport:
         return sum(part) / len(part) if part else math.nan
 
 
-def _coerce_reward(value: Any) -> float:
+def _coerce_reward(value: Any) -> tuple[float, dict[str, float] | None]:
+    """An agent returns its episode's reward, or ``{agent name: reward}`` for a multi-agent episode
+    (each agent's timelines are then trained with its own reward; the episode's is their mean)."""
+    if isinstance(value, dict) and value:
+        rewards = {}
+        for name, reward in value.items():
+            if not isinstance(name, str) or isinstance(reward, bool) or not isinstance(reward, int | float):
+                raise TypeError(f"the agent returned {value!r}; per-agent rewards map agent names to numbers")
+            if not math.isfinite(reward):
+                raise TypeError(f"the reward of agent {name!r} is {reward}; rewards must be finite numbers")
+            rewards[name] = float(reward)
+        return sum(rewards.values()) / len(rewards), rewards
     if isinstance(value, bool):
-        return float(value)
+        return float(value), None
     if isinstance(value, int | float) and math.isfinite(value):
-        return float(value)
-    raise TypeError(f"the agent returned {value!r}; an agent must return its reward as a finite number")
+        return float(value), None
+    raise TypeError(
+        f"the agent returned {value!r}; an agent must return its reward as a finite number "
+        "(or a dict of them by agent name)"
+    )
 
 
 class Runner:
@@ -250,7 +264,7 @@ class Runner:
             episode = self.client.episode(group_id, task_tag=agent.tag)
             status: TrajectoryStatus = "complete"
             error: str | None = None
-            reward = 0.0
+            reward, agent_rewards = 0.0, None
             try:
                 if agent.is_async:
                     value = await asyncio.wait_for(agent.fn(task, episode), self.config.timeout)
@@ -264,7 +278,7 @@ class Runner:
                     value = await asyncio.wait_for(
                         loop.run_in_executor(self._executor, agent.fn, task, episode), self.config.timeout
                     )
-                reward = _coerce_reward(value)
+                reward, agent_rewards = _coerce_reward(value)
             except TimeoutError:
                 status, error = "failed", f"episode timed out after {self.config.timeout:g}s"
             except AgentFailed as exc:  # raised in a worker process
@@ -281,6 +295,7 @@ class Runner:
                 status=status,
                 error=error,
                 code_version=code_version,
+                agent_rewards=agent_rewards,
                 metadata={"task": task_id},
             )
             self.report.finished += 1

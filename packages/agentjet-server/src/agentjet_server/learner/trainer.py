@@ -84,9 +84,12 @@ class StepStats:
 def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batch:
     """Turn groups of trajectories into trainable sequences with GRPO advantages.
 
-    A group whose rewards are all equal has no policy-gradient signal and is counted as
-    skipped; with ``keep_flat`` its sequences still come along (advantage 0) so that an entropy
-    bonus can keep a prompt that the policy has collapsed on from staying collapsed.
+    Rewards are normalised within each group of siblings: the episode's reward for every timeline,
+    or, in a multi-agent episode with ``agent_rewards``, each agent's own reward for that agent's
+    timelines (normalised among the same agent of the siblings). A group whose rewards are all
+    equal has no policy-gradient signal and is counted as skipped; with ``keep_flat`` its
+    sequences still come along (advantage 0) so that an entropy bonus can keep a prompt that the
+    policy has collapsed on from staying collapsed.
     """
     sequences: list[Sequence] = []
     rewards: list[float] = []
@@ -100,14 +103,15 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
         if len(complete) < 2:
             skipped += 1
             continue
-        advantages = group_advantages(torch.tensor([t.reward for t in complete], dtype=torch.float64))
-        if float(advantages.abs().max()) == 0.0:
+        advantages = _group_advantages(complete)
+        if all(a == 0.0 for per_agent in advantages for a in per_agent.values()):
             skipped += 1
             if not keep_flat:
                 continue
-        for trajectory, advantage in zip(complete, advantages.tolist(), strict=True):
+        for trajectory, per_agent in zip(complete, advantages, strict=True):
             call_count += call_tokens(trajectory.turns)
             for timeline in build_timelines(trajectory.turns):
+                advantage = per_agent.get(timeline.agent, per_agent[""])
                 sequences.append(
                     Sequence(
                         tokens=timeline.tokens,
@@ -117,6 +121,21 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
                     )
                 )
     return Batch(sequences, rewards, len(groups), skipped, count, call_count)
+
+
+def _group_advantages(complete: list[Trajectory]) -> list[dict[str, float]]:
+    """Per trajectory: ``{"": episode advantage, agent: that agent's advantage, ...}``."""
+
+    def normalised(values: list[float]) -> list[float]:
+        return group_advantages(torch.tensor(values, dtype=torch.float64)).tolist()
+
+    out: list[dict[str, float]] = [{"": a} for a in normalised([t.reward for t in complete])]
+    agents = sorted({name for t in complete for name in (t.agent_rewards or {})})
+    for name in agents:
+        values = [(t.agent_rewards or {}).get(name, t.reward) for t in complete]
+        for per_agent, advantage in zip(out, normalised(values), strict=True):
+            per_agent[name] = advantage
+    return out
 
 
 def _cache_kwarg(module: Any) -> str:
