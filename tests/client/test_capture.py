@@ -102,3 +102,59 @@ def test_capture_failure_never_reaches_the_agent():
         assert episode.recorder.failures == 1 and "agentjet" in episode.recorder.last_failure
         traj = episode.to_trajectory(0.0)
         assert traj.status == "failed" and traj.metadata["capture_failures"] == 1
+
+
+def test_malformed_upstream_answers_through_the_proxy_are_counted_not_raised():
+    """Raw HTTP through the capture proxy: a body that is not JSON, and one whose extension is
+    broken, reach the agent exactly as sent; the capture counts two failures."""
+    import threading
+    import time
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from tests.conftest import free_port
+
+    answers = iter(
+        [
+            Response("not json {", media_type="application/json"),
+            JSONResponse(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hi"},
+                            "finish_reason": "stop",
+                            "agentjet": {"prompt_token_ids": [1], "completion_token_ids": [2, 3]},
+                        }
+                    ]
+                }
+            ),
+        ]
+    )
+
+    async def broken(request):
+        return next(answers)
+
+    port = free_port()
+    app = Starlette(routes=[Route("/v1/chat/completions", broken, methods=["POST"])])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        with SwarmClient(f"http://127.0.0.1:{port}") as c:
+            episode = c.episode("t")
+            url = episode.base_url + "/chat/completions"
+            first = httpx2.post(url, json={"messages": ASK})
+            second = httpx2.post(url, json={"messages": ASK})
+            assert first.status_code == 200 and first.text == "not json {"
+            assert second.status_code == 200 and second.json()["choices"][0]["message"]["content"] == "hi"
+            assert episode.recorder.failures == 2 and episode.recorder.turns == []
+            episode.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

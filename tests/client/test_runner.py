@@ -83,3 +83,42 @@ def test_spool_keeps_trajectories_while_the_server_is_down_and_a_new_run_deliver
         after = client.status().trajectories.accepted
     assert report.resent_leftovers == 6 and report.accepted == 8
     assert after - before == 8 and spool.depth == 0
+
+
+def test_a_read_only_spool_never_reaches_the_agent_and_loses_nothing(live_server, tmp_path):
+    """The spool's database turns read-only (SQLite ``query_only``) mid-run: finished trajectories
+    wait in memory and are retried, new episodes wait, and once it is writable again every episode
+    is delivered. The agents never see an error."""
+    import threading
+
+    from agentjet_client import Spool
+
+    spool = Spool(tmp_path / "spool")
+    spool._db.execute("PRAGMA query_only = 1")  # what a read-only or full disk looks like to SQLite
+
+    def heal() -> None:
+        with spool._lock:
+            spool._db.execute("PRAGMA query_only = 0")
+
+    timer = threading.Timer(1.5, heal)
+    timer.start()
+    try:
+        with SwarmClient(live_server.url) as client:
+            before = client.status().trajectories.accepted
+            config = RunConfig(episodes=6, group_size=2, concurrency=4, seed=0)
+            report = asyncio.run(Runner(client, make_agent_ok(), config, spool=spool).run())
+            after = client.status().trajectories.accepted
+    finally:
+        timer.cancel()
+        spool.close()
+    assert report.spool_errors >= 1 and report.failed == 0  # the agents never saw it
+    assert report.finished == 6 and report.accepted == 6 and after - before == 6
+
+
+def make_agent_ok() -> SwarmAgent:
+    @swarm_agent(tasks=[{"id": "ok"}])
+    async def agent(task, episode):
+        reply = await episode.async_openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=3)
+        return float(reply.choices[0].message.content.strip() == "4")
+
+    return agent

@@ -4,6 +4,7 @@ continues an earlier one does so token for token, so every episode trains as one
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ def continues(later: Turn, earlier: Turn) -> bool:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_runs_and_does_not_drift(example, tmp_path):
+    if example.name == "node_fetch" and shutil.which("node") is None:
+        pytest.skip("the JavaScript example needs Node.js 18+ (node) on PATH")
     state = tmp_path / "state"
     server = ServerProcess(["--batch-groups", "2", "--group-size", "8", "--state-dir", str(state)], tmp_path / "s.log")
     try:

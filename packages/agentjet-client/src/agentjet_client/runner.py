@@ -32,8 +32,8 @@ from agentjet_client.client import SwarmClient
 from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
-from agentjet_client.protocol import TrajectoryStatus
-from agentjet_client.spool import GroupCommit, Spool, default_spool_dir, spool_key
+from agentjet_client.protocol import Trajectory, TrajectoryStatus
+from agentjet_client.spool import GroupCommit, Spool, SpoolError, default_spool_dir, spool_key
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class RunReport:
     elapsed_s: float = 0.0
     resent_leftovers: int = 0  # answered items a previous run had left in the spool
     waits_for_server: int = 0  # status polls that found the server down (episodes held back meanwhile)
+    spool_errors: int = 0  # failed spool writes (retried: the trajectory waits in memory)
     code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
     rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
     reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
@@ -133,6 +134,7 @@ class Runner:
         self._pending = 0  # episodes started and not yet answered by the server
         self._mine: set[str] = set()  # this run's spooled ids not yet answered
         self._commits = GroupCommit(self.spool)
+        self._spool_failing = False
         self._spooled = asyncio.Event()
         self._warned_full = False
         self._stop = asyncio.Event()
@@ -149,6 +151,8 @@ class Runner:
             yield from tasks
 
     async def _wait_for_spool_room(self) -> None:
+        while not self._stop.is_set() and self._spool_failing:  # no new work while finished work can't be kept
+            await asyncio.sleep(self.config.poll_interval * 5)
         while not self._stop.is_set() and await asyncio.to_thread(lambda: self.spool.full):
             if not self._warned_full:
                 logger.warning(
@@ -306,12 +310,36 @@ class Runner:
             else:
                 self.report.failed += 1
                 self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
-            if await self._commits.put(trajectory):  # on disk before we go on
+            if await self._spool(trajectory):  # on disk before we go on
                 self._mine.add(trajectory.id)
             else:  # the id is already spooled (cannot happen with fresh episode ids)
                 self._pending -= 1
             self._spooled.set()
             self._on_progress(self.report)
+
+    async def _spool(self, trajectory: Trajectory) -> bool:
+        """Commit ``trajectory``; while the spool cannot be written (disk full, read-only), keep it
+        in memory and retry with backoff, and start no new episodes (logged once per outage)."""
+        failures = 0
+        while True:
+            try:
+                inserted = await self._commits.put(trajectory)
+            except SpoolError as exc:
+                failures += 1
+                self.report.spool_errors += 1
+                if not self._spool_failing:
+                    logger.error(
+                        "cannot write the spool (%s); finished trajectories wait in memory and are retried, "
+                        "new episodes wait until it works again (free disk space or fix --spool-dir)",
+                        exc,
+                    )
+                self._spool_failing = True
+                await asyncio.sleep(min(self.config.backoff_max, 0.25 * 2 ** min(failures, 8)))
+                continue
+            if self._spool_failing:
+                logger.warning("the spool is writable again; episodes resume")
+            self._spool_failing = False
+            return inserted
 
     async def _send_loop(self) -> None:
         failures = 0
