@@ -75,6 +75,14 @@ class Episode:
 
         return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
 
+    def agentscope(self, agent: str = "default", **kwargs: Any) -> Any:
+        """An AgentScope 2.x ``OpenAIChatModel`` recorded as ``agent`` (``max_tokens``, ``temperature``,
+        ``top_p`` become its parameters; other ``kwargs`` go to the model). Needs
+        ``pip install 'agentjet-client[agentscope]'``."""
+        from agentjet_client.adapters.agentscope import chat_model
+
+        return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+
     def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai

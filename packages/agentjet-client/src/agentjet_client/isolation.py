@@ -82,6 +82,11 @@ class ProxyEpisode:
 
         return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
 
+    def agentscope(self, agent: str = "default", **kwargs: Any) -> Any:
+        from agentjet_client.adapters.agentscope import chat_model
+
+        return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+
     def async_openai(self, agent: str = "default", **kwargs: Any) -> Any:
         import openai
 

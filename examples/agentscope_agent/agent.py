@@ -1,0 +1,44 @@
+"""An AgentScope 2.x agent with a toolkit, unchanged except for where its model comes from.
+
+    pip install 'agentjet-client[agentscope]'
+    agentjet-client run --code-dir examples/agentscope_agent --server http://127.0.0.1:8000 --episodes 640
+
+``episode.agentscope()`` is AgentScope's own ``OpenAIChatModel`` (streaming, as AgentScope does by
+default) on the episode's capture proxy. AgentScope's ``Agent`` runs its reasoning-acting loop:
+it calls the model, runs the tools the model asks for from its ``Toolkit``, and calls the model
+again with the results. Reward: 1 if the final answer contains the sum.
+"""
+
+from agentscope.agent import Agent, ReActConfig
+from agentscope.message import TextBlock, UserMsg
+from agentscope.tool import FunctionTool, Toolkit, ToolResponse
+
+from agentjet_client import swarm_agent
+
+
+def add(a: int, b: int) -> ToolResponse:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return ToolResponse(content=[TextBlock(type="text", text=str(a + b))])
+
+
+def make_tasks() -> list[dict[str, object]]:
+    pairs = [(2, 3), (4, 1), (3, 3), (1, 6)]
+    return [{"id": f"add-{a}-{b}", "a": a, "b": b} for a, b in pairs]
+
+
+@swarm_agent(tasks=make_tasks)
+async def scope_adder(task, episode):
+    agent = Agent(
+        name="adder",
+        system_prompt="You are a careful assistant. Use the tools.",
+        model=episode.agentscope(max_tokens=40, temperature=1.0),
+        toolkit=Toolkit(tools=[FunctionTool(add)]),
+        react_config=ReActConfig(max_iters=3),
+    )
+    reply = await agent.reply(UserMsg(name="user", content=f"What is {task['a']} + {task['b']}?"))
+    return float(str(task["a"] + task["b"]) in (reply.get_text_content() or ""))
