@@ -25,7 +25,14 @@ def test_langchain_invoke_stream_and_async_are_captured_token_exact(live_server)
         llm = episode.langchain(agent="writer", max_tokens=6, temperature=1.0, seed=5)
         said = llm.invoke("Write seven as a digit.").content
         streamed = "".join(str(c.content) for c in llm.stream("Write seven as a digit."))
-        again = asyncio.run(llm.ainvoke("Write seven as a digit.")).content
+
+        async def in_a_loop() -> object:
+            try:
+                return (await llm.ainvoke("Write seven as a digit.")).content
+            finally:
+                await client.aclose_pool()  # the shared async pool belongs to this event loop
+
+        again = asyncio.run(in_a_loop())
         episode.close()
         turns = episode.to_trajectory(1.0).turns
         assert episode.recorder.failures == 0

@@ -9,7 +9,7 @@ import pytest
 from agentjet_client import SwarmClient
 
 pytest.importorskip("agentscope")
-from agentscope.agent import Agent
+from agentscope.agent import Agent, InjectionConfig
 from agentscope.message import UserMsg
 
 
@@ -17,7 +17,9 @@ def test_agentscope_streaming_and_not_give_the_same_trajectory(live_server):
     async def run(client: SwarmClient, stream: bool):  # type: ignore[no-untyped-def]
         episode = client.episode("scope")
         model = episode.agentscope(agent="scope", max_tokens=6, stream=stream, extra_body={"seed": 9})
-        agent = Agent(name="helper", system_prompt="You answer briefly.", model=model)
+        # no runtime-state injection: it writes the current time into the prompt
+        quiet = InjectionConfig(inject_runtime_state=False)
+        agent = Agent(name="helper", system_prompt="You answer briefly.", model=model, injection_config=quiet)
         reply = await agent.reply(UserMsg(name="user", content="Write seven as a digit."))
         await episode.aclose()
         return episode, reply.get_text_content()

@@ -56,16 +56,27 @@ class Episode:
     def url_for(self, agent: str) -> str:
         return self.client.proxy_url(self.id, agent)
 
-    def openai(self, agent: str = "default", **kwargs: Any) -> OpenAI:
-        """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
-        import openai
-
+    def _sync_http(self, agent: str) -> httpx2.Client:
+        """An HTTP client that records chat completions as ``agent``; closed with the episode."""
         inner = self.client.shared_sync_transport()
         http = httpx2.Client(
             transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
         )
         self._closers.append(http)
+        return http
+
+    def _async_http(self, agent: str) -> httpx2.AsyncClient:
+        transport = AsyncCaptureTransport(self.recorder, agent, self.client.shared_async_transport)
+        http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
+        self._async_clients.append(http)
+        return http
+
+    def openai(self, agent: str = "default", **kwargs: Any) -> OpenAI:
+        """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
+        import openai
+
         kwargs.setdefault("max_retries", LLM_RETRIES)
+        http = self._sync_http(agent)
         return openai.OpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
@@ -73,7 +84,11 @@ class Episode:
         Needs ``pip install 'agentjet-client[langchain]'``."""
         from agentjet_client.adapters.langchain import chat_model
 
-        return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+        # our own HTTP clients, closed with the episode (LangChain's defaults are cached per base URL
+        # and never closed: one leaked connection pool per episode)
+        kwargs.setdefault("http_client", self._sync_http(agent))
+        kwargs.setdefault("http_async_client", self._async_http(agent))
+        return chat_model(self.client.api_base, self.api_key, LLM_RETRIES, **kwargs)
 
     def agentscope(self, agent: str = "default", **kwargs: Any) -> Any:
         """An AgentScope 2.x ``OpenAIChatModel`` recorded as ``agent`` (``max_tokens``, ``temperature``,
@@ -81,18 +96,15 @@ class Episode:
         ``pip install 'agentjet-client[agentscope]'``."""
         from agentjet_client.adapters.agentscope import chat_model
 
-        return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+        client_kwargs = {"http_client": self._async_http(agent), **kwargs.pop("client_kwargs", {})}
+        return chat_model(self.client.api_base, self.api_key, LLM_RETRIES, client_kwargs=client_kwargs, **kwargs)
 
     def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
-        inner = self.client.shared_async_transport()
-        http = httpx2.AsyncClient(
-            transport=AsyncCaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
-        )
-        self._async_clients.append(http)
         kwargs.setdefault("max_retries", LLM_RETRIES)
+        http = self._async_http(agent)
         return openai.AsyncOpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
     def to_trajectory(

@@ -80,6 +80,7 @@ class ProxyEpisode:
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
         from agentjet_client.adapters.langchain import chat_model
 
+        kwargs.setdefault("http_client", _shared_http())  # not one cached pool per episode URL
         return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
 
     def agentscope(self, agent: str = "default", **kwargs: Any) -> Any:

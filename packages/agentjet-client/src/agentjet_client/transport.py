@@ -11,7 +11,7 @@ real transport unchanged, and its response (whole or streamed) is recorded into 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx2
@@ -145,9 +145,20 @@ class CaptureTransport(_Capture, httpx2.BaseTransport):
 class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
     """Async twin of ``CaptureTransport``."""
 
-    def __init__(self, recorder: EpisodeRecorder, agent: str, inner: httpx2.AsyncBaseTransport) -> None:
+    def __init__(
+        self,
+        recorder: EpisodeRecorder,
+        agent: str,
+        inner: httpx2.AsyncBaseTransport | Callable[[], httpx2.AsyncBaseTransport],
+    ) -> None:
         super().__init__(recorder, agent)
-        self.inner = inner
+        # a callable is asked per request: the shared pool of whichever event loop is running then
+        # (so a model built outside any loop works inside the one that later runs it)
+        self._inner = inner
+
+    @property
+    def inner(self) -> httpx2.AsyncBaseTransport:
+        return self._inner if isinstance(self._inner, httpx2.AsyncBaseTransport) else self._inner()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if not is_chat_request(request.method, request.url.path):
