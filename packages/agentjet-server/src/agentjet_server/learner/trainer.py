@@ -65,7 +65,7 @@ class Batch:
 
     @property
     def trained_tokens(self) -> int:
-        return sum(len(s.positions) for s in self.sequences)
+        return sum(s.trained_tokens for s in self.sequences)
 
 
 @dataclass
