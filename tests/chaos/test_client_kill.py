@@ -49,6 +49,7 @@ def test_client_killed_mid_run_and_restarted_loses_nothing(model_dir, tmp_path):
     server = ServerProcess(["--batch-groups", "2", "--group-size", "8"], tmp_path / "server.log")
     spool_dir = tmp_path / "spool"
     spool_path = spool_dir / spool_key(server.url)
+    first = second = None
     try:
         first = client(server.url, spool_dir, 2000)
         deadline = time.monotonic() + 120
@@ -66,6 +67,10 @@ def test_client_killed_mid_run_and_restarted_loses_nothing(model_dir, tmp_path):
         stats = spool_stats(spool_path)
         counts = server.status()["trajectories"]
     finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=30)
         server.stop()
     produced, acked, duplicate, lost = tally(stats, counts)
     print(

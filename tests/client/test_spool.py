@@ -118,3 +118,36 @@ def test_group_commit_puts_concurrent_trajectories_in_few_transactions(tmp_path)
 
     with pytest.raises(SpoolError):  # every waiting episode sees the failure; nothing is claimed stored
         asyncio.run(after_close())
+
+
+def test_opening_a_spool_while_another_process_creates_it_waits(tmp_path):
+    """A reader (``agentjet-client status``, a test) opening the spool the moment a runner creates it waits, not fails.
+
+    Switching a new database to WAL takes a lock SQLite's busy handler does not wait for; before the
+    retry this failed about once in 40 races (on either side).
+    """
+    import time
+
+    writer = textwrap.dedent(
+        f"""
+        import pathlib, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_spool import trajectory
+        from agentjet_client.spool import Spool
+        spool = Spool(pathlib.Path(sys.argv[1]))
+        for i in range(100):
+            spool.put(trajectory(i))
+        """
+    )
+    for attempt in range(20):
+        directory = tmp_path / str(attempt)
+        proc = subprocess.Popen([sys.executable, "-c", writer, str(directory)], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not (directory / "spool.db").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.0005)
+        for _ in range(10):
+            Spool(directory).close()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert Spool(directory).depth == 100

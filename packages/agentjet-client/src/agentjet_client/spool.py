@@ -77,6 +77,40 @@ def spool_key(server_url: str) -> str:
     return "".join(c if c.isalnum() or c in "-._" else "_" for c in name).strip("_")
 
 
+LOCK_WAIT_S = 10.0
+
+
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """Open the spool database in WAL mode, waiting out another process that is creating it.
+
+    Switching a new database to WAL takes an exclusive lock that SQLite's busy handler does not
+    wait for, so a reader (``agentjet-client status``, a second runner) that opens the file while
+    the first runner is still initialising it gets "database is locked" at once: retry for a while.
+    """
+    deadline = time.monotonic() + LOCK_WAIT_S
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=LOCK_WAIT_S)
+    try:
+        while True:
+            try:
+                if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT_S * 1000)}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 class Spool:
     def __init__(self, directory: Path, *, max_items: int = DEFAULT_MAX_ITEMS) -> None:
         if max_items < 1:
@@ -85,10 +119,7 @@ class Spool:
         self.max_items = max_items
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.directory / "spool.db", check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db = _connect(self.directory / "spool.db")
             self._db.executescript(
                 """
                 CREATE TABLE IF NOT EXISTS items (
@@ -103,9 +134,13 @@ class Spool:
                 """
             )
         except (OSError, sqlite3.Error) as exc:
-            raise SpoolError(
-                f"cannot open the spool in {self.directory}: {exc}. Pass --spool-dir a writable directory"
-            ) from exc
+            hint = (
+                "another process holds it locked for longer than "
+                f"{LOCK_WAIT_S:.0f} s; stop it or pass another --spool-dir"
+                if _locked(exc)
+                else "pass --spool-dir a writable directory"
+            )
+            raise SpoolError(f"cannot open the spool in {self.directory}: {exc} ({hint})") from exc
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ writing
