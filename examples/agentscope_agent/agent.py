@@ -9,7 +9,7 @@ it calls the model, runs the tools the model asks for from its ``Toolkit``, and 
 again with the results. Reward: 1 if the final answer contains the sum.
 """
 
-from agentscope.agent import Agent, ReActConfig
+from agentscope.agent import Agent, InjectionConfig, ReActConfig
 from agentscope.message import TextBlock, UserMsg
 from agentscope.tool import FunctionTool, Toolkit, ToolResponse
 
@@ -39,6 +39,9 @@ async def scope_adder(task, episode):
         model=episode.agentscope(max_tokens=40, temperature=1.0),
         toolkit=Toolkit(tools=[FunctionTool(add)]),
         react_config=ReActConfig(max_iters=3),
+        # AgentScope writes the current time into the prompt by default: the episodes of a GRPO
+        # group would each see a different prompt, and the time teaches the policy nothing
+        injection_config=InjectionConfig(inject_runtime_state=False),
     )
     reply = await agent.reply(UserMsg(name="user", content=f"What is {task['a']} + {task['b']}?"))
     return float(str(task["a"] + task["b"]) in (reply.get_text_content() or ""))

@@ -129,6 +129,9 @@ def test_server_killed_twice_and_resumed_loses_nothing(tmp_path):
     assert produced >= 300 and stats.depth == 0 and answered == produced
     assert lost == 0 and not repeated
     assert counts["accepted"] + counts["rejected"] == len(logged) and counts["duplicate"] >= 5
+    # samples from before each restart still verify (the resumed run keeps its signing key)
+    assert "not_sampled" not in counts["rejected_by_reason"] and counts["unsigned_turns"] == 0
+    assert counts["verified_turns"] > 0
     assert counts["trained"] + counts["buffered"] == counts["accepted"]  # each accepted one trained once
     assert final["policy_version"] == final["learner"]["step"]  # one version per step, no gaps or repeats
     print("client:", out.strip().splitlines()[-2:])  # episodes in flight at a kill fail (their LLM call did)

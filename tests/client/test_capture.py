@@ -30,11 +30,14 @@ def test_sync_openai_capture_records_exact_turns(client):
     assert client.submit([traj]).results[0].status == "accepted"
 
 
-def test_async_streaming_capture_equals_non_streaming(client):
+@pytest.mark.parametrize("n", [1, 3])
+def test_async_streaming_capture_equals_non_streaming(client, n):
+    """Same seed, streamed or not: the same turns (one per choice), field for field but timings."""
+
     async def run(stream):
         episode = client.episode("task-b")
         llm = episode.async_openai()
-        kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=4, seed=11)
+        kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=6, temperature=1.0, seed=11, n=n)
         if stream:
             async for _ in await llm.chat.completions.create(stream=True, **kw):
                 pass
@@ -42,12 +45,13 @@ def test_async_streaming_capture_equals_non_streaming(client):
             await llm.chat.completions.create(**kw)
         await episode.aclose()
         await client.aclose_pool()
-        return episode.recorder.turns
+        return [t.model_dump(exclude={"started_at", "latency_s"}) for t in episode.recorder.turns]
 
     streamed, whole = asyncio.run(run(True)), asyncio.run(run(False))
-    assert len(streamed) == len(whole) == 1
-    assert streamed[0].completion_token_ids == whole[0].completion_token_ids
-    assert streamed[0].prompt_token_ids == whole[0].prompt_token_ids
+    assert len(streamed) == len(whole) == n
+    assert streamed == whole
+    if n > 1:  # the choices really are separate samples, each recorded
+        assert len({tuple(t["completion_token_ids"]) for t in whole}) > 1
 
 
 def test_proxy_captures_raw_http_and_streams(client):

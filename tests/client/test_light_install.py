@@ -29,3 +29,16 @@ def test_client_install_pulls_no_torch(tmp_path):
         text=True,
     )
     assert out.stdout.strip() == "False"
+    # the framework adapters say what to install, instead of failing on an import deep inside
+    probe = (
+        "from agentjet_client import SwarmClient\n"
+        "episode = SwarmClient('http://127.0.0.1:9').episode('task')\n"
+        "for adapter in (episode.langchain, episode.agentscope):\n"
+        "    try:\n"
+        "        adapter()\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+    )
+    out = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True, timeout=60)
+    assert "pip install 'agentjet-client[langchain]'" in out.stdout
+    assert "pip install 'agentjet-client[agentscope]'" in out.stdout

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,33 @@ from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").iterdir() if (p / "agent.py").exists())
+
+
+USES_TOOLS = {"tool_use", "langchain_agent", "agentscope_agent"}
+
+
+def assert_trains_exactly_the_sampled_tokens(trajectory: Trajectory) -> None:
+    timelines = build_timelines(trajectory.turns)
+    assert sorted(k for t in timelines for k in t.turns) == list(range(len(trajectory.turns)))
+    for timeline in timelines:
+        for k in timeline.turns:
+            turn = trajectory.turns[k]
+            positions = [p for p, of in zip(timeline.trained, timeline.turn_of, strict=True) if of == k]
+            assert [timeline.tokens[p] for p in positions] == turn.completion_token_ids
+            assert positions == list(range(positions[0], positions[0] + len(positions)))
+            assert timeline.tokens[: positions[0]] == turn.prompt_token_ids
+            logprobs = [lp for lp, of in zip(timeline.old_logprobs, timeline.turn_of, strict=True) if of == k]
+            assert logprobs == turn.completion_logprobs
+
+
+def answers_tool_calls(messages: list[dict[str, Any]]) -> bool:
+    """The request sends tool results back, each answering a call of the assistant message before them."""
+    for i, message in enumerate(messages):
+        if message.get("role") != "tool":
+            continue
+        calls = next((m.get("tool_calls") for m in reversed(messages[:i]) if m.get("role") == "assistant"), None)
+        assert calls and message.get("tool_call_id") in {c["id"] for c in calls}, messages
+    return any(m.get("role") == "tool" for m in messages)
 
 
 def continues(later: Turn, earlier: Turn) -> bool:
@@ -48,9 +76,11 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
         records = list(read_records(state / "log"))  # before the shutdown checkpoint compacts the log
     finally:
         server.stop()
-    assert status["trajectories"]["accepted"] == 48 and status["policy_version"] >= 1
+    counts = status["trajectories"]
+    assert counts["accepted"] == 48 and counts["rejected"] == 0 and status["policy_version"] >= 1
     context = status["context"]
-    assert context["mismatch"] == 0
+    split = [line for line in (tmp_path / "s.log").read_text().splitlines() if "differs from what was sampled" in line]
+    assert context["mismatch"] == 0, split
     trajectories = [Trajectory.model_validate(r["t"]) for r in records if r["k"] == "a"]
     assert len(trajectories) == 48
     per_call = merged = continued = drifted = 0
@@ -65,6 +95,15 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
                 drifted += not any(later.prompt_token_ids[: len(p)] == p for p in prefixes)
     assert drifted == 0
     assert continued == context["prefix_requests"]
+    # token-exact: every turn is what the server sampled (its signature checked at ingestion), and
+    # what the learner trains of it is exactly its sampled tokens, after exactly its prompt
+    turns = sum(len(t.turns) for t in trajectories)
+    assert counts["verified_turns"] == turns and counts["unsigned_turns"] == 0
+    for trajectory in trajectories:
+        assert_trains_exactly_the_sampled_tokens(trajectory)
+    tool_turns = sum(answers_tool_calls(t.request_messages) for tr in trajectories for t in tr.turns)
+    if example.name in USES_TOOLS:  # tool calls made it round: a call's result went back to the model
+        assert tool_turns > 0
     print(
         f"{example.name}: {len(trajectories)} episodes in the log, {continued} continued calls "
         f"({context['drift_prevented']} with drift prevented), 0 drift; tokens per call {per_call}, merged {merged}"

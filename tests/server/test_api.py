@@ -177,8 +177,17 @@ def test_tool_call_parser():
     out = parse_tool_calls('ok <tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>')
     assert out.content == "ok" and out.tool_calls[0].function.name == "add"
     assert json.loads(out.tool_calls[0].function.arguments) == {"x": 1}
-    broken = parse_tool_calls("<tool_call>{not json</tool_call>")
-    assert broken.tool_calls == [] and broken.content == "<tool_call>{not json</tool_call>"
+    for text in (
+        "<tool_call>{not json</tool_call>",
+        '<tool_call>{"name": "square", "arguments": 6}</tool_call>',  # arguments must be an object
+        '<tool_call>{"name": "add", "arguments": "[1, 2]"}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": "{oops"}</tool_call>',
+    ):
+        broken = parse_tool_calls(text)
+        assert broken.tool_calls == [] and broken.content == text
+    as_string = parse_tool_calls('<tool_call>{"name": "add", "arguments": "{\\"x\\": 1}"}</tool_call>')
+    assert json.loads(as_string.tool_calls[0].function.arguments) == {"x": 1}
+    assert parse_tool_calls('<tool_call>{"name": "now"}</tool_call>').tool_calls[0].function.arguments == "{}"
 
 
 @pytest.mark.parametrize("stream", [False, True])

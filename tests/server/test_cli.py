@@ -18,6 +18,8 @@ def test_status_commands_print_one_line_summary(live_server):
         out = run(cli, "status", "--server", live_server.url)
         assert out.returncode == 0, out.stderr
         assert "model agentjet-tiny" in out.stdout and "admission budget" in out.stdout
+        line = next(x for x in out.stdout.splitlines() if x.startswith("server "))
+        assert "accepted" in line and "admission budget" in line, out.stdout  # one line, wider than a terminal
     status = httpx2.get(live_server.url + "/v1/status").json()["learner"]
     assert status["last_error"] is None and isinstance(status["skipped_batches"], int)
 

@@ -89,6 +89,7 @@ class EpisodeRecorder:
             completion_logprobs=ext.completion_logprobs,
             completion_versions=ext.completion_versions,
             finish_reason=ext.finish_reason,
+            signature=ext.signature,
             started_at=started,
             latency_s=max(0.0, time.time() - started),
         )

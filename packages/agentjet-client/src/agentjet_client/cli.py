@@ -18,7 +18,7 @@ from agentjet_client.errors import AgentJetError
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories."
 )
-console = Console()
+console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (grep-able)
 err = Console(stderr=True)
 
 

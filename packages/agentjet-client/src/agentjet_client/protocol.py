@@ -220,6 +220,8 @@ class AgentJetExtension(_Open):
     # how the prompt used ``agentjet.prefix_token_ids`` of the request, if it had them
     prefix: Literal["extended", "spliced", "mismatch"] | None = None
     prefix_drift: bool = False  # re-tokenising the history would have changed the prefix's tokens
+    # the server's HMAC over prompt ids, completion ids, logprobs and versions: copy it into the Turn
+    signature: str | None = None
 
 
 class Choice(_Open):
@@ -322,6 +324,11 @@ class Turn(_Strict):
     completion_logprobs: list[float]
     completion_versions: list[int] | None = None
     finish_reason: FinishReason
+    signature: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the choice's agentjet.signature, as returned: the server checks the turn is what it sampled",
+    )
     reward: float | None = None
     started_at: float | None = None
     latency_s: float | None = Field(default=None, ge=0.0)
@@ -424,6 +431,9 @@ class TrajectoryCounts(_Strict):
     rejected_by_reason: dict[str, int] = Field(default_factory=dict)
     buffered: int = 0
     trained: int = 0  # taken by the learner, batches without a reward signal included
+    # turns of accepted trajectories since this server process started: signature checked, or none sent
+    verified_turns: int = 0
+    unsigned_turns: int = 0
 
 
 class LearnerInfo(_Strict):
@@ -470,7 +480,9 @@ class ServerStatus(_Strict):
         return (
             f"model {self.model}  policy v{self.policy_version}  step {self.learner.step}  "
             f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected}{reasons}  "
-            f"buffered {t.buffered}  trained {t.trained}  admission budget {self.admission_budget}"
+            f"buffered {t.buffered}  trained {t.trained}  turns verified {t.verified_turns}"
+            + (f" (unsigned {t.unsigned_turns})" if t.unsigned_turns else "")
+            + f"  admission budget {self.admission_budget}"
             + (
                 f"  checkpoint step {self.learner.last_checkpoint_step}"
                 if self.learner.last_checkpoint_step is not None

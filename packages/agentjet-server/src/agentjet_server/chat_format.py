@@ -62,8 +62,11 @@ _CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_C
 def parse_tool_calls(text: str) -> ParsedOutput:
     """Split model output into plain content and tool calls.
 
-    A block that is not valid JSON with a string ``name`` leaves the whole output as plain
-    content: a malformed call is the model's mistake and must reach the agent unchanged.
+    A block that is not a JSON object with a string ``name`` and object ``arguments`` (or a string
+    holding one) leaves the whole output as plain content: a malformed call is the model's mistake
+    and must reach the agent unchanged. Calls whose arguments are not an object would be rewritten
+    by the agent's framework (LangChain makes them invalid calls, AgentScope empty ones), so the
+    history it sends back would no longer be what was sampled.
     """
     if TOOL_CALL_OPEN not in text:
         return ParsedOutput(content=text, tool_calls=[])
@@ -76,8 +79,17 @@ def parse_tool_calls(text: str) -> ParsedOutput:
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return ParsedOutput(content=text, tool_calls=[])
         arguments = payload.get("arguments", {})
-        if not isinstance(arguments, str):
+        if isinstance(arguments, str):
+            try:
+                decoded = json.loads(arguments)
+            except json.JSONDecodeError:
+                return ParsedOutput(content=text, tool_calls=[])
+            if not isinstance(decoded, dict):
+                return ParsedOutput(content=text, tool_calls=[])
+        elif isinstance(arguments, dict):
             arguments = json.dumps(arguments)
+        else:
+            return ParsedOutput(content=text, tool_calls=[])
         calls.append(
             ToolCall(
                 id=f"call_{uuid.uuid4().hex[:24]}",

@@ -16,7 +16,7 @@ from agentjet_client.cli import server_status
 from agentjet_server.errors import AgentJetServerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str) -> None:

@@ -24,6 +24,7 @@ what this module prevented; it is counted in ``/v1/status``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from agentjet_server.chat_format import parse_tool_calls
 from agentjet_server.engine.tokens import ChatTokenizer
 
 Status = Literal["extended", "spliced", "mismatch"]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,14 @@ def continue_from(
     spliced = _splice(chat, prefix, prompt_tokens, messages, tools, text)
     if spliced is not None:
         return Continuation(spliced, "spliced", differs)
+    at = next((i for i, (a, b) in enumerate(zip(prefix_text, text, strict=False)) if a != b), len(prefix_text))
+    logger.info(
+        "a request continues an earlier call but its history differs from what was sampled (rendered "
+        "afresh; a new timeline starts), from character %d: sampled %r, sent %r",
+        at,
+        prefix_text[max(0, at - 20) : at + 60],
+        text[max(0, at - 20) : at + 60],
+    )
     return Continuation(fresh, "mismatch", False)
 
 

@@ -30,6 +30,7 @@ from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 from agentjet_server.serving import ChatService
 from agentjet_server.settings import ServerSettings
+from agentjet_server.signing import SampleSigner
 from agentjet_server.store import TrajectoryStore
 from agentjet_server.wal import TrajectoryLog
 
@@ -89,10 +90,16 @@ class SwarmRuntime:
         self.settings = settings
         self.state = state
         self.model_path = model_path
-        self.chat = ChatService(engine, default_max_tokens=settings.default_max_tokens)
+        # a resumed run keeps its key: what it sampled before the restart still verifies
+        self.signer = (
+            SampleSigner.load(state.root / "sample.key", renew=not state.resuming)
+            if state is not None
+            else SampleSigner.random()
+        )
+        self.chat = ChatService(engine, default_max_tokens=settings.default_max_tokens, signer=self.signer)
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups)
         self.log = TrajectoryLog(state.log_dir) if state is not None else None
-        self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add, self.log)
+        self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add, self.log, self.signer)
         resumed = state.resumed if state is not None else None
         self.loop = TrainingLoop(
             learner,

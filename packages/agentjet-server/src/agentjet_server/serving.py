@@ -36,6 +36,7 @@ from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
+from agentjet_server.signing import SampleSigner
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class _ChoiceState:
     _text_ids: list[int] = field(default_factory=list)
     _prefix: int = 0  # incremental detokenisation window: ids[_prefix:_read] is already text
     _read: int = 0
+    signer: SampleSigner | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -111,11 +113,14 @@ class _ChoiceState:
 
     def extension(self) -> AgentJetExtension:
         versions = [e.version for e in self.events]
+        ids, logprobs = self.ids, [e.logprob for e in self.events]
+        signer = self.signer
         return AgentJetExtension(
             prompt_token_ids=self.prepared.prompt_ids,
-            completion_token_ids=self.ids,
-            completion_logprobs=[e.logprob for e in self.events],
+            completion_token_ids=ids,
+            completion_logprobs=logprobs,
             completion_versions=versions,
+            signature=signer.sign(self.prepared.prompt_ids, ids, logprobs, versions) if signer else None,
             finish_reason=self.finish_reason(),
             policy_version=min(versions) if versions else self.engine.version,
             prefix=self.prepared.prefix_status,
@@ -174,8 +179,9 @@ def _message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 class ChatService:
     """Serves chat completions from one engine."""
 
-    def __init__(self, engine: Engine, *, default_max_tokens: int = 512) -> None:
+    def __init__(self, engine: Engine, *, default_max_tokens: int = 512, signer: SampleSigner | None = None) -> None:
         self.engine = engine
+        self.signer = signer
         self.default_max_tokens = default_max_tokens
         self.context = ContextCounts()
 
@@ -243,7 +249,7 @@ class ChatService:
         return SamplingParams(**{**prepared.params.__dict__, "seed": seed + index})
 
     async def _run_choice(self, prepared: PreparedRequest, index: int) -> _ChoiceState:
-        state = _ChoiceState(self.engine, prepared)
+        state = _ChoiceState(self.engine, prepared, signer=self.signer)
         async for event in self.engine.generate(prepared.prompt_ids, self._params_for(prepared, index)):
             state.add(event)
             if state.stopped_by_string:
@@ -299,7 +305,7 @@ class ChatService:
             except BaseException as exc:  # handed to the consumer, which re-raises it
                 await queue.put((index, exc))
 
-        states = [_ChoiceState(self.engine, prepared) for _ in range(request.n)]
+        states = [_ChoiceState(self.engine, prepared, signer=self.signer) for _ in range(request.n)]
         for index in range(request.n):
             yield frame([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))])
         tasks = [asyncio.create_task(pump(i)) for i in range(request.n)]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentjet_client.protocol import Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_server.signing import SampleSigner
 from agentjet_server.wal import ACCEPTED, REJECTED, VERSION, TrajectoryLog
 
 
@@ -25,8 +26,12 @@ class TrajectoryStore:
         max_staleness: int,
         sink: Callable[[Trajectory, int], None],
         log: TrajectoryLog | None = None,
+        signer: SampleSigner | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self.signer = signer
+        self.verified_turns = 0  # since this process started
+        self.unsigned_turns = 0
         self.max_staleness = max_staleness
         self._sink = sink
         self.log = log
@@ -69,6 +74,17 @@ class TrajectoryStore:
                     f"turn {i} has token id {bad[0]} but the model's vocabulary has {self.vocab_size} "
                     "tokens; trajectories must carry the token ids the server returned"
                 )
+        if self.signer is not None:
+            for i, turn in enumerate(trajectory.turns):
+                versions = turn.completion_versions or []
+                if turn.signature is not None and not self.signer.verify(
+                    turn.signature, turn.prompt_token_ids, turn.completion_token_ids, turn.completion_logprobs, versions
+                ):
+                    return "not_sampled", (
+                        f"turn {i} carries a signature, but its token ids, log-probs or versions are not what "
+                        "this server sampled (or another server, or a run discarded with --fresh, signed it); "
+                        "push turns exactly as captured from this server's responses"
+                    )
         return None
 
     def admit_batch(self, trajectories: list[Trajectory], version: int) -> list[TrajectoryResult]:
@@ -79,6 +95,7 @@ class TrajectoryStore:
             accepted: list[tuple[Trajectory, int]] = []
             rejected: list[str] = []
             batch_ids: set[str] = set()
+            signed = turns = 0
             for trajectory in trajectories:
                 if trajectory.id in self._seen or trajectory.id in batch_ids:
                     results.append(
@@ -97,6 +114,8 @@ class TrajectoryStore:
                     continue
                 lsn = self.next_lsn + len(accepted)
                 accepted.append((trajectory, lsn))
+                signed += sum(turn.signature is not None for turn in trajectory.turns)
+                turns += len(trajectory.turns)
                 records.append({"k": ACCEPTED, "n": lsn, "t": trajectory.model_dump(mode="json")})
                 results.append(TrajectoryResult(id=trajectory.id, status="accepted"))
             if self.log is not None:
@@ -106,6 +125,9 @@ class TrajectoryStore:
             self.rejected.update(rejected)
             self.accepted += len(accepted)
             self.next_lsn += len(accepted)
+            if self.signer is not None:
+                self.verified_turns += signed
+            self.unsigned_turns += turns - signed if self.signer is not None else turns
             for trajectory, lsn in accepted:  # under the lock: buffer order == log order
                 self._sink(trajectory, lsn)
         return results
@@ -142,4 +164,6 @@ class TrajectoryStore:
                 rejected_by_reason=dict(self.rejected),
                 buffered=buffered,
                 trained=self.trained,
+                verified_turns=self.verified_turns,
+                unsigned_turns=self.unsigned_turns,
             )

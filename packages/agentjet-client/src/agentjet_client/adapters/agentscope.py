@@ -1,8 +1,9 @@
 """``episode.agentscope()``: an AgentScope 2.x chat model whose calls are captured into the episode.
 
 It is AgentScope's own ``OpenAIChatModel`` (streaming on, as AgentScope has it by default) with an
-``OpenAICredential`` pointed at the episode's loopback capture proxy, so AgentScope's agents,
-toolkits and formatters work unchanged and each call is recorded as the agent named in the URL.
+``OpenAICredential`` for the server's API, whose OpenAI client runs on the episode's capture HTTP
+client for one agent (``Episode.agentscope`` passes it): AgentScope's agents, toolkits and
+formatters work unchanged and each call is recorded, token-exact, as that agent.
 """
 
 from __future__ import annotations

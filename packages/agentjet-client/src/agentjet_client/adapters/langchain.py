@@ -1,8 +1,10 @@
 """``episode.langchain()``: a LangChain chat model whose calls are captured into the episode.
 
-It is langchain-openai's ``ChatOpenAI`` pointed at the episode's loopback capture proxy
-(``/episodes/<id>/<agent>/v1``), so ``invoke``, ``ainvoke``, ``stream``, ``bind_tools`` and tool-calling
-agent loops work unchanged, and each call is recorded as the agent named in the URL.
+It is langchain-openai's ``ChatOpenAI`` on the server's API whose HTTP clients are the episode's
+capture clients for one agent (``Episode.langchain`` passes them), so ``invoke``, ``ainvoke``,
+``stream``, ``bind_tools`` and tool-calling agent loops work unchanged and each call is recorded,
+token-exact, as that agent. Behind the capture proxy (``ProxyEpisode``) the same model points at
+the proxy's ``/episodes/<id>/<agent>/v1`` URL instead.
 """
 
 from __future__ import annotations

@@ -1,0 +1,109 @@
+"""Sample signatures: a pushed turn is trained only if it is exactly what this server sampled."""
+
+from __future__ import annotations
+
+import httpx2
+import pytest
+
+from agentjet_client import SwarmClient
+from agentjet_client.protocol import Trajectory
+from agentjet_server.signing import SampleSigner
+from tests.conftest import LiveServer
+
+ASK = [{"role": "user", "content": "Write two as a digit."}]
+
+
+def sampled(url: str, n: int = 1) -> Trajectory:
+    with SwarmClient(url) as client:
+        episode = client.episode("task-sign")
+        llm = episode.openai()
+        for _ in range(n):
+            llm.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=6, temperature=1.0)
+        episode.close()
+        return episode.to_trajectory(1.0)
+
+
+def push(url: str, trajectory: Trajectory) -> dict:  # type: ignore[type-arg]
+    body = {"trajectories": [trajectory.model_dump(mode="json")]}
+    return httpx2.post(url + "/v1/trajectories", json=body).json()["results"][0]
+
+
+def counts(url: str) -> dict:  # type: ignore[type-arg]
+    return httpx2.get(url + "/v1/status").json()["trajectories"]
+
+
+def test_signature_is_stable_and_covers_every_field():
+    signer = SampleSigner.random()
+    base = ([1, 2, 3], [4, 5], [-0.5, -0.25], [0, 0])
+    sig = signer.sign(*base)
+    assert signer.verify(sig, *base) and len(sig) == 32
+    changed = [
+        ([1, 2, 4], [4, 5], [-0.5, -0.25], [0, 0]),  # a prompt token
+        ([1, 2, 3], [4, 6], [-0.5, -0.25], [0, 0]),  # a sampled token
+        ([1, 2, 3], [4, 5], [-0.5, -0.2500001], [0, 0]),  # a log-prob, by a hair
+        ([1, 2, 3], [4, 5], [-0.5, -0.25], [0, 1]),  # a version
+        ([1, 2], [3, 4, 5], [-0.5, -0.25, -0.1], [0, 0, 0]),  # the prompt/completion split
+    ]
+    assert not any(signer.verify(sig, *fields) for fields in changed)
+    assert not SampleSigner.random().verify(sig, *base)  # another server's key
+
+
+def test_pushed_turns_are_checked_against_what_was_sampled(live_server):
+    url = live_server.url
+    before = counts(url)
+    good = sampled(url, n=2)
+    assert all(turn.signature for turn in good.turns)
+    assert push(url, good)["status"] == "accepted"
+    after = counts(url)
+    assert after["verified_turns"] - before["verified_turns"] == 2
+
+    tampered = sampled(url)
+    turn = tampered.turns[0]
+    ids = list(turn.completion_token_ids)
+    ids[0] = (ids[0] + 1) % 50  # still a valid token id: only the signature can tell
+    tampered = tampered.model_copy(update={"turns": [turn.model_copy(update={"completion_token_ids": ids})]})
+    result = push(url, tampered)
+    assert result["status"] == "rejected" and "not what this server sampled" in result["reason"]
+
+    relogged = sampled(url)
+    turn = relogged.turns[0]
+    logprobs = [lp - 0.01 for lp in turn.completion_logprobs]
+    relogged = relogged.model_copy(update={"turns": [turn.model_copy(update={"completion_logprobs": logprobs})]})
+    assert push(url, relogged)["status"] == "rejected"
+    assert counts(url)["rejected_by_reason"]["not_sampled"] >= 2
+
+    unsigned = sampled(url)  # built by code that does not copy signatures: trained, counted as unsigned
+    unsigned = unsigned.model_copy(update={"turns": [t.model_copy(update={"signature": None}) for t in unsigned.turns]})
+    assert push(url, unsigned)["status"] == "accepted"
+    assert counts(url)["unsigned_turns"] - after["unsigned_turns"] == 1
+
+
+def test_streamed_answers_are_signed_like_plain_ones(live_server):
+    with SwarmClient(live_server.url) as client:
+        episode = client.episode("task-sign-stream")
+        llm = episode.openai()
+        args = {"model": "agentjet-tiny", "messages": ASK, "max_tokens": 6, "temperature": 1.0, "seed": 7}
+        llm.chat.completions.create(**args)
+        for _ in llm.chat.completions.create(**args, stream=True):
+            pass
+        episode.close()
+        plain, streamed = episode.to_trajectory(1.0).turns
+    assert plain.completion_token_ids == streamed.completion_token_ids
+    assert plain.signature == streamed.signature is not None
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_resumed_server_still_verifies_what_it_sampled_before(model_dir, tmp_path, resume):
+    first = LiveServer(model_dir, state_dir=tmp_path)
+    try:
+        trajectory = sampled(first.url)
+        assert push(first.url, sampled(first.url))["status"] == "accepted"  # something to resume
+    finally:
+        first.stop()
+    second = LiveServer(model_dir, state_dir=tmp_path, resume=resume, fresh=not resume)
+    try:
+        result = push(second.url, trajectory)
+    finally:
+        second.stop()
+    # --fresh discards the run and its key: its samples are no longer this server's
+    assert result["status"] == ("accepted" if resume else "rejected"), result
