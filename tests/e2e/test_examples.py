@@ -63,6 +63,8 @@ def continues(later: Turn, earlier: Turn) -> bool:
 def test_example_runs_and_does_not_drift(example, tmp_path):
     if example.name == "node_fetch" and shutil.which("node") is None:
         pytest.skip("the JavaScript example needs Node.js 18+ (node) on PATH")
+    if example.name == "curl_shell" and not (shutil.which("curl") and shutil.which("jq")):
+        pytest.skip("the shell example needs curl and jq on PATH")
     state = tmp_path / "state"
     server = ServerProcess(["--batch-groups", "2", "--group-size", "8", "--state-dir", str(state)], tmp_path / "s.log")
     try:
