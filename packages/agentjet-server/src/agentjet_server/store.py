@@ -74,21 +74,27 @@ class TrajectoryStore:
                     f"turn {i} has token id {bad[0]} but the model's vocabulary has {self.vocab_size} "
                     "tokens; trajectories must carry the token ids the server returned"
                 )
-        if self.signer is not None:
-            for i, turn in enumerate(trajectory.turns):
-                versions = turn.completion_versions or []
-                if turn.signature is not None and not self.signer.verify(
-                    turn.signature, turn.prompt_token_ids, turn.completion_token_ids, turn.completion_logprobs, versions
-                ):
-                    return "not_sampled", (
-                        f"turn {i} carries a signature, but its token ids, log-probs or versions are not what "
-                        "this server sampled (or another server, or a run discarded with --fresh, signed it); "
-                        "push turns exactly as captured from this server's responses"
-                    )
+        return None
+
+    def _not_sampled(self, trajectory: Trajectory) -> tuple[str, str] | None:
+        """``(reason code, message)`` if a signed turn is not what this server sampled."""
+        if self.signer is None:
+            return None
+        for i, turn in enumerate(trajectory.turns):
+            versions = turn.completion_versions or []
+            if turn.signature is not None and not self.signer.verify(
+                turn.signature, turn.prompt_token_ids, turn.completion_token_ids, turn.completion_logprobs, versions
+            ):
+                return "not_sampled", (
+                    f"turn {i} carries a signature, but its token ids, log-probs or versions are not what "
+                    "this server sampled (or another server, or a run discarded with --fresh, signed it); "
+                    "push turns exactly as captured from this server's responses"
+                )
         return None
 
     def admit_batch(self, trajectories: list[Trajectory], version: int) -> list[TrajectoryResult]:
         """Decide, log (fsync) and buffer a batch; the answers are durable when this returns."""
+        unsampled = [self._not_sampled(t) for t in trajectories]  # hashing needs no lock: concurrent pushes overlap
         with self._lock:
             results: list[TrajectoryResult] = []
             records: list[dict[str, Any]] = []
@@ -96,7 +102,7 @@ class TrajectoryStore:
             rejected: list[str] = []
             batch_ids: set[str] = set()
             signed = turns = 0
-            for trajectory in trajectories:
+            for trajectory, not_sampled in zip(trajectories, unsampled, strict=True):
                 if trajectory.id in self._seen or trajectory.id in batch_ids:
                     results.append(
                         TrajectoryResult(
@@ -105,7 +111,7 @@ class TrajectoryStore:
                     )
                     continue
                 batch_ids.add(trajectory.id)
-                problem = self._problem(trajectory, version)
+                problem = self._problem(trajectory, version) or not_sampled
                 if problem is not None:
                     code, message = problem
                     rejected.append(code)
