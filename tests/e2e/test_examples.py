@@ -107,6 +107,8 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
     if example.name in USES_TOOLS:  # tool calls made it round: a call's result went back to the model
         assert tool_turns > 0
     print(
-        f"{example.name}: {len(trajectories)} episodes in the log, {continued} continued calls "
-        f"({context['drift_prevented']} with drift prevented), 0 drift; tokens per call {per_call}, merged {merged}"
+        f"{example.name}: {len(trajectories)} episodes accepted, policy v{status['policy_version']}, "
+        f"{turns} turns verified as sampled, {tool_turns} sending tool results back, {continued} continued calls "
+        f"({context['drift_prevented']} with drift prevented, {context['spliced']} spliced), 0 drift; "
+        f"tokens per call {per_call}, merged {merged}"
     )
