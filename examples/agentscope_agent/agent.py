@@ -6,7 +6,8 @@
 ``episode.agentscope()`` is AgentScope's own ``OpenAIChatModel`` (streaming, as AgentScope does by
 default) on the episode's capture proxy. AgentScope's ``Agent`` runs its reasoning-acting loop:
 it calls the model, runs the tools the model asks for from its ``Toolkit``, and calls the model
-again with the results. Reward: 1 if the final answer contains the sum.
+again with the results. Reward: 0.25 for calling ``add``, 0.25 more if with the task's numbers,
+0.5 for a final answer that contains the sum.
 """
 
 from agentscope.agent import Agent, InjectionConfig, ReActConfig
@@ -16,14 +17,20 @@ from agentscope.tool import FunctionTool, Toolkit, ToolResponse
 from agentjet_client import swarm_agent
 
 
-def add(a: int, b: int) -> ToolResponse:
-    """Add two integers.
+def make_add(calls: list[tuple[int, int]]):
+    """The episode's ``add`` tool; it notes each call so the reward can credit the right one."""
 
-    Args:
-        a: the first number
-        b: the second number
-    """
-    return ToolResponse(content=[TextBlock(type="text", text=str(a + b))])
+    def add(a: int, b: int) -> ToolResponse:
+        """Add two integers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        calls.append((a, b))
+        return ToolResponse(content=[TextBlock(type="text", text=str(a + b))])
+
+    return add
 
 
 def make_tasks() -> list[dict[str, object]]:
@@ -33,15 +40,18 @@ def make_tasks() -> list[dict[str, object]]:
 
 @swarm_agent(tasks=make_tasks)
 async def scope_adder(task, episode):
+    a, b = task["a"], task["b"]
+    calls: list[tuple[int, int]] = []
     agent = Agent(
         name="adder",
         system_prompt="You are a careful assistant. Use the tools.",
         model=episode.agentscope(max_tokens=40, temperature=1.0),
-        toolkit=Toolkit(tools=[FunctionTool(add)]),
+        toolkit=Toolkit(tools=[FunctionTool(make_add(calls))]),
         react_config=ReActConfig(max_iters=3),
         # AgentScope writes the current time into the prompt by default: the episodes of a GRPO
         # group would each see a different prompt, and the time teaches the policy nothing
         injection_config=InjectionConfig(inject_runtime_state=False),
     )
-    reply = await agent.reply(UserMsg(name="user", content=f"What is {task['a']} + {task['b']}?"))
-    return float(str(task["a"] + task["b"]) in (reply.get_text_content() or ""))
+    reply = await agent.reply(UserMsg(name="user", content=f"What is {a} + {b}?"))
+    used_tool = 0.25 * bool(calls) + 0.25 * any(sorted(c) == sorted((a, b)) for c in calls)
+    return used_tool + 0.5 * (str(a + b) in (reply.get_text_content() or ""))

@@ -22,6 +22,9 @@ EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").
 
 
 USES_TOOLS = {"tool_use", "langchain_agent", "agentscope_agent"}
+# the embedded model rarely gets AgentScope's adder right (about 1 episode in 16 earns a reward), so
+# a group of 8 often has no reward signal and its step is skipped: twelve groups make a step sure
+EPISODES = {"agentscope_agent": 96}
 
 
 def assert_trains_exactly_the_sampled_tokens(trajectory: Trajectory) -> None:
@@ -66,10 +69,12 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
     if example.name == "curl_shell" and not (shutil.which("curl") and shutil.which("jq")):
         pytest.skip("the shell example needs curl and jq on PATH")
     state = tmp_path / "state"
-    server = ServerProcess(["--batch-groups", "2", "--group-size", "8", "--state-dir", str(state)], tmp_path / "s.log")
+    episodes = EPISODES.get(example.name, 48)
+    # a batch per GRPO group: six chances of a group whose rewards differ (else the step is skipped)
+    server = ServerProcess(["--batch-groups", "1", "--group-size", "8", "--state-dir", str(state)], tmp_path / "s.log")
     try:
         exe = str(Path(sys.executable).parent / "agentjet-client")
-        command = [exe, "run", "--code-dir", str(example), "--server", server.url, "--episodes", "48"]
+        command = [exe, "run", "--code-dir", str(example), "--server", server.url, "--episodes", str(episodes)]
         command += ["--group-size", "8", "--seed", "0"]
         env = {**os.environ, "AGENTJET_DIGITS": "3,8"}
         run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -79,12 +84,12 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
     finally:
         server.stop()
     counts = status["trajectories"]
-    assert counts["accepted"] == 48 and counts["rejected"] == 0 and status["policy_version"] >= 1
+    assert counts["accepted"] == episodes and counts["rejected"] == 0 and status["policy_version"] >= 1
     context = status["context"]
     split = [line for line in (tmp_path / "s.log").read_text().splitlines() if "differs from what was sampled" in line]
     assert context["mismatch"] == 0, split
     trajectories = [Trajectory.model_validate(r["t"]) for r in records if r["k"] == "a"]
-    assert len(trajectories) == 48
+    assert len(trajectories) == episodes
     per_call = merged = continued = drifted = 0
     for trajectory in trajectories:
         per_call += call_tokens(trajectory.turns)

@@ -85,3 +85,32 @@ def test_a_client_that_hangs_up_stops_its_generation(chatty_server, stream):
         if engine.tokens_sampled == settled or time.monotonic() > deadline:
             break
     assert settled - before < full / 2, f"sampled {settled - before} of {full} tokens after the client left"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>}}</tool_call>',  # sampled by the tiny model
+        'I will add. <tool_call>{"name": "add", "arguments": {}}</tool_call> then <tool_call>{"name": "n"}</tool_call>',
+        "no call at all, just text",
+    ],
+)
+def test_streamed_content_around_tool_calls_equals_the_whole_answer(engine, text):
+    """A client that accumulates the deltas gets the content and calls a non-streamed answer has."""
+    from agentjet_server.serving import final_frames
+
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    prepared = PreparedRequest([1], SamplingParams(max_tokens=999), "", True, False)
+    state = _ChoiceState(engine, prepared)
+    chunks: list = []
+    streamed = ""
+    for i, tid in enumerate(ids):
+        state.add(TokenEvent(tid, -0.1, 0, [], "stop" if i == len(ids) - 1 else None))
+        streamed += state.sendable(final=i == len(ids) - 1)
+    final_frames(lambda choices: chunks.extend(choices) or "", 0, state)
+    streamed += "".join(c.delta.content or "" for c in chunks)
+    names = [t.function["name"] for c in chunks for t in c.delta.tool_calls or []]
+    content, calls = state.parsed()
+    assert streamed.strip() == (content or "")
+    assert names == [call.function.name for call in calls]

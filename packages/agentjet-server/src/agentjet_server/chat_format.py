@@ -96,8 +96,13 @@ def parse_tool_calls(text: str) -> ParsedOutput:
                 function=FunctionCall(name=payload["name"], arguments=arguments),
             )
         )
-    content = _CALL_RE.sub("", text).strip()
+    content = without_tool_calls(text).strip()
     return ParsedOutput(content=content or None, tool_calls=calls)
+
+
+def without_tool_calls(text: str) -> str:
+    """``text`` with its ``<tool_call>`` blocks cut out (what ``parse_tool_calls`` keeps as content)."""
+    return _CALL_RE.sub("", text)
 
 
 def forced_tool_prefix(tool_choice: object) -> str:

@@ -31,7 +31,7 @@ from agentjet_client.protocol import (
     TopLogprob,
     Usage,
 )
-from agentjet_server.chat_format import TOOL_CALL_OPEN, forced_tool_prefix, parse_tool_calls
+from agentjet_server.chat_format import TOOL_CALL_OPEN, forced_tool_prefix, parse_tool_calls, without_tool_calls
 from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.tokens import ChatTokenizer
@@ -351,6 +351,13 @@ def final_frames(frame: Any, index: int, state: _ChoiceState) -> str:
     content, calls = state.parsed()
     out: list[str] = []
     if calls:
+        # text around the calls that was held back: a streamed answer has the content a whole one has
+        if state.prepared.forced_prefix or state.sent == 0:
+            rest = content or ""
+        else:
+            rest = without_tool_calls(state.text[state.sent :]).rstrip()
+        if rest:
+            out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(content=rest))]))
         tool_deltas = [
             ToolCallDelta(
                 index=i,
