@@ -162,3 +162,33 @@ def test_malformed_upstream_answers_through_the_proxy_are_counted_not_raised():
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_repeated_call_is_continued_from_the_answer_that_came_back(client, stream):
+    """Two calls with the same messages (a framework asking again): the next request continues
+    the one whose answer it sends back, here the older one, in content blocks as AgentScope sends it."""
+    episode = client.episode("task-retry")
+    llm = episode.openai()
+    kw = dict(model="agentjet-tiny", messages=ASK, max_tokens=6, temperature=1.0)
+    answers: dict[str, int] = {}  # answer text -> index of its turn
+    for seed in range(40):
+        if stream:
+            chunks = llm.chat.completions.create(**kw, seed=seed, stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        else:
+            text = llm.chat.completions.create(**kw, seed=seed).choices[0].message.content or ""
+        if text.strip() and text.strip() not in answers:
+            answers[text.strip()] = len(episode.recorder.turns) - 1
+        if len(answers) == 2:
+            break
+    assert len(answers) == 2
+    (older, index), _newer = answers.items()
+    blocks = [{"type": "text", "text": older}]
+    follow = [*ASK, {"role": "assistant", "content": blocks}, {"role": "user", "content": "Again."}]
+    reply = llm.chat.completions.create(model="agentjet-tiny", messages=follow, max_tokens=4)
+    episode.close()
+    assert reply.choices[0].model_extra["agentjet"]["prefix"] in ("extended", "spliced")
+    turns = episode.recorder.turns
+    sampled = [*turns[index].prompt_token_ids, *turns[index].completion_token_ids]
+    assert turns[-1].prompt_token_ids[: len(sampled)] == sampled

@@ -14,6 +14,8 @@ import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.batching.timeline import build_timelines, call_tokens
+from agentjet_server.continuation import same_answer
+from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.wal import read_records
 from tests.conftest import ServerProcess
 
@@ -51,6 +53,12 @@ def answers_tool_calls(messages: list[dict[str, Any]]) -> bool:
     return any(m.get("role") == "tool" for m in messages)
 
 
+def sent_back_as_sampled(chat: ChatTokenizer, later: Turn, earlier: Turn) -> bool:
+    """Whether ``later`` sends ``earlier``'s answer back as the server gave it (same content and calls)."""
+    answer = later.request_messages[len(earlier.request_messages)]
+    return same_answer(chat.decode(earlier.completion_token_ids), answer)
+
+
 def continues(later: Turn, earlier: Turn) -> bool:
     n = len(earlier.request_messages)
     messages = later.request_messages
@@ -63,7 +71,7 @@ def continues(later: Turn, earlier: Turn) -> bool:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_runs_and_does_not_drift(example, tmp_path):
+def test_example_runs_and_does_not_drift(example, tmp_path, model_dir):
     if example.name == "node_fetch" and shutil.which("node") is None:
         pytest.skip("the JavaScript example needs Node.js 18+ (node) on PATH")
     if example.name == "curl_shell" and not (shutil.which("curl") and shutil.which("jq")):
@@ -86,11 +94,10 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
     counts = status["trajectories"]
     assert counts["accepted"] == episodes and counts["rejected"] == 0 and status["policy_version"] >= 1
     context = status["context"]
-    split = [line for line in (tmp_path / "s.log").read_text().splitlines() if "differs from what was sampled" in line]
-    assert context["mismatch"] == 0, split
     trajectories = [Trajectory.model_validate(r["t"]) for r in records if r["k"] == "a"]
     assert len(trajectories) == episodes
-    per_call = merged = continued = drifted = 0
+    chat = ChatTokenizer(model_dir)
+    per_call = merged = continued = drifted = edited = 0
     for trajectory in trajectories:
         per_call += call_tokens(trajectory.turns)
         merged += sum(len(t.tokens) for t in build_timelines(trajectory.turns))
@@ -99,8 +106,16 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
             if earlier:  # the conversation of an earlier call, with its answer sent back
                 continued += 1
                 prefixes = [e.prompt_token_ids + e.completion_token_ids for e in earlier]
-                drifted += not any(later.prompt_token_ids[: len(p)] == p for p in prefixes)
-    assert drifted == 0
+                if not any(later.prompt_token_ids[: len(p)] == p for p in prefixes):
+                    # not continued from the sampled tokens: fine only if the agent's framework sent the
+                    # answer back changed (an edit: a new timeline), never for the answer as sampled
+                    if any(sent_back_as_sampled(chat, later, e) for e in earlier):
+                        drifted += 1
+                    else:
+                        edited += 1
+    split = [line for line in (tmp_path / "s.log").read_text().splitlines() if "differs from what was sampled" in line]
+    assert drifted == 0, "\n".join(split)
+    assert context["mismatch"] == edited <= continued // 10, "\n".join(split)
     assert continued == context["prefix_requests"]
     # token-exact: every turn is what the server sampled (its signature checked at ingestion), and
     # what the learner trains of it is exactly its sampled tokens, after exactly its prompt
@@ -114,6 +129,7 @@ def test_example_runs_and_does_not_drift(example, tmp_path):
     print(
         f"{example.name}: {len(trajectories)} episodes accepted, policy v{status['policy_version']}, "
         f"{turns} turns verified as sampled, {tool_turns} sending tool results back, {continued} continued calls "
-        f"({context['drift_prevented']} with drift prevented, {context['spliced']} spliced), 0 drift; "
+        f"({context['drift_prevented']} with drift prevented, {context['spliced']} spliced, {edited} answers "
+        "sent back edited by the framework), 0 drift; "
         f"tokens per call {per_call}, merged {merged}"
     )

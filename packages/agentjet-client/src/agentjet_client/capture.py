@@ -26,7 +26,9 @@ class EpisodeRecorder:
 
     def __init__(self) -> None:
         self._turns: list[Turn] = []
-        self._answers: list[str | None] = []  # each turn's answer text, to tell n > 1 choices apart
+        # each turn's answer (text, tool calls), to tell apart calls that share their messages
+        # (n > 1 choices, a framework asking again) by which answer came back
+        self._answers: list[Answer | None] = []
         self._lock = threading.Lock()
         self.failures = 0
         self.last_failure: str | None = None
@@ -59,7 +61,7 @@ class EpisodeRecorder:
                         candidates.append((turn, answer))
             if not candidates:
                 return None
-            # n > 1 choices share their messages: take the one whose answer was sent back
+            # calls that share their messages (n > 1 choices, a retry): take the one whose answer came back
             answered = [t for t, a in candidates if a is not None and a == _sent_back(messages, t)]
             turn = (answered or [t for t, _ in candidates])[-1]
             return {
@@ -77,7 +79,7 @@ class EpisodeRecorder:
         ext: AgentJetExtension,
         model: str | None,
         started: float,
-        answer: str | None = None,
+        answer: Answer | None = None,
     ) -> None:
         turn = Turn(
             agent=agent,
@@ -109,7 +111,8 @@ class EpisodeRecorder:
                 if ext is None:
                     self.fail("response choice has no 'agentjet' extension; is the base URL an AgentJet server?")
                     continue
-                answer = (choice.get("message") or {}).get("content")
+                message = choice.get("message") or {}
+                answer = answer_of(message.get("content"), message.get("tool_calls"))
                 self._add(agent, request, AgentJetExtension.model_validate(ext), response.get("model"), started, answer)
         except Exception as exc:  # capture must never raise into the agent
             self.fail(f"could not record response: {type(exc).__name__}: {exc}")
@@ -119,17 +122,25 @@ class EpisodeRecorder:
         try:
             found = 0
             texts: dict[int, str] = {}
+            calls: dict[int, dict[int, dict[str, str]]] = {}  # choice -> tool call index -> name, arguments
             for chunk in chunks:
                 for choice in chunk.get("choices") or []:
                     index = int(choice.get("index") or 0)
-                    piece = (choice.get("delta") or {}).get("content")
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
                     if isinstance(piece, str):
                         texts[index] = texts.get(index, "") + piece
+                    for call in delta.get("tool_calls") or []:
+                        got = calls.setdefault(index, {}).setdefault(int(call.get("index") or 0), {})
+                        function = call.get("function") or {}
+                        got["name"] = got.get("name", "") + (function.get("name") or "")
+                        got["arguments"] = got.get("arguments", "") + (function.get("arguments") or "")
                     ext = choice.get("agentjet")
                     if ext is not None:
                         model = chunk.get("model")
                         ext_model = AgentJetExtension.model_validate(ext)
-                        self._add(agent, request, ext_model, model, started, texts.get(index) or None)
+                        made = [{"function": c} for _, c in sorted(calls.get(index, {}).items())]
+                        self._add(agent, request, ext_model, model, started, answer_of(texts.get(index), made))
                         found += 1
             if not found:
                 self.fail("stream ended without an 'agentjet' extension (interrupted, or not an AgentJet server)")
@@ -166,9 +177,33 @@ class SSECollector:
             self.chunks.append(obj)
 
 
-def _sent_back(messages: list[dict[str, Any]], turn: Turn) -> Any:
-    """The content of the assistant message that follows ``turn``'s messages in ``messages``."""
-    return messages[len(turn.request_messages)].get("content")
+Answer = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def answer_of(content: Any, tool_calls: Any) -> Answer:
+    """An assistant answer as compared between what the server sent and what an agent sends back:
+    its text (content blocks joined, whitespace-stripped) and its tool calls (name, arguments with
+    the JSON normalised), so the forms frameworks re-serialise it in compare equal."""
+    if isinstance(content, list):
+        content = "".join(b.get("text") or "" for b in content if isinstance(b, dict) and b.get("type") == "text")
+    text = content.strip() if isinstance(content, str) else ""
+    calls = []
+    for call in tool_calls or []:
+        function = (call.get("function") if isinstance(call, dict) else None) or {}
+        arguments = function.get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+            arguments = json.dumps(parsed, sort_keys=True)
+        except (TypeError, ValueError):
+            arguments = str(arguments)
+        calls.append((str(function.get("name")), arguments))
+    return text, tuple(calls)
+
+
+def _sent_back(messages: list[dict[str, Any]], turn: Turn) -> Answer:
+    """The assistant message that follows ``turn``'s messages in ``messages``, as an ``Answer``."""
+    message = messages[len(turn.request_messages)]
+    return answer_of(message.get("content"), message.get("tool_calls"))
 
 
 def _canonical(message: Any) -> dict[str, Any]:

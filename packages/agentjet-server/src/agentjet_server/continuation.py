@@ -87,7 +87,7 @@ def _splice(
     for j, message in enumerate(messages):
         if message.get("role") != "assistant" or chat.render_text(messages[:j], tools) != prompt_text:
             continue
-        if not _same_answer(chat.decode(completion), message):
+        if not same_answer(chat.decode(completion), message):
             return None
         through = chat.render_text(messages[: j + 1], tools, add_generation_prompt=False)
         end = chat.decode_all([prefix[-1]])
@@ -98,7 +98,7 @@ def _splice(
     return None
 
 
-def _same_answer(sampled: str, message: Mapping[str, Any]) -> bool:
+def same_answer(sampled: str, message: Mapping[str, Any]) -> bool:
     """Whether the assistant ``message`` the agent sent back is what the server answered for ``sampled``."""
     parsed = parse_tool_calls(sampled)
     calls = message.get("tool_calls") or []
