@@ -114,9 +114,10 @@ def test_example_runs_and_does_not_drift(example, tmp_path, model_dir):
                     else:
                         edited += 1
     split = [line for line in (tmp_path / "s.log").read_text().splitlines() if "differs from what was sampled" in line]
-    assert drifted == 0, "\n".join(split)
-    assert context["mismatch"] == edited <= continued // 10, "\n".join(split)
-    assert continued == context["prefix_requests"]
+    assert drifted == 0 and context["mismatch"] == 0, "\n".join(split)
+    # an edited history is not claimed as a continuation (its answer is not the sampled one); edits
+    # are the framework's doing and rare (AgentScope drops a failed tool exchange now and then)
+    assert context["prefix_requests"] == continued - edited and edited <= max(2, continued // 10)
     # token-exact: every turn is what the server sampled (its signature checked at ingestion), and
     # what the learner trains of it is exactly its sampled tokens, after exactly its prompt
     turns = sum(len(t.turns) for t in trajectories)

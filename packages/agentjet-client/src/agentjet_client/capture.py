@@ -47,8 +47,9 @@ class EpisodeRecorder:
     def claim(self, agent: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """The ``agentjet`` request extension naming the earlier call of ``agent`` that ``request``
         continues: the newest turn whose messages begin the request's, followed by an assistant
-        message (the answer sent back). The server checks the claim against the text; a wrong one
-        costs nothing (it renders afresh)."""
+        message that is that turn's answer (text and tool calls; re-serialised JSON compares equal).
+        None if no earlier call's answer came back (the agent edited its history: a new timeline).
+        The server checks the claim against the text; a wrong one costs nothing (it renders afresh)."""
         try:
             messages = [_canonical(m) for m in request.get("messages") or []]
             with self._lock:
@@ -63,7 +64,10 @@ class EpisodeRecorder:
                 return None
             # calls that share their messages (n > 1 choices, a retry): take the one whose answer came back
             answered = [t for t, a in candidates if a is not None and a == _sent_back(messages, t)]
-            turn = (answered or [t for t, _ in candidates])[-1]
+            unknown = [t for t, a in candidates if a is None]
+            if not (answered or unknown):
+                return None  # the answer sent back is none of theirs: the agent edited its history
+            turn = (answered or unknown)[-1]
             return {
                 "prefix_token_ids": [*turn.prompt_token_ids, *turn.completion_token_ids],
                 "prefix_prompt_tokens": len(turn.prompt_token_ids),
@@ -120,7 +124,7 @@ class EpisodeRecorder:
     def record_chunks(self, agent: str, request: dict[str, Any], chunks: list[dict[str, Any]], started: float) -> None:
         """Record a streamed chat completion from its parsed SSE chunks."""
         try:
-            found = 0
+            done: dict[int, tuple[AgentJetExtension, Any, Answer]] = {}
             texts: dict[int, str] = {}
             calls: dict[int, dict[int, dict[str, str]]] = {}  # choice -> tool call index -> name, arguments
             for chunk in chunks:
@@ -137,12 +141,12 @@ class EpisodeRecorder:
                         got["arguments"] = got.get("arguments", "") + (function.get("arguments") or "")
                     ext = choice.get("agentjet")
                     if ext is not None:
-                        model = chunk.get("model")
-                        ext_model = AgentJetExtension.model_validate(ext)
                         made = [{"function": c} for _, c in sorted(calls.get(index, {}).items())]
-                        self._add(agent, request, ext_model, model, started, answer_of(texts.get(index), made))
-                        found += 1
-            if not found:
+                        answer = answer_of(texts.get(index), made)
+                        done[index] = (AgentJetExtension.model_validate(ext), chunk.get("model"), answer)
+            for _, (ext_model, model, answer) in sorted(done.items()):  # choice order, as a whole answer has it
+                self._add(agent, request, ext_model, model, started, answer)
+            if not done:
                 self.fail("stream ended without an 'agentjet' extension (interrupted, or not an AgentJet server)")
         except Exception as exc:  # capture must never raise into the agent
             self.fail(f"could not record stream: {type(exc).__name__}: {exc}")
