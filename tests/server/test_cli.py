@@ -114,7 +114,13 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
             finish_reason="stop",
         )
 
-    trajectory = Trajectory(id="look-1", task_id="t", turns=[turn(p1, c1), turn(p2, c2), turn(edited, c2)], reward=1.0)
+    from agentjet_server.signing import SampleSigner
+
+    signer = SampleSigner.load(tmp_path / "sample.key")
+    first, second, third = turn(p1, c1), turn(p2, c2), turn(edited, c2)
+    first.signature = signer.sign(p1, c1, first.completion_logprobs, [])
+    second.signature = signer.sign(p2, c1, second.completion_logprobs, [])  # not what the turn holds
+    trajectory = Trajectory(id="look-1", task_id="t", turns=[first, second, third], reward=1.0)
     log = TrajectoryLog(tmp_path / "log")
     TrajectoryStore(10**6, 4, lambda t, n: None, log).admit(trajectory, 0)
     log.close()
@@ -124,6 +130,7 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "look-1" in text and "3 calls -> 2 timelines" in text  # the default is the newest trajectory
+    assert "turns verified as sampled 1, not matching 1, unsigned 1" in text
     assert "-- timeline 1" in text and "does not continue an earlier one token for token" in text
     assert text.count("TRAIN 0") == len(c1) and text.count("TRAIN 1") == len(c2) and text.count("TRAIN 2") == len(c2)
     trained_rows = [line for line in text.splitlines() if "TRAIN" in line]

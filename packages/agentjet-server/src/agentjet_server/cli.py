@@ -236,14 +236,23 @@ def inspect(
         weights = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         weights.eval()  # type: ignore[no-untyped-call]
     from agentjet_server.batching.timeline import build_timelines, call_tokens
+    from agentjet_server.signing import SampleSigner
 
     timelines = build_timelines(trajectory.turns)
+    signer = SampleSigner.existing(state_dir / "sample.key")
+    checks = [signer.verify_turn(t) for t in trajectory.turns] if signer else []
+    sampled = (
+        f"turns verified as sampled {checks.count(True)}, not matching {checks.count(False)}, "
+        f"unsigned {checks.count(None)}"
+        if signer
+        else f"no sample.key in {state_dir}: signatures not checked"
+    )
     out = Console()
     out.print(
         f"trajectory [bold]{escape(trajectory.id)}[/bold]  task {escape(trajectory.task_id)}  "
         f"status {trajectory.status}  reward {trajectory.reward:g}  {len(trajectory.turns)} calls -> "
         f"{len(timelines)} timelines ({call_tokens(trajectory.turns)} tokens per call, "
-        f"{sum(len(t.tokens) for t in timelines)} merged)  weights: {escape(str(source))}"
+        f"{sum(len(t.tokens) for t in timelines)} merged)  {escape(sampled)}  weights: {escape(str(source))}"
     )
     for i, timeline in enumerate(timelines):
         why = (

@@ -21,6 +21,8 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from agentjet_client.protocol import Turn
+
 KEY_BYTES = 32
 SIGNATURE_CHARS = 32  # 128 bits of the HMAC, hex
 
@@ -46,6 +48,24 @@ class SampleSigner:
     def random(cls) -> SampleSigner:
         """A key for a server without a state directory: signatures verify until it stops."""
         return cls(secrets.token_bytes(KEY_BYTES))
+
+    @classmethod
+    def existing(cls, path: Path) -> SampleSigner | None:
+        """The key in ``path`` if there is one (read only: for tools that look at a state dir)."""
+        try:
+            key = path.read_bytes()
+        except OSError:
+            return None
+        return cls(key) if len(key) == KEY_BYTES else None
+
+    def verify_turn(self, turn: Turn) -> bool | None:
+        """Whether a turn is what this key's server sampled; None if it carries no signature."""
+        if turn.signature is None:
+            return None
+        versions = turn.completion_versions or []
+        return self.verify(
+            turn.signature, turn.prompt_token_ids, turn.completion_token_ids, turn.completion_logprobs, versions
+        )
 
     @classmethod
     def load(cls, path: Path, *, renew: bool = False) -> SampleSigner:

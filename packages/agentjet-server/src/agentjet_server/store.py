@@ -81,10 +81,7 @@ class TrajectoryStore:
         if self.signer is None:
             return None
         for i, turn in enumerate(trajectory.turns):
-            versions = turn.completion_versions or []
-            if turn.signature is not None and not self.signer.verify(
-                turn.signature, turn.prompt_token_ids, turn.completion_token_ids, turn.completion_logprobs, versions
-            ):
+            if self.signer.verify_turn(turn) is False:
                 return "not_sampled", (
                     f"turn {i} carries a signature, but its token ids, log-probs or versions are not what "
                     "this server sampled (or another server, or a run discarded with --fresh, signed it); "
