@@ -107,3 +107,17 @@ def test_a_resumed_server_still_verifies_what_it_sampled_before(model_dir, tmp_p
         second.stop()
     # --fresh discards the run and its key: its samples are no longer this server's
     assert result["status"] == ("accepted" if resume else "rejected"), result
+
+
+def test_a_server_that_died_before_any_push_keeps_its_key(model_dir, tmp_path):
+    """Nothing was logged, so the restart is a fresh start, but what clients sampled still verifies."""
+    first = LiveServer(model_dir, state_dir=tmp_path)
+    try:
+        trajectory = sampled(first.url)  # sampled, spooled by the client, never pushed
+    finally:
+        first.stop()
+    second = LiveServer(model_dir, state_dir=tmp_path, resume=True)
+    try:
+        assert push(second.url, trajectory)["status"] == "accepted"
+    finally:
+        second.stop()

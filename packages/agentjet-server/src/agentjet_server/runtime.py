@@ -90,9 +90,10 @@ class SwarmRuntime:
         self.settings = settings
         self.state = state
         self.model_path = model_path
-        # a resumed run keeps its key: what it sampled before the restart still verifies
+        # the key outlives restarts (what was sampled before one still verifies, also when the
+        # server died before anything was pushed); --fresh discards it with the run
         self.signer = (
-            SampleSigner.load(state.root / "sample.key", renew=not state.resuming)
+            SampleSigner.load(state.root / "sample.key", renew=settings.fresh)
             if state is not None
             else SampleSigner.random()
         )

@@ -6,8 +6,8 @@ log-probabilities and the policy version of each token. The client copies it int
 records. On ingestion the server recomputes it: a signed turn whose tokens, log-probs or versions
 changed on the way (a capture bug, a hand-edited spool, a client built on another tokenizer) is
 rejected with the reason, instead of being trained as if it had been sampled. The check costs no
-server memory and survives restarts (``--resume`` keeps the key; ``--fresh`` makes a new one, so a
-discarded run's samples no longer verify). Turns without a signature (pushed by code that built
+server memory and survives restarts (the key stays; ``--fresh`` makes a new one, so a discarded
+run's samples no longer verify). Turns without a signature (pushed by code that built
 them itself) are accepted and counted as unsigned.
 """
 
