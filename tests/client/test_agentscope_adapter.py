@@ -37,4 +37,6 @@ def test_agentscope_streaming_and_not_give_the_same_trajectory(live_server):
     assert streamed.recorder.failures == plain.recorder.failures == 0
     assert len(a) == len(b) == 1 and a[0].agent == "scope"
     assert a[0].prompt_token_ids == b[0].prompt_token_ids and a[0].completion_token_ids == b[0].completion_token_ids
+    timings = {"started_at", "latency_s"}
+    assert a[0].model_dump(exclude=timings) == b[0].model_dump(exclude=timings)  # field for field
     assert streamed_text == plain_text
