@@ -114,13 +114,12 @@ class _ChoiceState:
     def extension(self) -> AgentJetExtension:
         versions = [e.version for e in self.events]
         ids, logprobs = self.ids, [e.logprob for e in self.events]
-        signer = self.signer
         return AgentJetExtension(
             prompt_token_ids=self.prepared.prompt_ids,
             completion_token_ids=ids,
             completion_logprobs=logprobs,
             completion_versions=versions,
-            signature=signer.sign(self.prepared.prompt_ids, ids, logprobs, versions) if signer else None,
+            signature=self.signer.sign(self.prepared.prompt_ids, ids, logprobs, versions) if self.signer else None,
             finish_reason=self.finish_reason(),
             policy_version=min(versions) if versions else self.engine.version,
             prefix=self.prepared.prefix_status,

@@ -128,9 +128,9 @@ class TrajectoryStore:
             self.rejected.update(rejected)
             self.accepted += len(accepted)
             self.next_lsn += len(accepted)
-            if self.signer is not None:
-                self.verified_turns += signed
-            self.unsigned_turns += turns - signed if self.signer is not None else turns
+            checked = signed if self.signer is not None else 0  # without a key nothing is checked
+            self.verified_turns += checked
+            self.unsigned_turns += turns - checked
             for trajectory, lsn in accepted:  # under the lock: buffer order == log order
                 self._sink(trajectory, lsn)
         return results
