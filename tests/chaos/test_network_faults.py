@@ -58,6 +58,9 @@ def test_drops_partition_and_delays_lose_nothing(model_dir, tmp_path):
         finally:
             stop.set()
             faults.join()
+            if client.poll() is None:  # timed out: reap it, so nothing leaks into the next test
+                client.kill()
+                client.communicate(timeout=30)
         assert client.returncode == 0, out
         stats = spool_stats(spool_dir / spool_key(proxy.url))
         counts = server.status()["trajectories"]

@@ -111,6 +111,7 @@ def test_server_killed_twice_and_resumed_loses_nothing(tmp_path):
     finally:
         if client.poll() is None:
             client.kill()
+            client.communicate(timeout=30)  # reaped and its pipe closed, even when the test failed
         server.stop()
     stats = spool_stats(spool_dir / spool_key(server.url))
     trajectory_log = TrajectoryLog(state / "log")

@@ -231,13 +231,14 @@ class SwarmRuntime:
 
     def status(self) -> ServerStatus:
         last = self.loop.last
+        version, step = self.loop.live  # the served weights' version and step, read together
         return ServerStatus(
             model=self.engine.model_name,
-            policy_version=self.version,
+            policy_version=version,
             trajectories=self.store.counts(self.buffer.buffered),
             learner=LearnerInfo(
                 algorithm=self.settings.algorithm,
-                step=self.loop.learner.steps,
+                step=step,
                 batch_groups=self.settings.batch_groups,
                 group_size=self.settings.group_size,
                 max_staleness=self.settings.max_staleness,

@@ -39,7 +39,10 @@ class TrainingLoop:
         self.learner = learner
         self.buffer = buffer
         self.engine = engine
-        self.version = version
+        # (policy version, learner step) of the weights the engine serves, replaced as one value so a
+        # reader never sees a step whose weights are not live yet (the learner counts a step before
+        # its weights are gathered and pushed)
+        self.live = (version, learner.steps)
         self.last: StepStats | None = None
         self.skipped_batches = 0
         self.error: str | None = None
@@ -51,6 +54,10 @@ class TrainingLoop:
         self._final_checkpoint = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentjet-learner", daemon=True)
+
+    @property
+    def version(self) -> int:
+        return self.live[0]
 
     def start(self) -> None:
         self._thread.start()
@@ -120,7 +127,7 @@ class TrainingLoop:
         new_version = self.version + 1
         self._on_version(new_version)  # logged before any token can be sampled with it
         self.engine.update_weights(weights, new_version)
-        self.version = new_version
+        self.live = (new_version, self.learner.steps)
         self.last = stats
         self._on_trained(batch.trajectories)
         logger.info(
