@@ -283,7 +283,8 @@ def real_turn(live_server, sdk, version_offset=0):
 
 def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
     rt = live_server.runtime
-    rt.loop.version += 10  # pretend the learner has moved on 10 versions
+    version, step = rt.loop.live
+    rt.loop.live = (version + 10, step)  # pretend the learner has moved on 10 versions
     try:
         fresh_turn = real_turn(live_server, sdk).model_copy(update={"policy_version": rt.version - 2})
         fresh = Trajectory(id="t-fresh", task_id="g-fresh", turns=[fresh_turn], reward=1.0)
@@ -306,7 +307,7 @@ def test_trajectory_results_accept_duplicate_stale_invalid(live_server, sdk):
         counts = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
         assert counts["rejected_by_reason"]["stale"] >= 1 and counts["duplicate"] >= 1
     finally:
-        rt.loop.version -= 10
+        rt.loop.live = (version, step)
 
 
 def test_duplicate_inside_one_batch_is_trained_once(live_server, sdk):
