@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -10,7 +15,7 @@ import pytest
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.errors import StateError
 from agentjet_server.store import TrajectoryStore
-from agentjet_server.wal import TrajectoryLog
+from agentjet_server.wal import TrajectoryLog, read_records
 
 
 def traj(i: int, version: int = 0, token: int = 5) -> Trajectory:
@@ -114,6 +119,55 @@ def test_a_failed_write_acknowledges_nothing(tmp_path, monkeypatch):
     assert s.accepted == 0 and buffered == []
     assert [r.status for r in s.admit_batch([traj(0)], version=0)] == ["accepted"]  # the retry is not a duplicate
     log.close()
+    # the bytes written before the failed fsync are gone: t0 once (its retry), t1 never
+    assert [(r["n"], r["t"]["id"]) for r in read_records(tmp_path)] == [(0, "t0")]
+
+
+FULL_DISK = """
+import json, resource, sys
+from pathlib import Path
+from agentjet_server.errors import StateError
+from tests.server.test_wal import store, traj
+
+where = Path(sys.argv[1])
+s, log, buffered = store(where)
+s.admit(traj(0), version=0)
+size = (where / "00000001.wal").stat().st_size
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, resource.RLIM_INFINITY))  # the next record fits in part
+answers = []
+for i in (1, 2, 3):
+    try:
+        answers.append(s.admit(traj(i), version=0).status)
+    except StateError as exc:
+        answers.append("503: " + str(exc))
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # space freed
+answers += [s.admit(traj(i), version=0).status for i in (2, 1)]
+log.close()
+print(json.dumps({"answers": answers, "buffered": buffered}))
+"""
+
+
+def test_a_write_a_full_disk_cuts_short_leaves_no_trace(tmp_path):
+    """A real file-size limit (what a full disk does to a write): the record that only partly fits is
+    answered with an error and cut off, so no later write can publish it under a reused sequence number."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [a.split(":")[0] for a in out["answers"]] == ["503", "503", "503", "accepted", "accepted"]
+    assert "File too large" in out["answers"][0]
+    assert out["buffered"] == [["t0", 0], ["t2", 1], ["t1", 2]]
+    logged = [(r["n"], r["t"]["id"]) for r in read_records(tmp_path)]
+    assert logged == [(0, "t0"), (1, "t2"), (2, "t1")]  # each once, in answer order, no torn record
+    s, log, _ = store(tmp_path)
+    assert s.accepted == 3 and s.next_lsn == 3 and log.scan.torn_bytes == 0
+    log.close()
 
 
 def test_http_answers_503_when_the_log_cannot_be_written(live_server, monkeypatch):
@@ -129,3 +183,28 @@ def test_http_answers_503_when_the_log_cannot_be_written(live_server, monkeypatc
     assert "Input/output error" in r.json()["error"]["message"] and "retry" in r.json()["error"]["message"]
     r = httpx2.post(live_server.url + "/v1/trajectories", json=body)
     assert r.json()["results"][0]["status"] == "accepted"
+
+
+def test_a_segment_that_cannot_be_opened_leaves_appends_in_the_current_one(tmp_path):
+    """Rotation opens the new segment before letting the old one go: a read-only log dir makes the
+    rotation (and so the checkpoint) fail, not every later append."""
+    s, log, _ = store(tmp_path)
+    s.admit(traj(0), version=0)
+    (tmp_path / "00000002.wal").mkdir()  # the next segment's name is taken by something unwritable
+    with pytest.raises(StateError, match="cannot open the trajectory log segment"):
+        log.rotate()
+    assert s.admit(traj(1), version=0).status == "accepted"  # still logged, in segment 1
+    (tmp_path / "00000002.wal").rmdir()
+    assert log.rotate() == 2
+    assert s.admit(traj(2), version=0).status == "accepted"
+    log.close()
+    assert [r["t"]["id"] for r in read_records(tmp_path)] == ["t0", "t1", "t2"]
+    assert (tmp_path / "00000002.wal").stat().st_size > 0
+
+
+def test_log_segments_are_readable_by_the_owner_only(tmp_path):
+    s, log, _ = store(tmp_path / "log")
+    s.admit(traj(0), version=0)
+    log.close()
+    assert stat.S_IMODE((tmp_path / "log").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "log" / "00000001.wal").stat().st_mode) == 0o600

@@ -14,6 +14,7 @@ Two families live here:
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,40 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # ---------------------------------------------------------------------------------------------
 # OpenAI Chat Completions: requests
 # ---------------------------------------------------------------------------------------------
+
+
+# Bounds on what a request may hold, checked before any expensive work (a list longer than its bound
+# is refused at its first surplus item, so a huge list can't produce a huge error report)
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 1024
+MAX_TOOLS = 128
+MAX_TOOL_CALLS = 128
+MAX_STOP_CHARS = 1024
+MAX_SEQUENCE_TOKENS = 1 << 20  # token ids in one list: far beyond any model's context
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _whole_numbers(value: Any, what: str) -> Any:
+    """Check a long list of integers in one pass and fail at its first bad item, so a list of a
+    million strings is one error, not a million (each would be rendered into the 400)."""
+    if isinstance(value, list):
+        for i, x in enumerate(value):
+            if type(x) is not int or not 0 <= x <= INT64_MAX:
+                raise ValueError(
+                    f"item {i} is {json.dumps(x, default=str)[:40]}: {what} are JSON integers from 0 to 2^63-1"
+                )
+    return value
+
+
+def _log_probabilities(value: Any) -> Any:
+    if isinstance(value, list):
+        for i, x in enumerate(value):
+            if type(x) not in (int, float) or not math.isfinite(x) or x > 1e-4:
+                raise ValueError(
+                    f"item {i} is {json.dumps(x, default=str)[:40]}: completion_logprobs must be finite "
+                    "log-probabilities (<= 0), one per completion token"
+                )
+    return value
 
 
 class _Strict(BaseModel):
@@ -53,9 +88,16 @@ class ChatMessage(_Open):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+    name: str | None = Field(default=None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOL_CALLS)
+    tool_call_id: str | None = Field(default=None, max_length=256)
+
+    @field_validator("content")
+    @classmethod
+    def _check_parts(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        if isinstance(value, list) and len(value) > MAX_CONTENT_PARTS:
+            raise ValueError(f"at most {MAX_CONTENT_PARTS} content parts are allowed; join the text into fewer parts")
+        return value
 
     def text(self) -> str:
         """The message's content flattened to one string."""
@@ -98,15 +140,22 @@ class RequestExtension(_Strict):
     """Our extension on a chat request (``agentjet``): the exact tokens of the earlier call this
     request continues, so the server starts from them instead of re-tokenising their text."""
 
-    prefix_token_ids: list[int] = Field(min_length=2, description="the earlier call's prompt + completion ids")
-    prefix_prompt_tokens: int = Field(ge=1, description="how many of them were its prompt")
+    prefix_token_ids: list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]] = Field(
+        min_length=2, max_length=MAX_SEQUENCE_TOKENS, description="the earlier call's prompt + completion ids"
+    )
+    prefix_prompt_tokens: int = Field(ge=1, le=MAX_SEQUENCE_TOKENS, description="how many of them were its prompt")
+
+    @field_validator("prefix_token_ids", mode="before")
+    @classmethod
+    def _check_ids(cls, value: Any) -> Any:
+        return _whole_numbers(value, "token ids")
 
 
 class ChatCompletionRequest(_Strict):
     """``POST /v1/chat/completions``. Unknown fields are rejected so a typo is never ignored."""
 
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = Field(default=None, max_length=256)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
@@ -119,7 +168,7 @@ class ChatCompletionRequest(_Strict):
     presence_penalty: float | None = None
     reasoning_effort: str | None = None
     response_format: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     service_tier: str | None = None
     stop: str | list[str] | None = None
     store: bool | None = None
@@ -127,7 +176,7 @@ class ChatCompletionRequest(_Strict):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     tool_choice: ToolChoice | None = None
-    tools: list[ToolDefinition] | None = None
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     user: str | None = None
     # --- AgentJet extension ---
@@ -140,6 +189,8 @@ class ChatCompletionRequest(_Strict):
             raise ValueError("at most 4 stop sequences are allowed; pass fewer")
         if value == "" or (isinstance(value, list) and "" in value):
             raise ValueError("stop sequences must be non-empty strings")
+        if any(len(x) > MAX_STOP_CHARS for x in ([value] if isinstance(value, str) else value or [])):
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
         return value
 
     @model_validator(mode="after")
@@ -308,30 +359,49 @@ class ErrorResponse(_Open):
 # AgentJet: trajectories
 # ---------------------------------------------------------------------------------------------
 
-TokenId = Annotated[int, Field(ge=0)]
+# strict: a token id sent as a string ("5") or a float is refused, not coerced
+TokenId = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+Version = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
 MAX_TURNS = 512
+MAX_BATCH_TRAJECTORIES = 1024
 
 
 class Turn(_Strict):
     """One sampled completion: the exact tokens the policy saw and produced."""
 
     agent: str = Field(default="default", min_length=1, max_length=128)
-    model: str | None = None
-    policy_version: int = Field(ge=0)
-    request_messages: list[dict[str, Any]] = Field(default_factory=list)
-    prompt_token_ids: list[TokenId] = Field(min_length=1)
-    completion_token_ids: list[TokenId] = Field(min_length=1)
-    completion_logprobs: list[float]
-    completion_versions: list[int] | None = None
+    model: str | None = Field(default=None, max_length=256)
+    policy_version: Version
+    request_messages: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_MESSAGES)
+    prompt_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_SEQUENCE_TOKENS)
+    completion_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_SEQUENCE_TOKENS)
+    completion_logprobs: list[float] = Field(max_length=MAX_SEQUENCE_TOKENS)
+    completion_versions: list[Version] | None = Field(default=None, max_length=MAX_SEQUENCE_TOKENS)
     finish_reason: FinishReason
     signature: str | None = Field(
         default=None,
         max_length=128,
+        pattern=r"^[0-9a-f]+$",
         description="the choice's agentjet.signature, as returned: the server checks the turn is what it sampled",
     )
     reward: float | None = None
     started_at: float | None = None
     latency_s: float | None = Field(default=None, ge=0.0)
+
+    @field_validator("prompt_token_ids", "completion_token_ids", mode="before")
+    @classmethod
+    def _check_ids(cls, value: Any) -> Any:
+        return _whole_numbers(value, "token ids")
+
+    @field_validator("completion_versions", mode="before")
+    @classmethod
+    def _check_versions(cls, value: Any) -> Any:
+        return _whole_numbers(value, "policy versions")
+
+    @field_validator("completion_logprobs", mode="before")
+    @classmethod
+    def _check_logprobs(cls, value: Any) -> Any:
+        return _log_probabilities(value)
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Turn:
@@ -402,7 +472,7 @@ class Trajectory(_Strict):
 class TrajectoryBatch(_Strict):
     """``POST /v1/trajectories``."""
 
-    trajectories: list[Trajectory] = Field(min_length=1, max_length=1024)
+    trajectories: list[Trajectory] = Field(min_length=1, max_length=MAX_BATCH_TRAJECTORIES)
 
 
 SubmitStatus = Literal["accepted", "duplicate", "rejected"]

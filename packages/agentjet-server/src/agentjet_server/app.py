@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,12 +31,13 @@ from agentjet_client.protocol import (
     ModelList,
     TrajectoryBatch,
 )
+from agentjet_server.bodies import describe_validation_error, read_model
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import (
     AuthenticationError,
     EngineError,
     InvalidRequestError,
-    PayloadTooLargeError,
+    RateLimitError,
     RequestError,
     StateError,
 )
@@ -45,62 +45,30 @@ from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
+def _printable(text: str | None) -> str | None:
+    """Text that can be sent as UTF-8 (a message may quote what the caller sent, lone surrogates included)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if text is not None else None
+
+
 def error_response(
-    status: int, message: str, error_type: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    error_type: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = ErrorResponse(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+    detail = ErrorDetail(message=_printable(message) or "", type=error_type, param=_printable(param), code=code)
+    return JSONResponse(ErrorResponse(error=detail).model_dump(), status_code=status, headers=headers)
 
 
-def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
-    """One readable sentence per problem, e.g. ``messages.0.role: Input should be ...``."""
-    parts = []
-    first_param = None
-    for err in exc.errors()[:8]:
-        loc = ".".join(str(x) for x in err["loc"]) or "body"
-        first_param = first_param or loc
-        if err["type"] == "extra_forbidden":
-            parts.append(f"{loc}: unknown field; remove it or check its spelling")
-        elif err["type"] == "missing":
-            parts.append(f"{loc}: required field is missing")
-        else:
-            parts.append(f"{loc}: {err['msg']} (got {json.dumps(err.get('input'), default=str)[:80]})")
-    more = len(exc.errors()) - 8
-    if more > 0:
-        parts.append(f"... and {more} more problems")
-    return "invalid request: " + "; ".join(parts), first_param
-
-
-async def read_model(request: Request, model: type[M], limit: int) -> M:
-    """Read, size-check and validate a JSON body."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(
-            f"request body is {declared} bytes; the limit is {limit} bytes. Send smaller batches",
-            code="payload_too_large",
-        )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(
-                f"request body exceeds the limit of {limit} bytes. Send smaller batches", code="payload_too_large"
-            )
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw:
-        raise InvalidRequestError("request body is empty; send a JSON object")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidRequestError(f"request body must be a JSON object, not {type(data).__name__}")
-    return model.model_validate(data)
+def error_frame(message: str, error_type: str = "server_error", code: str | None = None) -> str:
+    """An SSE event that ends a stream which failed after its first frame (then ``[DONE]`` follows)."""
+    detail = ErrorDetail(message=_printable(message) or "", type=error_type, code=code)
+    return f"data: {ErrorResponse(error=detail).model_dump_json()}\n\n"
 
 
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
@@ -148,7 +116,7 @@ def create_app(
 
     async def chat_completions(request: Request) -> Response:
         authorize(request)
-        body = await read_model(request, ChatCompletionRequest, settings.max_body_bytes)
+        body = await read_model(request, ChatCompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s)
         if body.model not in (None, "", rt.engine.model_name, "default"):
             raise InvalidRequestError(
                 f"model '{body.model}' is not served here; this server serves '{rt.engine.model_name}' "
@@ -162,18 +130,31 @@ def create_app(
 
             async def stream() -> AsyncIterator[str]:
                 yield first
-                async for frame in frames:
-                    yield frame
+                try:
+                    async for frame in frames:
+                        yield frame
+                except Exception as exc:  # the 200 is sent: the client learns of the failure from the stream
+                    logger.exception("stream on %s failed after its first frame", request.url.path)
+                    if isinstance(exc, RequestError):
+                        yield error_frame(exc.message, exc.error_type, exc.code)
+                    else:
+                        yield error_frame(f"the stream failed: {type(exc).__name__}; see the server log")
+                    yield "data: [DONE]\n\n"
 
             return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         completion = await _unless_disconnected(request, rt.chat.complete(body, rt.engine.model_name))
         if completion is None:  # nobody is waiting for it any more
             return Response(status_code=499)
-        return Response(completion.model_dump_json(exclude_none=True), media_type="application/json")
+        usage = completion.usage
+        if usage is not None and usage.completion_tokens > 2048:  # a large answer is rendered off the event loop
+            text = await asyncio.to_thread(completion.model_dump_json, exclude_none=True)
+        else:
+            text = completion.model_dump_json(exclude_none=True)
+        return Response(text, media_type="application/json")
 
     async def trajectories(request: Request) -> Response:
         authorize(request)
-        batch = await read_model(request, TrajectoryBatch, settings.max_body_bytes)
+        batch = await read_model(request, TrajectoryBatch, settings.max_body_bytes, settings.body_timeout_s)
         # the answer waits for the log's fsync; a thread keeps that off the event loop
         result = await asyncio.to_thread(rt.ingest, batch)
         return JSONResponse(result.model_dump())
@@ -184,7 +165,8 @@ def create_app(
 
     async def on_request_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestError)
-        return error_response(exc.status_code, exc.message, exc.error_type, exc.param, exc.code)
+        headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if isinstance(exc, RateLimitError) else None
+        return error_response(exc.status_code, exc.message, exc.error_type, exc.param, exc.code, headers)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ValidationError)

@@ -98,6 +98,15 @@ def _lock_file(handle: IO[str]) -> None:
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def _owner_only(root: Path) -> None:
+    """The state dir holds every prompt and the signing key: no access for other local users."""
+    try:
+        if root.stat().st_uid == os.getuid() and root.stat().st_mode & 0o077:
+            os.chmod(root, 0o700)
+    except (OSError, AttributeError) as exc:  # AttributeError: no getuid (Windows)
+        logger.warning("could not make --state-dir %s private (mode 0700): %s", root, exc)
+
+
 def _fsync_tree(root: Path) -> None:
     for path in sorted(root.rglob("*")):
         if path.is_file():
@@ -131,8 +140,9 @@ class StateDir:
         if resume and fresh:
             raise StateError("--resume and --fresh contradict each other; pass one of them")
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            lock = (root / "LOCK").open("a+")
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _owner_only(root)
+            lock = os.fdopen(os.open(root / "LOCK", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+")
         except OSError as exc:
             raise StateError(f"cannot use --state-dir {root}: {exc}") from exc
         try:
@@ -165,7 +175,7 @@ class StateDir:
             state.resumed = state.latest()
             if not earlier:
                 logger.info("--resume: nothing to resume in %s; starting fresh", root)
-        state.checkpoint_dir.mkdir(exist_ok=True)
+        state.checkpoint_dir.mkdir(mode=0o700, exist_ok=True)
         for leftover in state.checkpoint_dir.glob("*.tmp"):  # a checkpoint a crash interrupted
             shutil.rmtree(leftover, ignore_errors=True)
         return state
@@ -213,9 +223,9 @@ class StateDir:
                 shutil.rmtree(final)
             tmp.rename(final)
             fsync_dir(self.checkpoint_dir)
-        except OSError as exc:
+        except Exception as exc:  # OSError, or a writer's own error (safetensors) on a full or read-only disk
             shutil.rmtree(tmp, ignore_errors=True)
-            raise StateError(f"cannot write checkpoint {final}: {exc}") from exc
+            raise StateError(f"cannot write checkpoint {final}: {exc}; free disk space or fix permissions") from exc
         for old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final

@@ -3,12 +3,16 @@
 AgentJetServerError
 ├── ConfigError              bad settings (CLI / create_app), raised before serving starts
 │   └── ModelLoadError       the model directory can't be loaded
-├── StateError               the state dir (trajectory log, checkpoints) can't be used as asked
+├── StateError               the state dir (trajectory log, checkpoints) can't be used as asked;
+│                            answered 503 (nothing acknowledged, retry later)
 ├── EngineError              inference failed (answered as 500 "engine_error")
 └── RequestError             the caller's fault; answered as 4xx in OpenAI's error shape
     ├── InvalidRequestError      400
     ├── AuthenticationError      401
-    └── PayloadTooLargeError     413
+    ├── PermissionDeniedError    403
+    ├── RequestTimeoutError      408
+    ├── PayloadTooLargeError     413
+    └── RateLimitError           429 (with a Retry-After hint)
 """
 
 from __future__ import annotations
@@ -59,6 +63,27 @@ class AuthenticationError(RequestError):
     error_type = "authentication_error"
 
 
+class PermissionDeniedError(RequestError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+class RequestTimeoutError(RequestError):
+    status_code = 408
+    error_type = "invalid_request_error"
+
+
 class PayloadTooLargeError(RequestError):
     status_code = 413
     error_type = "invalid_request_error"
+
+
+class RateLimitError(RequestError):
+    """The server can't take more now; ``retry_after`` seconds is when trying again makes sense."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: float, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after = retry_after

@@ -97,7 +97,12 @@ class SwarmRuntime:
             if state is not None
             else SampleSigner.random()
         )
-        self.chat = ChatService(engine, default_max_tokens=settings.default_max_tokens, signer=self.signer)
+        self.chat = ChatService(
+            engine,
+            default_max_tokens=settings.default_max_tokens,
+            signer=self.signer,
+            max_token_entries=settings.max_request_token_entries,
+        )
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups)
         self.log = TrajectoryLog(state.log_dir) if state is not None else None
         self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add, self.log, self.signer)

@@ -8,6 +8,8 @@ the exact prompt and completion token ids, per-token log-probabilities and versi
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentjet_client.protocol import (
+    INT64_MIN,
     AgentJetExtension,
     AssistantMessage,
     ChatCompletion,
@@ -37,6 +40,10 @@ from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.signing import SampleSigner
+
+# n x max_tokens x (1 + top_logprobs) a single request may ask for: bounds its memory and response size
+MAX_TOKEN_ENTRIES = 1 << 20
+FALLBACK_TOKEN_CHARS = 64  # characters per token assumed where the engine's vocabulary can't be read
 
 
 @dataclass(frozen=True)
@@ -178,11 +185,39 @@ def _message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 class ChatService:
     """Serves chat completions from one engine."""
 
-    def __init__(self, engine: Engine, *, default_max_tokens: int = 512, signer: SampleSigner | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        default_max_tokens: int = 512,
+        signer: SampleSigner | None = None,
+        max_token_entries: int = MAX_TOKEN_ENTRIES,
+    ) -> None:
         self.engine = engine
         self.signer = signer
         self.default_max_tokens = default_max_tokens
+        self.max_token_entries = max_token_entries
         self.context = ContextCounts()
+        self._counts_lock = threading.Lock()  # requests are prepared in worker threads
+        chat = getattr(engine, "chat", None)
+        # no token spans more characters than the longest vocabulary entry: text longer than
+        # context x that can't fit, and is refused before it is tokenised
+        longest = max((len(t) for t in chat.tokenizer.get_vocab()), default=0) if isinstance(chat, ChatTokenizer) else 0
+        self.max_prompt_chars = engine.max_context * (longest or FALLBACK_TOKEN_CHARS)
+
+    def _check_size(self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> None:
+        """Refuse, before tokenising, a conversation whose text can't fit in the context."""
+        chars = sum(len(m.text()) for m in request.messages)
+        if tools:
+            chars += sum(len(json.dumps(t, ensure_ascii=False)) for t in tools)
+        if chars > self.max_prompt_chars:
+            raise InvalidRequestError(
+                f"the messages{' and tools' if tools else ''} hold {chars} characters, more than fit in the "
+                f"model's context of {self.engine.max_context} tokens (at most {self.max_prompt_chars} characters); "
+                "shorten the conversation",
+                param="messages",
+                code="context_length_exceeded",
+            )
 
     def _prompt(
         self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None, prefix: str
@@ -207,19 +242,30 @@ class ChatService:
                 "this server returned",
                 param="agentjet.prefix_token_ids",
             )
+        if len(claim.prefix_token_ids) > self.engine.max_context:
+            raise InvalidRequestError(
+                f"agentjet.prefix_token_ids has {len(claim.prefix_token_ids)} tokens, more than the model's context "
+                f"of {self.engine.max_context}; send the ids of an earlier call this server answered",
+                param="agentjet.prefix_token_ids",
+                code="context_length_exceeded",
+            )
         result = continue_from(chat, claim.prefix_token_ids, claim.prefix_prompt_tokens, messages, tools, prefix)
-        counts = self.context
-        counts.prefix_requests += 1
-        setattr(counts, result.status, getattr(counts, result.status) + 1)
-        counts.drift_prevented += int(result.drift)
+        with self._counts_lock:
+            counts = self.context
+            counts.prefix_requests += 1
+            setattr(counts, result.status, getattr(counts, result.status) + 1)
+            counts.drift_prevented += int(result.drift)
         return result.prompt_ids, result.status, result.drift
 
     def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+        """Render and tokenise the prompt and fix the sampling budget; every bound is checked here,
+        before any token is sampled. CPU-bound: routes run it in a worker thread (``prepare_async``)."""
         tools_active = bool(request.tools) and request.tool_choice != "none"
         prefix = forced_tool_prefix(request.tool_choice) if tools_active else ""
         if request.tool_choice not in (None, "none", "auto") and not request.tools:
             raise InvalidRequestError("tool_choice needs a non-empty 'tools' list", param="tool_choice")
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []] if tools_active else None
+        self._check_size(request, tools)
         prompt_ids, prefix_status, drift = self._prompt(request, tools, prefix)
         room = self.engine.max_context - len(prompt_ids)
         if room <= 0:
@@ -229,10 +275,33 @@ class ChatService:
                 param="messages",
                 code="context_length_exceeded",
             )
-        limit = request.completion_limit(self.default_max_tokens)
+        asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        if asked is not None and asked > room:
+            field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+            raise InvalidRequestError(
+                f"{field} is {asked}, but the prompt is {len(prompt_ids)} tokens and the model's context is "
+                f"{self.engine.max_context}: at most {room} tokens are left for the completion; lower {field}",
+                param=field,
+                code="context_length_exceeded",
+            )
+        limit = min(request.completion_limit(self.default_max_tokens), room)
+        entries = request.n * limit * (1 + (request.top_logprobs or 0) if request.logprobs else 1)
+        if entries > self.max_token_entries:
+            raise InvalidRequestError(
+                f"this request could sample n={request.n} x {limit} tokens"
+                + (
+                    f" with {request.top_logprobs} top log-probs each"
+                    if request.logprobs and request.top_logprobs
+                    else ""
+                )
+                + f" ({entries} token entries); the server answers at most {self.max_token_entries} per request. "
+                "Lower n, max_tokens or top_logprobs, or send several requests",
+                param="n",
+                code="request_too_large",
+            )
         temperature = 1.0 if request.temperature is None else request.temperature
         params = SamplingParams(
-            max_tokens=min(limit, room),
+            max_tokens=limit,
             temperature=temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             seed=request.seed,
@@ -245,7 +314,9 @@ class ChatService:
         seed = prepared.params.seed
         if seed is None or index == 0:
             return prepared.params
-        return SamplingParams(**{**prepared.params.__dict__, "seed": seed + index})
+        # choice i samples with seed + i, wrapped into the signed 64-bit range every sampler accepts
+        wrapped = (seed + index - INT64_MIN) % (1 << 64) + INT64_MIN
+        return SamplingParams(**{**prepared.params.__dict__, "seed": wrapped})
 
     async def _run_choice(self, prepared: PreparedRequest, index: int) -> _ChoiceState:
         state = _ChoiceState(self.engine, prepared, signer=self.signer)
@@ -255,9 +326,17 @@ class ChatService:
                 break
         return state
 
+    async def prepare_async(self, request: ChatCompletionRequest) -> PreparedRequest:
+        """``prepare`` in a worker thread: rendering and tokenising a long conversation takes a while."""
+        return await asyncio.to_thread(self.prepare, request)
+
     async def complete(self, request: ChatCompletionRequest, model_name: str) -> ChatCompletion:
-        prepared = self.prepare(request)
+        prepared = await self.prepare_async(request)
         states = await asyncio.gather(*(self._run_choice(prepared, i) for i in range(request.n)))
+        # detokenising every token (and its top log-probs) of many choices is CPU work: off the event loop
+        return await asyncio.to_thread(self._completion, prepared, states, model_name)
+
+    def _completion(self, prepared: PreparedRequest, states: list[_ChoiceState], model_name: str) -> ChatCompletion:
         choices = []
         for index, state in enumerate(states):
             content, calls = state.parsed()
@@ -287,7 +366,7 @@ class ChatService:
 
     async def stream(self, request: ChatCompletionRequest, model_name: str) -> AsyncIterator[str]:
         """SSE frames, token by token; choices of ``n > 1`` interleave as they are sampled."""
-        prepared = self.prepare(request)
+        prepared = await self.prepare_async(request)
         chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def frame(choices: list[ChunkChoice], usage: Usage | None = None) -> str:

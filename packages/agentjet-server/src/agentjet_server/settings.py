@@ -37,7 +37,12 @@ class ServerSettings(BaseModel):
     )
     default_max_tokens: int = Field(default=512, ge=1)
     max_batch: int = Field(default=64, ge=1)
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch")
+    max_chat_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="largest inference request")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="a request body must arrive within this")
+    max_request_token_entries: int = Field(
+        default=1 << 20, ge=1024, description="n x max_tokens x (1 + top_logprobs) one request may ask for"
+    )
     api_keys: list[str] = Field(default_factory=list)
     admin_keys: list[str] = Field(default_factory=list)
     seed: int = 0

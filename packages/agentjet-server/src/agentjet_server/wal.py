@@ -95,13 +95,16 @@ class TrajectoryLog:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StateError(f"cannot create the trajectory log in {directory}: {exc}; check --state-dir") from exc
         self.scan = self._scan()
         segments = self._segments()
         self._segment = segments[-1] if segments else 1
-        self._file = self._open_segment(self._segment)
+        # the open segment, and how many of its bytes hold whole, acknowledged records; after a
+        # failed write (``_damaged``) there may be more, which are cut off before the next one
+        self._fd, self._good = self._open_segment(self._segment)
+        self._damaged = False
 
     # -- reading -------------------------------------------------------------------------------
     def _segments(self) -> list[int]:
@@ -186,30 +189,76 @@ class TrajectoryLog:
         return _read_segment(self.directory / f"{number:08d}.wal")
 
     # -- writing -------------------------------------------------------------------------------
-    def _open_segment(self, number: int) -> Any:
+    def _open_segment(self, number: int) -> tuple[int, int]:
+        """An unbuffered append-only descriptor on segment ``number`` (created, 0600, if missing) and
+        the segment's size: a failed write leaves nothing in a user-space buffer for a later one to flush."""
         path = self.directory / f"{number:08d}.wal"
-        new = not path.exists()
-        handle = path.open("ab")
-        if new:
-            fsync_dir(self.directory)
-        return handle
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateError(f"cannot open the trajectory log segment {path}: {exc}") from exc
+        try:
+            fsync_dir(self.directory)  # a new segment's name is durable before anything is written to it
+        except OSError as exc:
+            os.close(fd)
+            raise StateError(f"cannot make the new trajectory log segment {path} durable: {exc}") from exc
+        return fd, os.fstat(fd).st_size
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            if written <= 0:
+                raise OSError(f"short write ({written} bytes)")
+            view = view[written:]
+        os.fsync(self._fd)
+
+    def _restore(self) -> bool:
+        """Cut the segment back to its last good offset (what every acknowledged record ends at).
+        True when the segment is whole again; False leaves the log refusing writes until it is."""
+        try:
+            if os.fstat(self._fd).st_size != self._good:
+                os.ftruncate(self._fd, self._good)
+                os.fsync(self._fd)
+        except OSError as exc:
+            logger.error("trajectory log: cannot cut segment %d back to byte %d: %s", self._segment, self._good, exc)
+            return False
+        self._damaged = False
+        return True
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Write ``records`` and return once they are on disk."""
+        """Write ``records`` and return once they are on disk. On any failure nothing of them stays:
+        the segment is cut back to where the last acknowledged record ends before StateError is
+        raised (so a later append can't publish a record whose writer was told it failed)."""
         if not records:
             return
+        if self._damaged and not self._restore():
+            raise StateError(
+                f"the trajectory log in {self.directory} could not be repaired after a failed write; "
+                "free disk space or fix the state dir's permissions"
+            )
+        data = b"".join(_encode(r) for r in records)
         try:
-            self._file.write(b"".join(_encode(r) for r in records))
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            self._write_all(data)
         except OSError as exc:
+            self._damaged = True
+            self._restore()
             raise StateError(f"cannot write the trajectory log in {self.directory}: {exc}") from exc
+        self._good += len(data)
 
     def rotate(self) -> int:
-        """Start a new segment; returns its number (records before it are in older segments)."""
-        self._file.close()
-        self._segment += 1
-        self._file = self._open_segment(self._segment)
+        """Start a new segment; returns its number (records before it are in older segments).
+        The new segment is opened before the old one is let go: if it can't be (read-only or full
+        disk), StateError is raised and appends go on into the current segment."""
+        if self._damaged and not self._restore():
+            raise StateError(f"the trajectory log segment {self._segment} could not be repaired; not rotating")
+        fd, size = self._open_segment(self._segment + 1)
+        old = self._fd
+        self._fd, self._good, self._segment = fd, size, self._segment + 1
+        try:
+            os.close(old)
+        except OSError as exc:
+            logger.warning("trajectory log: closing segment %d: %s", self._segment - 1, exc)
         return self._segment
 
     def compact(self, keep_from_lsn: int, before_segment: int) -> int:
@@ -230,7 +279,7 @@ class TrajectoryLog:
                     rows.append([REJECTED, record["id"], record.get("why"), None])
             target = self.directory / f"{number:08d}.ids"
             tmp = target.with_suffix(".ids.tmp")
-            with tmp.open("w") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
                 f.flush()
                 os.fsync(f.fileno())
@@ -242,7 +291,11 @@ class TrajectoryLog:
         return done
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            if self._damaged:
+                self._restore()
+            os.close(self._fd)
+            self._fd = -1
 
     def forget(self) -> None:
         """Drop the raw trajectories kept from the scan once resume has replayed them."""

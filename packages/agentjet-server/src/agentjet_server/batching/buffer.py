@@ -24,6 +24,7 @@ class GroupBuffer:
         # each entry is (log sequence number, trajectory); the numbers let a checkpoint name them
         self._open: OrderedDict[str, list[tuple[int, Trajectory]]] = OrderedDict()
         self._ready: deque[list[tuple[int, Trajectory]]] = deque()
+        self._taken: list[list[tuple[int, Trajectory]]] = []  # the batch the learner is training on
         self._cond = threading.Condition()
 
     def add(self, trajectory: Trajectory, lsn: int = -1) -> None:
@@ -37,18 +38,32 @@ class GroupBuffer:
                     self._cond.notify_all()
 
     def take_batch(self, timeout: float | None = None) -> list[list[Trajectory]] | None:
-        """Wait up to ``timeout`` seconds for ``batch_groups`` complete groups and remove them."""
+        """Wait up to ``timeout`` seconds for ``batch_groups`` complete groups and take them. They
+        stay in snapshots until ``commit`` (trained) or go back to the front with ``put_back``."""
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._ready) >= self.batch_groups, timeout=timeout):
                 return None
-            taken = [self._ready.popleft() for _ in range(self.batch_groups)]
-        return [[t for _, t in group] for group in taken]
+            if self._taken:
+                raise RuntimeError("the batch taken before was neither committed nor put back")
+            self._taken = [self._ready.popleft() for _ in range(self.batch_groups)]
+            return [[t for _, t in group] for group in self._taken]
+
+    def commit(self) -> None:
+        """The batch last taken is trained (or deliberately skipped): forget it."""
+        with self._cond:
+            self._taken = []
+
+    def put_back(self) -> None:
+        """The batch last taken was not trained: it goes back to the front, to be taken next."""
+        with self._cond:
+            self._ready.extendleft(reversed(self._taken))
+            self._taken = []
 
     def snapshot(self) -> BufferSnapshot:
         """The log sequence numbers of everything buffered, in buffer order (for a checkpoint)."""
         with self._cond:
             return BufferSnapshot(
-                ready=[[n for n, _ in group] for group in self._ready],
+                ready=[[n for n, _ in group] for group in (*self._taken, *self._ready)],
                 open=[[n for n, _ in group] for group in self._open.values()],
             )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_server.engine.base import Engine
-from agentjet_server.errors import EngineError, ModelLoadError
+from agentjet_server.errors import InvalidRequestError, ModelLoadError
 
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
@@ -91,7 +91,12 @@ class ChatTokenizer:
                 tokenize=False,
             )
         except Exception as exc:  # jinja raises many kinds; all mean the messages don't fit the template
-            raise EngineError(f"the model's chat template could not render these messages: {exc}") from exc
+            raise InvalidRequestError(
+                f"the model's chat template could not render these messages: {str(exc)[:300]}; check the roles, "
+                "their order and the tool definitions",
+                param="messages",
+                code="chat_template_error",
+            ) from exc
         return text
 
     def encode(self, text: str) -> list[int]:

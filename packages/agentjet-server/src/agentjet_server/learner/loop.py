@@ -17,6 +17,7 @@ from typing import Any
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
+from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
 from agentjet_server.learner.trainer import Learner, StepStats, build_batch
 
@@ -93,11 +94,15 @@ class TrainingLoop:
                     last_sent = time.monotonic()
                 continue
             last_sent = time.monotonic()
+            if not self._log_version(self.version + 1):
+                self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
+                break
             try:
                 self.run_step(groups)
             except Exception as exc:  # a failed step is logged and reported; serving goes on
                 logger.exception("learner step failed")
                 self.error = f"{type(exc).__name__}: {exc}"
+                self.buffer.commit()
                 continue
             if self.checkpoint_every and self.learner.steps - self.saved_step >= self.checkpoint_every:
                 self._try_checkpoint()
@@ -106,17 +111,47 @@ class TrainingLoop:
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
 
+    def _log_version(self, version: int) -> bool:
+        """Make ``version`` durable before the step that creates it (its tokens must never be
+        sampled before the log knows it). While the state dir refuses, wait and retry: a step whose
+        version can't be logged would be lost on a restart. False if asked to stop meanwhile."""
+        delay, waited = 0.5, False
+        while True:
+            try:
+                self._on_version(version)
+            except StateError as exc:
+                if not waited:
+                    logger.error("learner waits for the state dir before step %d: %s", self.learner.steps + 1, exc)
+                self.error = f"waiting for the state dir: {exc}"
+                waited = True
+                if self.learner.ctx.enabled:
+                    distributed.broadcast(self.learner.ctx, distributed.IDLE)  # the other ranks wait too
+                if self._stop.wait(delay):
+                    return False
+                delay = min(delay * 2, 30.0)
+                continue
+            if waited:
+                logger.info("the state dir accepts writes again; the learner goes on")
+                self.error = None
+            return True
+
     def _try_checkpoint(self) -> None:
         try:
             self.checkpoint()
         except Exception as exc:  # training goes on; the log still holds everything since the last one
-            logger.exception("checkpoint failed")
+            if not (self.error or "").startswith("checkpoint failed"):
+                logger.exception("checkpoint failed (retried after every step until it succeeds)")
             self.error = f"checkpoint failed: {type(exc).__name__}: {exc}"
+        else:
+            if (self.error or "").startswith("checkpoint failed"):
+                logger.info("checkpoint at step %d written: the state dir accepts writes again", self.saved_step)
+                self.error = None
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         batch = build_batch(groups, keep_flat=self.learner.config.entropy_coef > 0)
         if not batch.sequences:
             self.skipped_batches += 1
+            self.buffer.commit()
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
@@ -124,11 +159,11 @@ class TrainingLoop:
             distributed.broadcast(self.learner.ctx, batch)
         stats = self.learner.step(batch)
         weights = self.learner.full_state_dict()
-        new_version = self.version + 1
-        self._on_version(new_version)  # logged before any token can be sampled with it
+        new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
         self.engine.update_weights(weights, new_version)
         self.live = (new_version, self.learner.steps)
         self.last = stats
+        self.buffer.commit()
         self._on_trained(batch.trajectories)
         logger.info(
             "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
