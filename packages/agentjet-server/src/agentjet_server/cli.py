@@ -26,7 +26,9 @@ def _fail(message: str) -> None:
 
 def _describe(error: Any) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
-    flag = "-".join(str(x) for x in error["loc"]).replace("_", "-")
+    flag = (
+        "-".join(str(x) for x in error["loc"]).replace("_", "-").removesuffix("-s")
+    )  # header_timeout_s: --header-timeout
     return f"--{flag}: {message}" if flag else message
 
 
@@ -60,6 +62,14 @@ def up(
     api_key: Annotated[list[str] | None, typer.Option(help="accepted client key (repeatable); none = open")] = None,
     admin_key: Annotated[list[str] | None, typer.Option(help="accepted admin key (repeatable)")] = None,
     seed: Annotated[int, typer.Option(help="random seed of the learner")] = 0,
+    max_connections: Annotated[
+        int | None, typer.Option(help="connections held at once (default: what the open-file limit allows)")
+    ] = None,
+    header_timeout: Annotated[float, typer.Option(help="seconds a connection may take to send request headers")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="seconds a request body may take to arrive")] = 30.0,
+    write_timeout: Annotated[
+        float, typer.Option(help="seconds a client may leave a streamed answer unread before it is dropped")
+    ] = 60.0,
     log_level: Annotated[str, typer.Option(help="logging level")] = "info",
 ) -> None:
     """Serve a model through an OpenAI-compatible API and train it from pushed trajectories.
@@ -97,6 +107,10 @@ def up(
             api_keys=api_key or [],
             admin_keys=admin_key or [],
             seed=seed,
+            max_connections=max_connections,
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            write_timeout_s=write_timeout,
         )
     except ValidationError as exc:
         _fail("; ".join(_describe(e) for e in exc.errors()))
@@ -196,7 +210,41 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
         f"on http://{settings.host}:{settings.port}/v1 (GRPO: {settings.batch_groups} groups x "
         f"{settings.group_size} per step, max staleness {settings.max_staleness}; {learner})"
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.Server(http_config(app, settings)).run()
+
+
+def http_config(app: Any, settings: Any) -> Any:
+    """uvicorn's configuration with AgentJet's connection guards (see ``connections``)."""
+    import uvicorn
+
+    from agentjet_server.connections import (
+        Guards,
+        RepeatFilter,
+        default_max_connections,
+        guarded_protocol,
+        raise_open_file_limit,
+    )
+
+    open_files, _ = raise_open_file_limit()
+    guards = Guards(
+        header_timeout=settings.header_timeout_s,
+        write_timeout=settings.write_timeout_s,
+        max_connections=settings.max_connections or default_max_connections(open_files),
+    )
+    for name in ("agentjet_server.connections", "asyncio", "uvicorn.error"):
+        logging.getLogger(name).addFilter(RepeatFilter())  # a flood of one condition: one line a minute
+    logging.getLogger(__name__).info(
+        "open-file limit %d: at most %d connections at once", open_files, guards.max_connections
+    )
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        http=guarded_protocol(guards),
+        backlog=2048,
+    )
 
 
 @app.command()

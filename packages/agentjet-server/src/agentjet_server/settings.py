@@ -40,6 +40,9 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch")
     max_chat_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="largest inference request")
     body_timeout_s: float = Field(default=30.0, gt=0, description="a request body must arrive within this")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="request headers must arrive within this")
+    write_timeout_s: float = Field(default=60.0, gt=0, description="a reader that reads nothing this long is dropped")
+    max_connections: int | None = Field(default=None, ge=1, description="None = what the open-file limit allows")
     max_request_token_entries: int = Field(
         default=1 << 20, ge=1024, description="n x max_tokens x (1 + top_logprobs) one request may ask for"
     )
