@@ -9,13 +9,14 @@ import nox
 
 nox.options.sessions = ["lint", "tests", "vllm"]
 CPU_TORCH = "torch==2.13.0"
+LINT = ["ruff==0.17.6", "mypy==2.4.1"]  # pinned: newer releases format and type-check differently
 PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
 
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The whole test suite."""
-    session.install(CPU_TORCH, "pytest>=8")
+    session.install(CPU_TORCH, "pytest>=8", "hypothesis>=6.100")
     session.install(*PACKAGES)
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
 
@@ -33,7 +34,7 @@ def vllm(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff (lint + format check) and mypy --strict on both packages."""
-    session.install(CPU_TORCH, "ruff", "mypy")
+    session.install(CPU_TORCH, *LINT)
     session.install(*PACKAGES)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

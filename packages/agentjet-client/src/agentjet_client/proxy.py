@@ -125,7 +125,7 @@ class CaptureProxy:
         url = f"{self.upstream}/v1/{request.path_params['path']}"
         capture = is_chat_request(request.method, url)
         started = time.time()
-        sent = with_claim(body, recorder.claim(agent, parse_request_body(body))) if capture else body
+        sent = with_claim(body, recorder.extension(agent, parse_request_body(body))) if capture else body
         headers.pop("content-length", None)
         upstream_request = self._http().build_request(
             request.method, url, content=sent, headers=headers, params=request.query_params

@@ -127,7 +127,7 @@ class CaptureTransport(_Capture, httpx2.BaseTransport):
             return self.inner.handle_request(request)
         started = time.time()
         body = parse_request_body(request.read())
-        request = _claimed(request, self.recorder.claim(self.agent, body))
+        request = _claimed(request, self.recorder.extension(self.agent, body))
         response = self.inner.handle_request(request)
         if response.status_code != 200:
             return response
@@ -165,7 +165,7 @@ class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         started = time.time()
         body = parse_request_body(await request.aread())
-        request = _claimed(request, self.recorder.claim(self.agent, body))
+        request = _claimed(request, self.recorder.extension(self.agent, body))
         response = await self.inner.handle_async_request(request)
         if response.status_code != 200:
             return response

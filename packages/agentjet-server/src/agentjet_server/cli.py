@@ -59,8 +59,20 @@ def up(
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
     engine: Annotated[str, typer.Option(help="inference engine: transformers or vllm")] = "transformers",
     dtype: Annotated[str, typer.Option(help="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16")] = "auto",
-    api_key: Annotated[list[str] | None, typer.Option(help="accepted client key (repeatable); none = open")] = None,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(help="accepted client key (repeatable; visible in ps: prefer AGENTJET_API_KEYS or a file)"),
+    ] = None,
+    api_key_file: Annotated[
+        list[Path] | None, typer.Option(help="file of accepted client keys, one per line (repeatable)")
+    ] = None,
     admin_key: Annotated[list[str] | None, typer.Option(help="accepted admin key (repeatable)")] = None,
+    admin_key_file: Annotated[list[Path] | None, typer.Option(help="file of admin keys, one per line")] = None,
+    require_signed: Annotated[
+        bool | None,
+        typer.Option(help="train only turns this server signed (default: on whenever keys are set)"),
+    ] = None,
+    insecure: Annotated[bool, typer.Option(help="serve a non-loopback --host without any API key")] = False,
     seed: Annotated[int, typer.Option(help="random seed of the learner")] = 0,
     max_connections: Annotated[
         int | None, typer.Option(help="connections held at once (default: what the open-file limit allows)")
@@ -81,9 +93,12 @@ def up(
 
     Under torchrun the learner shards over the processes (FSDP2); rank 0 serves:
     torchrun --nproc_per_node 2 -m agentjet_server up --model PATH
+
+    Reachable from other machines, with keys kept out of ps:
+    AGENTJET_API_KEYS=client-key-1 agentjet-server up --host 0.0.0.0
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from agentjet_server.settings import ServerSettings
+    from agentjet_server.settings import ADMIN_KEYS_ENV, API_KEYS_ENV, ServerSettings, collect_keys
 
     try:
         settings = ServerSettings(
@@ -104,8 +119,10 @@ def up(
             device=device,
             engine=engine,  # type: ignore[arg-type]
             dtype=dtype,  # type: ignore[arg-type]
-            api_keys=api_key or [],
-            admin_keys=admin_key or [],
+            api_keys=collect_keys(api_key or [], api_key_file or [], API_KEYS_ENV),
+            admin_keys=collect_keys(admin_key or [], admin_key_file or [], ADMIN_KEYS_ENV),
+            require_signed=require_signed,
+            insecure=insecure,
             seed=seed,
             max_connections=max_connections,
             header_timeout_s=header_timeout,
@@ -114,6 +131,8 @@ def up(
         )
     except ValidationError as exc:
         _fail("; ".join(_describe(e) for e in exc.errors()))
+    except ValueError as exc:  # a key file that can't be read
+        _fail(str(exc))
     try:
         serve(settings)
     except AgentJetServerError as exc:
@@ -203,7 +222,9 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
         raise
     app = create_app(engine, settings, runtime=runtime)
     if not settings.auth_enabled:
-        console.print("[yellow]warning:[/yellow] no --api-key given: the server accepts requests without a key")
+        console.print("[yellow]warning:[/yellow] no API key set: the server accepts requests without a key")
+    if settings.signatures_required:
+        console.print("[cyan]agentjet[/cyan] training only turns this server signed (--require-signed)")
     learner = f"{ctx.world_size} learner ranks (FSDP2)" if ctx.enabled else "1 learner process"
     console.print(
         f"[green]agentjet-server[/green] serving [bold]{engine.model_name}[/bold] with {settings.engine} "

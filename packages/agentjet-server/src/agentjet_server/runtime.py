@@ -105,7 +105,14 @@ class SwarmRuntime:
         )
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups)
         self.log = TrajectoryLog(state.log_dir) if state is not None else None
-        self.store = TrajectoryStore(vocab_size, settings.max_staleness, self.buffer.add, self.log, self.signer)
+        self.store = TrajectoryStore(
+            vocab_size,
+            settings.max_staleness,
+            self.buffer.add,
+            self.log,
+            self.signer,
+            require_signed=settings.signatures_required,
+        )
         resumed = state.resumed if state is not None else None
         self.loop = TrainingLoop(
             learner,

@@ -39,7 +39,7 @@ from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
-from agentjet_server.signing import SampleSigner
+from agentjet_server.signing import DEFAULT_AGENT, Sample, SampleSigner
 
 # n x max_tokens x (1 + top_logprobs) a single request may ask for: bounds its memory and response size
 MAX_TOKEN_ENTRIES = 1 << 20
@@ -55,6 +55,7 @@ class PreparedRequest:
     want_logprobs: bool
     prefix_status: Status | None = None  # how the request's prefix tokens were used (``continuation``)
     prefix_drift: bool = False
+    agent: str = DEFAULT_AGENT  # who asked (``agentjet.agent``): the sample is signed for this agent
 
 
 @dataclass
@@ -121,13 +122,15 @@ class _ChoiceState:
     def extension(self) -> AgentJetExtension:
         versions = [e.version for e in self.events]
         ids, logprobs = self.ids, [e.logprob for e in self.events]
+        finish = self.finish_reason()
+        sample = Sample(self.prepared.prompt_ids, ids, logprobs, versions, finish, self.prepared.agent)
         return AgentJetExtension(
             prompt_token_ids=self.prepared.prompt_ids,
             completion_token_ids=ids,
             completion_logprobs=logprobs,
             completion_versions=versions,
-            signature=self.signer.sign(self.prepared.prompt_ids, ids, logprobs, versions) if self.signer else None,
-            finish_reason=self.finish_reason(),
+            signature=self.signer.sign(sample) if self.signer else None,
+            finish_reason=finish,
             policy_version=min(versions) if versions else self.engine.version,
             prefix=self.prepared.prefix_status,
             prefix_drift=self.prepared.prefix_drift,
@@ -225,9 +228,10 @@ class ChatService:
         """The prompt's token ids; with ``agentjet.prefix_token_ids``, continued from those exactly."""
         messages = _message_dicts(request.messages)
         chat = getattr(self.engine, "chat", None)
-        if request.agentjet is None or not isinstance(chat, ChatTokenizer):
-            return self.engine.render(messages, tools, assistant_prefix=prefix), None, False
         claim = request.agentjet
+        if claim is None or claim.prefix_token_ids is None or not isinstance(chat, ChatTokenizer):
+            return self.engine.render(messages, tools, assistant_prefix=prefix), None, False
+        assert claim.prefix_prompt_tokens is not None  # validated: both or neither
         if claim.prefix_prompt_tokens >= len(claim.prefix_token_ids):
             raise InvalidRequestError(
                 f"agentjet.prefix_prompt_tokens is {claim.prefix_prompt_tokens} but prefix_token_ids has only "
@@ -308,7 +312,10 @@ class ChatService:
             stop=tuple(request.stop_list),
             top_logprobs=request.top_logprobs or 0,
         )
-        return PreparedRequest(prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift)
+        agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
+        return PreparedRequest(
+            prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift, agent
+        )
 
     def _params_for(self, prepared: PreparedRequest, index: int) -> SamplingParams:
         seed = prepared.params.seed

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API_KEYS_ENV = "AGENTJET_API_KEYS"
+ADMIN_KEYS_ENV = "AGENTJET_ADMIN_KEYS"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: assume it is reachable
+
+
+def collect_keys(given: list[str], files: list[Path], env_var: str) -> list[str]:
+    """Keys from flags, from files (one per line; blank lines and ``#`` comments skipped) and from
+    the environment variable (comma- or space-separated). Files and env keep keys out of ``ps``."""
+    keys = list(given)
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read the key file {path}: {exc.strerror}") from exc
+        keys += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    keys += os.environ.get(env_var, "").replace(",", " ").split()
+    return list(dict.fromkeys(keys))
 
 
 class ServerSettings(BaseModel):
@@ -48,6 +77,10 @@ class ServerSettings(BaseModel):
     )
     api_keys: list[str] = Field(default_factory=list)
     admin_keys: list[str] = Field(default_factory=list)
+    require_signed: bool | None = Field(
+        default=None, description="train only turns signed by this server; None = whenever API keys are set"
+    )
+    insecure: bool = Field(default=False, description="allow a non-loopback --host without API keys")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -59,8 +92,18 @@ class ServerSettings(BaseModel):
             )
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
             raise ValueError("API keys must be at least 8 characters long")
+        if not is_loopback(self.host) and not self.auth_enabled and not self.insecure:
+            raise ValueError(
+                f"--host {self.host} lets other machines reach the server, and no API key is set: anyone could "
+                f"sample from and train the model. Set a key ({API_KEYS_ENV}=..., --api-key-file FILE or "
+                "--api-key KEY), or pass --insecure to serve without one"
+            )
         return self
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys or self.admin_keys)
+
+    @property
+    def signatures_required(self) -> bool:
+        return self.require_signed if self.require_signed is not None else self.auth_enabled

@@ -1,14 +1,21 @@
 """Sample signatures: proof that a pushed turn carries exactly the tokens this server sampled.
 
 Every choice the server returns carries ``agentjet.signature``, an HMAC-SHA256 (keyed with a
-secret kept in the state directory) over the prompt token ids, the completion token ids, their
-log-probabilities and the policy version of each token. The client copies it into the ``Turn`` it
-records. On ingestion the server recomputes it: a signed turn whose tokens, log-probs or versions
-changed on the way (a capture bug, a hand-edited spool, a client built on another tokenizer) is
-rejected with the reason, instead of being trained as if it had been sampled. The check costs no
-server memory and survives restarts (the key stays; ``--fresh`` makes a new one, so a discarded
-run's samples no longer verify). Turns without a signature (pushed by code that built
-them itself) are accepted and counted as unsigned.
+secret kept in the state directory) over everything of the sample the learner uses: the prompt
+token ids, the completion token ids, their log-probabilities, the policy version of each token,
+the finish reason and the agent that asked (``agentjet.agent`` on the request; the client's capture
+sends it, per-agent rewards depend on it). The client copies the signature into the ``Turn`` it
+records. On ingestion the server recomputes it: a signed turn whose tokens, log-probs, versions,
+finish reason or agent changed on the way (a capture bug, a hand-edited spool, a client built on
+another tokenizer) is rejected with the reason, instead of being trained as if it had been sampled.
+The check survives restarts (the key stays; ``--fresh`` makes a new one, so a discarded run's
+samples no longer verify). ``request_messages`` are not signed: the learner never reads them (they
+are for people, in ``inspect``).
+
+Unsigned turns (pushed by code that built them itself) are accepted and counted as unsigned, unless
+the server runs with ``--require-signed`` (the default whenever API keys are set). Each signature
+is trained at most once: a signed turn pushed again in another trajectory is a replay, rejected
+(the store keeps the signatures it accepted, in the log and its compacted ids).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import secrets
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentjet_client.protocol import Turn
@@ -27,15 +35,43 @@ KEY_BYTES = 32
 SIGNATURE_CHARS = 32  # 128 bits of the HMAC, hex
 
 
-def _canonical(
-    prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]
-) -> bytes:
-    """Length-prefixed little-endian encoding: the same bytes on every machine, for every field split."""
-    parts = [b"agentjet-sample-v1"]
-    for fmt, values in (("q", prompt_ids), ("q", completion_ids), ("d", logprobs), ("q", versions)):
-        parts.append(struct.pack("<q", len(values)))
-        parts.append(struct.pack(f"<{len(values)}{fmt}", *values))
-    return b"".join(parts)
+DEFAULT_AGENT = "default"  # what a turn's agent is when the request named none
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What a signature covers."""
+
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
+    versions: Sequence[int]
+    finish_reason: str
+    agent: str = DEFAULT_AGENT
+
+    @classmethod
+    def of(cls, turn: Turn) -> Sample:
+        return cls(
+            turn.prompt_token_ids,
+            turn.completion_token_ids,
+            turn.completion_logprobs,
+            turn.completion_versions or [],
+            turn.finish_reason,
+            turn.agent,
+        )
+
+    def canonical(self) -> bytes:
+        """Length-prefixed little-endian encoding: the same bytes on every machine, for every field split.
+        Raises ``struct.error`` for numbers outside 64 bits (the wire types refuse those first)."""
+        parts = [b"agentjet-sample-v2"]
+        numbers = (("q", self.prompt_ids), ("q", self.completion_ids), ("d", self.logprobs), ("q", self.versions))
+        for fmt, values in numbers:
+            parts.append(struct.pack("<q", len(values)))
+            parts.append(struct.pack(f"<{len(values)}{fmt}", *values))
+        for text in (self.finish_reason, self.agent):
+            encoded = text.encode("utf-8", "surrogatepass")
+            parts.append(struct.pack("<q", len(encoded)) + encoded)
+        return b"".join(parts)
 
 
 class SampleSigner:
@@ -62,10 +98,7 @@ class SampleSigner:
         """Whether a turn is what this key's server sampled; None if it carries no signature."""
         if turn.signature is None:
             return None
-        versions = turn.completion_versions or []
-        return self.verify(
-            turn.signature, turn.prompt_token_ids, turn.completion_token_ids, turn.completion_logprobs, versions
-        )
+        return self.verify(turn.signature, Sample.of(turn))
 
     @classmethod
     def load(cls, path: Path, *, renew: bool = False) -> SampleSigner:
@@ -89,22 +122,13 @@ class SampleSigner:
         os.replace(tmp, path)
         return cls(key)
 
-    def sign(
-        self,
-        prompt_ids: Sequence[int],
-        completion_ids: Sequence[int],
-        logprobs: Sequence[float],
-        versions: Sequence[int],
-    ) -> str:
-        digest = hmac.new(self._key, _canonical(prompt_ids, completion_ids, logprobs, versions), hashlib.sha256)
+    def sign(self, sample: Sample) -> str:
+        digest = hmac.new(self._key, sample.canonical(), hashlib.sha256)
         return digest.hexdigest()[:SIGNATURE_CHARS]
 
-    def verify(
-        self,
-        signature: str,
-        prompt_ids: Sequence[int],
-        completion_ids: Sequence[int],
-        logprobs: Sequence[float],
-        versions: Sequence[int],
-    ) -> bool:
-        return hmac.compare_digest(signature, self.sign(prompt_ids, completion_ids, logprobs, versions))
+    def verify(self, signature: str, sample: Sample) -> bool:
+        """Constant-time; False (not an error) for a signature that is not even hex text."""
+        try:
+            return hmac.compare_digest(signature.encode("ascii"), self.sign(sample).encode("ascii"))
+        except (UnicodeEncodeError, struct.error):
+            return False

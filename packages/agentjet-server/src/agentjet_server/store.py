@@ -27,9 +27,12 @@ class TrajectoryStore:
         sink: Callable[[Trajectory, int], None],
         log: TrajectoryLog | None = None,
         signer: SampleSigner | None = None,
+        require_signed: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
         self.signer = signer
+        self.require_signed = require_signed and signer is not None
+        self._signatures: set[str] = set()  # of every accepted turn: a sample is trained once
         self.verified_turns = 0  # since this process started
         self.unsigned_turns = 0
         self.max_staleness = max_staleness
@@ -52,6 +55,7 @@ class TrajectoryStore:
             self.rejected = Counter(scan.rejected)
             self.next_lsn = scan.next_lsn
             self.known_version = scan.max_version
+            self._signatures = set(scan.signatures)
 
     def _problem(self, trajectory: Trajectory, version: int) -> tuple[str, str] | None:
         """``(reason code, message)`` if the trajectory cannot be trained."""
@@ -89,6 +93,26 @@ class TrajectoryStore:
                 )
         return None
 
+    def _not_trainable_sample(self, trajectory: Trajectory, batch: set[str]) -> tuple[str, str] | None:
+        """``(reason code, message)`` if a turn is unsigned where signatures are required, or was
+        trained before (its signature accepted in another trajectory, or twice in this one)."""
+        seen: set[str] = set()
+        for i, turn in enumerate(trajectory.turns):
+            if turn.signature is None:
+                if self.require_signed:
+                    return "unsigned", (
+                        f"turn {i} carries no signature, and this server trains only signed turns "
+                        "(--require-signed); push turns exactly as captured from its responses"
+                    )
+                continue
+            if turn.signature in self._signatures or turn.signature in batch or turn.signature in seen:
+                return "replayed", (
+                    f"turn {i} is a sample that was already pushed in an accepted trajectory; each sampled "
+                    "completion is trained once. Push each episode once, under one id"
+                )
+            seen.add(turn.signature)
+        return None
+
     def admit_batch(self, trajectories: list[Trajectory], version: int) -> list[TrajectoryResult]:
         """Decide, log (fsync) and buffer a batch; the answers are durable when this returns."""
         unsampled = [self._not_sampled(t) for t in trajectories]  # hashing needs no lock: concurrent pushes overlap
@@ -98,6 +122,7 @@ class TrajectoryStore:
             accepted: list[tuple[Trajectory, int]] = []
             rejected: list[str] = []
             batch_ids: set[str] = set()
+            batch_signatures: set[str] = set()
             signed = turns = 0
             for trajectory, not_sampled in zip(trajectories, unsampled, strict=True):
                 if trajectory.id in self._seen or trajectory.id in batch_ids:
@@ -108,7 +133,11 @@ class TrajectoryStore:
                     )
                     continue
                 batch_ids.add(trajectory.id)
-                problem = self._problem(trajectory, version) or not_sampled
+                problem = (
+                    self._problem(trajectory, version)
+                    or not_sampled
+                    or self._not_trainable_sample(trajectory, batch_signatures)
+                )
                 if problem is not None:
                     code, message = problem
                     rejected.append(code)
@@ -117,6 +146,7 @@ class TrajectoryStore:
                     continue
                 lsn = self.next_lsn + len(accepted)
                 accepted.append((trajectory, lsn))
+                batch_signatures.update(turn.signature for turn in trajectory.turns if turn.signature)
                 signed += sum(turn.signature is not None for turn in trajectory.turns)
                 turns += len(trajectory.turns)
                 records.append({"k": ACCEPTED, "n": lsn, "t": trajectory.model_dump(mode="json")})
@@ -124,6 +154,7 @@ class TrajectoryStore:
             if self.log is not None:
                 self.log.append(records)  # raises before anything is counted or answered
             self._seen |= batch_ids
+            self._signatures |= batch_signatures
             self.duplicate += len(trajectories) - len(batch_ids)
             self.rejected.update(rejected)
             self.accepted += len(accepted)

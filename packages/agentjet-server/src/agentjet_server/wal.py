@@ -10,7 +10,8 @@ On disk: segments ``00000001.wal``, ``00000002.wal``, ... (a new one after each 
 record per line, ``<crc32 hex> <json>``. A crash can tear the last line of the last segment (it
 was never acknowledged, since its fsync had not returned); opening the log truncates it. A
 segment whose trajectories are all trained and checkpointed is compacted into ``<n>.ids`` (the
-ids and answers only: the set of seen ids must outlive the data) and removed.
+ids, answers and turn signatures only: the set of seen ids, and of trained samples, must outlive
+the data) and removed. An ``.ids`` row is ``[kind, id, reason, lsn, [signatures]]``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def _decode(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def _signatures(trajectory: dict[str, Any]) -> list[str]:
+    return [t["signature"] for t in trajectory.get("turns") or [] if t.get("signature")]
+
+
 def _read_segment(path: Path) -> Iterator[dict[str, Any]]:
     with path.open("rb") as f:
         for line in f:
@@ -87,6 +92,7 @@ class LogScan:
     max_version: int = 0
     trajectories: dict[int, dict[str, Any]] = field(default_factory=dict)
     torn_bytes: int = 0
+    signatures: set[str] = field(default_factory=set)  # of every accepted turn: each is trained once
 
 
 class TrajectoryLog:
@@ -120,10 +126,11 @@ class TrajectoryLog:
             if number in live:  # compaction crashed before removing the segment: the segment wins
                 continue
             for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
-                kind, trajectory_id, reason, lsn = json.loads(row)
+                kind, trajectory_id, reason, lsn, *signatures = json.loads(row)
                 self._count(scan, kind, trajectory_id, reason)
                 if kind == ACCEPTED:
                     scan.next_lsn = max(scan.next_lsn, int(lsn) + 1)
+                    scan.signatures.update(*signatures)
         segments = sorted(live)
         for number in segments:
             path = self.directory / f"{number:08d}.wal"
@@ -162,6 +169,7 @@ class TrajectoryLog:
         if kind == ACCEPTED:
             trajectory = record["t"]
             self._count(scan, ACCEPTED, trajectory["id"], None)
+            scan.signatures.update(_signatures(trajectory))
             scan.trajectories[int(record["n"])] = trajectory
             scan.next_lsn = max(scan.next_lsn, int(record["n"]) + 1)
         elif kind == REJECTED:
@@ -182,7 +190,7 @@ class TrajectoryLog:
                         yield REJECTED, record["id"]
             else:
                 for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
-                    kind, trajectory_id, _, _ = json.loads(row)
+                    kind, trajectory_id, *_ = json.loads(row)
                     yield kind, trajectory_id
 
     def _segment_records(self, number: int) -> Iterator[dict[str, Any]]:
@@ -274,7 +282,7 @@ class TrajectoryLog:
                 if record.get("k") == ACCEPTED:
                     if int(record["n"]) >= keep_from_lsn:
                         return done  # still needed by resume; so are the segments after it
-                    rows.append([ACCEPTED, record["t"]["id"], None, record["n"]])
+                    rows.append([ACCEPTED, record["t"]["id"], None, record["n"], _signatures(record["t"])])
                 elif record.get("k") == REJECTED:
                     rows.append([REJECTED, record["id"], record.get("why"), None])
             target = self.directory / f"{number:08d}.ids"
