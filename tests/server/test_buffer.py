@@ -36,3 +36,61 @@ def test_a_batch_is_in_snapshots_until_committed_and_comes_back_first_when_put_b
     assert buffer.snapshot().ready == [[1, 3]]
     nxt = buffer.take_batch(timeout=0)
     assert nxt is not None and [t.id for t in nxt[0]] == ["t1", "t3"]
+
+
+def test_an_incomplete_group_is_trained_as_a_smaller_one_after_its_timeout():
+    now = [100.0]
+    buffer = GroupBuffer(group_size=4, batch_groups=1, group_timeout=60.0, clock=lambda: now[0])
+    buffer.add(traj(0, "a"), lsn=0)
+    buffer.add(traj(1, "a"), lsn=1)
+    now[0] += 30
+    buffer.add(traj(2, "b"), lsn=2)
+    assert buffer.take_batch(timeout=0) is None  # nothing complete, nothing old enough
+    now[0] += 31  # "a" opened 61 s ago, "b" 31 s ago
+    batch = buffer.take_batch(timeout=0)
+    assert batch is not None and [t.id for t in batch[0]] == ["t0", "t1"] and buffer.aged_out == 1
+    buffer.commit()
+    assert buffer.snapshot().open == [[2]] and buffer.buffered == 1
+    buffer.add(traj(3, "a"), lsn=3)  # a late sibling opens a new group of its task
+    assert buffer.snapshot().open == [[2], [3]]
+
+
+def test_the_buffer_counts_the_memory_it_holds():
+    buffer = GroupBuffer(group_size=2, batch_groups=1)
+    assert buffer.bytes == 0
+    buffer.add(traj(0, "a"))
+    buffer.add(traj(1, "a"))
+    held = buffer.bytes
+    assert held > 2000
+    assert buffer.take_batch(timeout=0) is not None
+    buffer.commit()
+    assert buffer.bytes == 0
+
+
+def test_a_full_buffer_answers_429_and_acknowledges_nothing(model_dir):
+    import httpx2
+
+    from tests.conftest import LiveServer
+
+    server = LiveServer(model_dir, max_buffered=4, batch_groups=5, group_size=2, max_staleness=100)
+    try:
+        url = server.url + "/v1/trajectories"
+
+        def body(*items: Trajectory) -> dict:  # type: ignore[type-arg]
+            return {"trajectories": [t.model_dump(mode="json") for t in items]}
+
+        first = httpx2.post(url, json=body(*(traj(i, f"g{i // 2}") for i in range(4))))
+        assert [r["status"] for r in first.json()["results"]] == ["accepted"] * 4
+        full = httpx2.post(url, json=body(traj(4, "g2")))
+        assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
+        error = full.json()["error"]
+        assert error["type"] == "rate_limit_error" and error["code"] == "buffer_full"
+        assert "nothing was acknowledged" in error["message"] and "--max-buffered" not in error["message"]
+        too_big = httpx2.post(url, json=body(*(traj(i, f"h{i}") for i in range(10, 15))))
+        assert too_big.status_code == 413 and "--max-buffered" in too_big.json()["error"]["message"]
+        counts = httpx2.get(server.url + "/v1/status").json()["trajectories"]
+        assert counts["accepted"] == 4 and counts["buffered"] == 4  # the refused one was not taken
+        retried = httpx2.post(url, json=body(traj(4, "g2"))).status_code
+        assert retried == 429  # still full: the learner waits for 5 groups
+    finally:
+        server.stop()

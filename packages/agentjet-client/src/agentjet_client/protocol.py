@@ -513,6 +513,7 @@ class TrajectoryCounts(_Strict):
     rejected: int = 0
     rejected_by_reason: dict[str, int] = Field(default_factory=dict)
     buffered: int = 0
+    aged_out_groups: int = 0  # incomplete GRPO groups trained smaller after --group-timeout
     trained: int = 0  # taken by the learner, batches without a reward signal included
     # turns of accepted trajectories since this server process started: signature checked, or none sent
     verified_turns: int = 0

@@ -74,6 +74,13 @@ def up(
     ] = None,
     insecure: Annotated[bool, typer.Option(help="serve a non-loopback --host without any API key")] = False,
     seed: Annotated[int, typer.Option(help="random seed of the learner")] = 0,
+    max_buffered: Annotated[
+        int | None,
+        typer.Option(help="trajectories held for training before pushes get 429 (default: 4 batches' worth)"),
+    ] = None,
+    group_timeout: Annotated[
+        float, typer.Option(help="seconds after which an incomplete GRPO group is trained as a smaller one")
+    ] = 600.0,
     max_connections: Annotated[
         int | None, typer.Option(help="connections held at once (default: what the open-file limit allows)")
     ] = None,
@@ -125,6 +132,8 @@ def up(
             insecure=insecure,
             seed=seed,
             max_connections=max_connections,
+            max_buffered=max_buffered,
+            group_timeout_s=group_timeout,
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
             write_timeout_s=write_timeout,

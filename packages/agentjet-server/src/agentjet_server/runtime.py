@@ -23,7 +23,7 @@ from agentjet_client.protocol import (
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.checkpoint import TRAINING_SETTINGS, CheckpointMeta, StateDir, settings_changes
 from agentjet_server.engine.base import Engine
-from agentjet_server.errors import StateError
+from agentjet_server.errors import PayloadTooLargeError, RateLimitError, StateError
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
@@ -103,7 +103,7 @@ class SwarmRuntime:
             signer=self.signer,
             max_token_entries=settings.max_request_token_entries,
         )
-        self.buffer = GroupBuffer(settings.group_size, settings.batch_groups)
+        self.buffer = GroupBuffer(settings.group_size, settings.batch_groups, group_timeout=settings.group_timeout_s)
         self.log = TrajectoryLog(state.log_dir) if state is not None else None
         self.store = TrajectoryStore(
             vocab_size,
@@ -112,6 +112,7 @@ class SwarmRuntime:
             self.log,
             self.signer,
             require_signed=settings.signatures_required,
+            room=self._room,
         )
         resumed = state.resumed if state is not None else None
         self.loop = TrainingLoop(
@@ -236,6 +237,33 @@ class SwarmRuntime:
         results = self.store.admit_batch(batch.trajectories, self.version)
         return TrajectoryBatchResult(results=results, policy_version=self.version)
 
+    @property
+    def max_buffered(self) -> int:
+        s = self.settings
+        return s.max_buffered or 4 * s.batch_groups * s.group_size * s.admission_batches
+
+    def _room(self, count: int, size: int) -> None:
+        """Refuse (429, nothing acknowledged) trajectories the buffer has no room for."""
+        s, limit = self.settings, self.max_buffered
+        if count > limit or size > s.max_buffer_bytes:
+            raise PayloadTooLargeError(
+                f"this batch holds {count} trajectories (~{size >> 20} MiB buffered) but the server buffers at "
+                f"most {limit} (--max-buffered) and {s.max_buffer_bytes >> 20} MiB (--max-buffer-bytes); "
+                "send smaller batches",
+                code="batch_exceeds_buffer",
+            )
+        buffered, held = self.buffer.buffered, self.buffer.bytes
+        if buffered + count > limit or held + size > s.max_buffer_bytes:
+            last = self.loop.last
+            wait = max(1.0, last.seconds if last is not None else 5.0)
+            raise RateLimitError(
+                f"the training buffer is full ({buffered} trajectories, ~{held >> 20} MiB, waiting for the learner; "
+                f"limits {limit} and {s.max_buffer_bytes >> 20} MiB); nothing was acknowledged, push again in "
+                f"{wait:.0f}s, and start fewer episodes ahead of training (admission_budget in /v1/status)",
+                retry_after=wait,
+                code="buffer_full",
+            )
+
     def admission_budget(self) -> int:
         s = self.settings
         target = s.batch_groups * s.group_size * s.admission_batches
@@ -247,7 +275,7 @@ class SwarmRuntime:
         return ServerStatus(
             model=self.engine.model_name,
             policy_version=version,
-            trajectories=self.store.counts(self.buffer.buffered),
+            trajectories=self.store.counts(self.buffer.buffered, self.buffer.aged_out),
             learner=LearnerInfo(
                 algorithm=self.settings.algorithm,
                 step=step,

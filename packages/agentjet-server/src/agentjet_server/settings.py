@@ -64,6 +64,13 @@ class ServerSettings(BaseModel):
     admission_batches: int = Field(
         default=2, ge=1, description="batches' worth of episodes the server invites ahead of training"
     )
+    max_buffered: int | None = Field(
+        default=None, ge=1, description="trajectories held for training; None = 4 x admission target"
+    )
+    max_buffer_bytes: int = Field(default=2 << 30, ge=1 << 20, description="approximate memory of the buffer")
+    group_timeout_s: float = Field(
+        default=600.0, gt=0, description="an incomplete GRPO group is trained as a smaller one after this long"
+    )
     default_max_tokens: int = Field(default=512, ge=1)
     max_batch: int = Field(default=64, ge=1)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentjet_client.protocol import Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_server.batching.buffer import footprint
 from agentjet_server.signing import SampleSigner
 from agentjet_server.wal import ACCEPTED, REJECTED, VERSION, TrajectoryLog
 
@@ -28,7 +29,10 @@ class TrajectoryStore:
         log: TrajectoryLog | None = None,
         signer: SampleSigner | None = None,
         require_signed: bool = False,
+        room: Callable[[int, int], None] | None = None,
     ) -> None:
+        # ``room(count, bytes)`` raises (RateLimitError) when the buffer can't take that many more
+        self._room = room or (lambda count, size: None)
         self.vocab_size = vocab_size
         self.signer = signer
         self.require_signed = require_signed and signer is not None
@@ -151,6 +155,8 @@ class TrajectoryStore:
                 turns += len(trajectory.turns)
                 records.append({"k": ACCEPTED, "n": lsn, "t": trajectory.model_dump(mode="json")})
                 results.append(TrajectoryResult(id=trajectory.id, status="accepted"))
+            if accepted:  # raises before anything is logged, counted or answered
+                self._room(len(accepted), sum(footprint(t) for t, _ in accepted))
             if self.log is not None:
                 self.log.append(records)  # raises before anything is counted or answered
             self._seen |= batch_ids
@@ -189,7 +195,7 @@ class TrajectoryStore:
         with self._lock:
             self.trained += count
 
-    def counts(self, buffered: int) -> TrajectoryCounts:
+    def counts(self, buffered: int, aged_out_groups: int = 0) -> TrajectoryCounts:
         with self._lock:
             return TrajectoryCounts(
                 accepted=self.accepted,
@@ -197,6 +203,7 @@ class TrajectoryStore:
                 rejected=sum(self.rejected.values()),
                 rejected_by_reason=dict(self.rejected),
                 buffered=buffered,
+                aged_out_groups=aged_out_groups,
                 trained=self.trained,
                 verified_turns=self.verified_turns,
                 unsigned_turns=self.unsigned_turns,

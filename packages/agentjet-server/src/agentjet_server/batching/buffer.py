@@ -4,23 +4,51 @@ A group is complete when ``group_size`` trajectories of one task id have arrived
 truncated ones count towards completion, so a crashed sibling never holds a group open; the
 learner trains only the complete ones). Further trajectories of the same task id open a new
 group. Complete groups are trained first-in, first-out, ``batch_groups`` at a time.
+
+A group whose siblings never all arrive (a client that stopped, a task id used once) is closed
+``group_timeout`` seconds after it opened and trained as a smaller group: its members were
+acknowledged, so they are trained, not dropped; GRPO's group-normalised advantage is defined for
+any group of two or more (a group of one carries no signal and is consumed without a gradient).
+``aged_out`` counts such groups. The buffer's size (``buffered`` trajectories, ``bytes`` of their
+approximate memory) is what the store's admission limit checks before acknowledging more.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentjet_client.protocol import Trajectory
 
 
+def footprint(trajectory: Trajectory) -> int:
+    """Approximate bytes a buffered trajectory holds in memory: Python ints and floats for every
+    token id, log-prob and version, and the text of the request messages."""
+    numbers = sum(len(t.prompt_token_ids) + 3 * len(t.completion_token_ids) for t in trajectory.turns)
+    text = sum(len(str(m.get("content") or "")) for t in trajectory.turns for m in t.request_messages)
+    return 1024 + 36 * numbers + 2 * text
+
+
 class GroupBuffer:
-    def __init__(self, group_size: int, batch_groups: int) -> None:
+    def __init__(
+        self,
+        group_size: int,
+        batch_groups: int,
+        group_timeout: float = float("inf"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if group_size < 1 or batch_groups < 1:
             raise ValueError("group_size and batch_groups must be at least 1")
         self.group_size = group_size
         self.batch_groups = batch_groups
+        self.group_timeout = group_timeout
+        self._clock = clock
+        self._opened: dict[str, float] = {}  # when each open group got its first trajectory
+        self.aged_out = 0
+        self.bytes = 0
         # each entry is (log sequence number, trajectory); the numbers let a checkpoint name them
         self._open: OrderedDict[str, list[tuple[int, Trajectory]]] = OrderedDict()
         self._ready: deque[list[tuple[int, Trajectory]]] = deque()
@@ -29,18 +57,32 @@ class GroupBuffer:
 
     def add(self, trajectory: Trajectory, lsn: int = -1) -> None:
         with self._cond:
+            if trajectory.task_id not in self._open:
+                self._opened[trajectory.task_id] = self._clock()
             group = self._open.setdefault(trajectory.task_id, [])
             group.append((lsn, trajectory))
+            self.bytes += footprint(trajectory)
             if len(group) >= self.group_size:
-                del self._open[trajectory.task_id]
-                self._ready.append(group)
-                if len(self._ready) >= self.batch_groups:
-                    self._cond.notify_all()
+                self._close(trajectory.task_id)
+
+    def _close(self, task_id: str) -> None:
+        self._ready.append(self._open.pop(task_id))
+        del self._opened[task_id]
+        if len(self._ready) >= self.batch_groups:
+            self._cond.notify_all()
+
+    def _age_out(self) -> None:
+        """Close open groups older than ``group_timeout`` (oldest first: the dict keeps opening order)."""
+        cutoff = self._clock() - self.group_timeout
+        for task_id in [t for t, opened in self._opened.items() if opened <= cutoff]:
+            self.aged_out += 1
+            self._close(task_id)
 
     def take_batch(self, timeout: float | None = None) -> list[list[Trajectory]] | None:
         """Wait up to ``timeout`` seconds for ``batch_groups`` complete groups and take them. They
         stay in snapshots until ``commit`` (trained) or go back to the front with ``put_back``."""
         with self._cond:
+            self._age_out()
             if not self._cond.wait_for(lambda: len(self._ready) >= self.batch_groups, timeout=timeout):
                 return None
             if self._taken:
@@ -51,6 +93,7 @@ class GroupBuffer:
     def commit(self) -> None:
         """The batch last taken is trained (or deliberately skipped): forget it."""
         with self._cond:
+            self.bytes -= sum(footprint(t) for group in self._taken for _, t in group)
             self._taken = []
 
     def put_back(self) -> None:
