@@ -95,7 +95,8 @@ def main() -> None:
         grads["grad." + name] = grad.detach().cpu().clone()
     if ctx.is_main:
         save_file({k: v.contiguous() for k, v in {**weights, **grads}.items()}, args.out)
-        print(json.dumps({"world_size": ctx.world_size, "stats": stats}))
+        print(json.dumps({"world_size": ctx.world_size, "stats": stats}), flush=True)
+    del learner, model, weights, grads, batches  # nothing refers to the process group any more
     distributed.shutdown(ctx)
 
 

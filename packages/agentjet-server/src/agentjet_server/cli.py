@@ -153,6 +153,7 @@ def serve(settings: Any) -> None:
     from agentjet_server.learner import distributed
 
     ctx = distributed.init_from_env(settings.device)
+    finished = False
     try:
         path = _model_path(settings, ctx)
         if not ctx.is_main:
@@ -165,10 +166,11 @@ def serve(settings: Any) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             distributed.worker_loop(build_learner(settings, str(path), ctx), ctx)
-            return
-        _serve_main(settings, path, ctx)
+        else:
+            _serve_main(settings, path, ctx)
+        finished = True
     finally:
-        distributed.shutdown(ctx)
+        distributed.shutdown(ctx, wait_for_others=finished)
 
 
 def _model_path(settings: Any, ctx: Any) -> Path:

@@ -167,9 +167,30 @@ def worker_loop(learner: Learner, ctx: DistContext) -> None:
         learner.full_state_dict()
 
 
-def shutdown(ctx: DistContext) -> None:
-    if ctx.enabled:
-        import torch.distributed as dist
+def shutdown(ctx: DistContext, wait_for_others: bool = True) -> None:
+    """Leave the process group cleanly: wait until every rank is done with its collectives (not
+    when this rank is failing: the others may never arrive), free
+    what still refers to the group (sharded tensors, the device mesh) while the interpreter is
+    whole, then destroy it. A process group (and gloo's worker threads holding tensors) left for
+    interpreter finalization can abort the process after its work is done ("terminate called
+    without an active exception")."""
+    if not ctx.enabled:
+        return
+    import gc
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        if not wait_for_others:
+            pass
+        elif dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=120))  # names a rank that never arrives
+        else:
+            dist.barrier()
+    except RuntimeError as exc:  # a rank died: leave anyway
+        logger.warning("learner rank %d: not every rank reached shutdown: %s", ctx.rank, exc)
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
