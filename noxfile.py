@@ -60,3 +60,19 @@ def client_light(session: nox.Session) -> None:
     """The client alone installs no torch/transformers."""
     session.install("packages/agentjet-client")
     session.run("python", "-c", "import importlib.util as u, sys; sys.exit(bool(u.find_spec('torch')))")
+
+
+@nox.session(python="3.11")
+def fuzz(session: nox.Session) -> None:
+    """Thousands of generated hostile bodies against a real server; prints the counts by answer."""
+    session.install(CPU_TORCH, "hypothesis>=6.100")
+    session.install(*PACKAGES)
+    session.run("python", "bench/fuzz.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def abuse(session: nox.Session) -> None:
+    """Hostile clients (huge bodies, error bombs, idle connections, unread streams) vs /healthz and RSS."""
+    session.install(CPU_TORCH)
+    session.install(*PACKAGES)
+    session.run("python", "bench/abuse.py", *session.posargs)

@@ -31,7 +31,8 @@ from agentjet_client.protocol import (
     ModelList,
     TrajectoryBatch,
 )
-from agentjet_server.bodies import describe_validation_error, read_model
+from agentjet_server.bodies import LARGE_IN_FLIGHT, describe_validation_error, read_model
+from agentjet_server.body_gate import BodyGate
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import (
     AuthenticationError,
@@ -95,6 +96,8 @@ def create_app(
 ) -> Starlette:
     """The ASGI app. ``runtime`` defaults to a new one over ``engine`` (its learner starts now)."""
     rt = runtime or SwarmRuntime.create(engine, settings, model_path or str(getattr(engine, "model_path", "")))
+    gate = BodyGate()  # judges large bodies in a process of its own (started on first use)
+    large = asyncio.Semaphore(LARGE_IN_FLIGHT)
 
     def authorize(request: Request) -> None:
         if not settings.auth_enabled:
@@ -116,7 +119,9 @@ def create_app(
 
     async def chat_completions(request: Request) -> Response:
         authorize(request)
-        body = await read_model(request, ChatCompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s)
+        body = await read_model(
+            request, ChatCompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s, gate, large
+        )
         if body.model not in (None, "", rt.engine.model_name, "default"):
             raise InvalidRequestError(
                 f"model '{body.model}' is not served here; this server serves '{rt.engine.model_name}' "
@@ -154,7 +159,9 @@ def create_app(
 
     async def trajectories(request: Request) -> Response:
         authorize(request)
-        batch = await read_model(request, TrajectoryBatch, settings.max_body_bytes, settings.body_timeout_s)
+        batch = await read_model(
+            request, TrajectoryBatch, settings.max_body_bytes, settings.body_timeout_s, gate, large
+        )
         # the answer waits for the log's fsync; a thread keeps that off the event loop
         result = await asyncio.to_thread(rt.ingest, batch)
         return JSONResponse(result.model_dump())
@@ -199,6 +206,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
+        gate.close()
         rt.close()
 
     app = Starlette(

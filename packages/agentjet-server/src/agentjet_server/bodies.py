@@ -12,14 +12,16 @@ surrogates (no tokenizer or JSON encoder accepts them), or bytes that trickle in
 3. ``check_shape`` walks the parsed JSON once, iteratively: nesting deeper than ``MAX_DEPTH`` and
    strings that are not valid Unicode are refused, naming where they are;
 4. the wire models bound every list (``max_length`` stops at the first surplus item), and a
-   validation failure is reported by its first few problems only.
+   validation failure is reported by its first few problems only;
+5. a body over ``GATE_BYTES`` is judged first by a helper process (``body_gate``), so a hostile
+   one never costs the server's own memory or lock; at most ``LARGE_IN_FLIGHT`` are held at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails
@@ -31,6 +33,8 @@ from agentjet_server.errors import InvalidRequestError, PayloadTooLargeError, Re
 M = TypeVar("M", bound=BaseModel)
 
 MAX_DEPTH = 64  # the deepest legitimate bodies (tool schemas) use about ten levels
+GATE_BYTES = 64 * 1024  # larger bodies are judged by the gate process first (``body_gate``)
+LARGE_IN_FLIGHT = 2  # large bodies held at once; more wait unread
 INLINE_BYTES = 32 * 1024  # smaller bodies are parsed on the event loop: a thread would cost more
 SHOWN_PROBLEMS = 5
 
@@ -174,9 +178,36 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-async def read_model(request: Request, model: type[M], limit: int, timeout: float) -> M:
-    """Read, size-check and validate a JSON body; large ones off the event loop."""
+class Gate(Protocol):
+    """Judges a large body elsewhere (``body_gate.BodyGate``): None if valid, else the 400's fields."""
+
+    def judge(self, raw: bytes, model: type[BaseModel]) -> dict[str, Any] | None: ...
+
+
+async def read_model(
+    request: Request,
+    model: type[M],
+    limit: int,
+    timeout: float,
+    gate: Gate | None = None,
+    large: asyncio.Semaphore | None = None,
+) -> M:
+    """Read, size-check and validate a JSON body; large ones off the event loop. With a ``gate``,
+    a body over ``GATE_BYTES`` is judged there first (only a valid one is parsed here), and at most
+    ``large``'s count of such bodies are held at once (the rest wait, unread)."""
+    declared = request.headers.get("content-length")
+    if large is not None and (declared is None or not declared.isdigit() or int(declared) > GATE_BYTES):
+        async with large:
+            return await _read_and_parse(request, model, limit, timeout, gate)
+    return await _read_and_parse(request, model, limit, timeout, gate)
+
+
+async def _read_and_parse(request: Request, model: type[M], limit: int, timeout: float, gate: Gate | None) -> M:
     raw = await read_body(request, limit, timeout)
     if len(raw) <= INLINE_BYTES:
         return parse_model(raw, model)
+    if gate is not None and len(raw) > GATE_BYTES:
+        verdict = await asyncio.to_thread(gate.judge, raw, model)
+        if verdict is not None:
+            raise InvalidRequestError(verdict["message"], param=verdict.get("param"), code=verdict.get("code"))
     return await asyncio.to_thread(parse_model, raw, model)

@@ -250,6 +250,7 @@ def http_config(app: Any, settings: Any) -> Any:
     import uvicorn
 
     from agentjet_server.connections import (
+        ACCEPT_BACKLOG,
         Guards,
         RepeatFilter,
         default_max_connections,
@@ -275,7 +276,7 @@ def http_config(app: Any, settings: Any) -> Any:
         log_level="warning",
         timeout_graceful_shutdown=5,
         http=guarded_protocol(guards),
-        backlog=2048,
+        backlog=ACCEPT_BACKLOG,
     )
 
 

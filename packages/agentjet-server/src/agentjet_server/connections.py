@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 import h11
@@ -27,7 +28,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 logger = logging.getLogger(__name__)
 
-RESERVED_FILES = 128  # descriptors kept free of connections: log segments, checkpoints, model files
+# descriptors kept free of connections: log segments, checkpoints, model files, and one accept
+# burst (asyncio accepts up to the listen backlog per turn of the loop, before evicted connections'
+# sockets are closed): a burst must not run into the open-file limit
+RESERVED_FILES = 128
+ACCEPT_BACKLOG = 128
 _BUSY_BODY = (
     b'{"error":{"message":"the server holds as many connections as it can; retry shortly",'
     b'"type":"server_error","param":null,"code":"busy"}}'
@@ -57,7 +62,7 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 
 def default_max_connections(open_files: int) -> int:
-    return max(16, open_files - RESERVED_FILES)
+    return max(16, open_files - RESERVED_FILES - ACCEPT_BACKLOG)
 
 
 class RepeatFilter(logging.Filter):
@@ -94,6 +99,8 @@ class Guards:
         self.refused = 0
         self.header_timeouts = 0
         self.write_timeouts = 0
+        # connections not in a request, longest idle first: who makes room for a new one (O(1))
+        self.idle: OrderedDict[Any, None] = OrderedDict()
 
 
 def guarded_protocol(guards: Guards) -> type[H11Protocol]:
@@ -118,30 +125,32 @@ def guarded_protocol(guards: Guards) -> type[H11Protocol]:
             self._arm_header_timer()
 
         def _make_room(self) -> bool:
-            idle = [
-                c
-                for c in self.connections
-                if c is not self and isinstance(c, GuardedH11Protocol) and c.idle and not c.transport.is_closing()
-            ]
-            if not idle:
-                return False
-            oldest = min(idle, key=lambda c: c.idle_since)
-            guards.evicted += 1
-            logger.warning("at the connection limit (%d): closing the longest-idle connection", guards.max_connections)
-            oldest.transport.close()
-            return True
+            """Close the longest-idle connection (one not in a request: waiting for, or trickling
+            in, its next request's headers)."""
+            while guards.idle:
+                oldest, _ = guards.idle.popitem(last=False)
+                if oldest.transport.is_closing():
+                    continue
+                guards.evicted += 1
+                logger.warning(
+                    "at the connection limit (%d): closing the longest-idle connection", guards.max_connections
+                )
+                oldest.transport.close()
+                return True
+            return False
 
-        @property
-        def idle(self) -> bool:
-            """Not in a request: no complete request headers since it opened or since the last answer
-            (a connection still trickling its headers in counts as idle)."""
-            in_request = self.cycle is not None and not self.cycle.response_complete
-            return not in_request and self.conn.their_state is h11.IDLE
+        def _now_idle(self) -> None:
+            self.idle_since = time.monotonic()
+            guards.idle[self] = None
+            guards.idle.move_to_end(self)
+
+        def _now_busy(self) -> None:
+            guards.idle.pop(self, None)
 
         # -- headers -----------------------------------------------------------------------
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()
-            self.idle_since = time.monotonic()
+            self._now_idle()
             self._header_timer = self.loop.call_later(guards.header_timeout, self._headers_too_slow)
 
         def _cancel_header_timer(self) -> None:
@@ -160,12 +169,14 @@ def guarded_protocol(guards: Guards) -> type[H11Protocol]:
             super().data_received(data)  # (this also stops uvicorn's keep-alive timer)
             if self.conn.their_state is not h11.IDLE:
                 self._cancel_header_timer()  # the headers are in; the body has its own deadline
+                self._now_busy()
             elif self._header_timer is None and not self.transport.is_closing():
                 self._arm_header_timer()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # arms uvicorn's keep-alive timer for the idle wait
-            self.idle_since = time.monotonic()
+            if not self.transport.is_closing():
+                self._now_idle()
 
         # -- readers that stop reading -------------------------------------------------------
         def pause_writing(self) -> None:
@@ -187,6 +198,7 @@ def guarded_protocol(guards: Guards) -> type[H11Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            self._now_busy()  # (gone: no longer a candidate to make room)
             if self._write_timer is not None:
                 self._write_timer.cancel()
                 self._write_timer = None
