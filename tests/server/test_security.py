@@ -62,10 +62,10 @@ def test_every_endpoint_but_health_needs_a_valid_bearer_key(keyed_server, method
     assert httpx2.get(keyed_server.url + "/healthz").status_code == 200
 
 
-def sampled(url: str, task: str) -> Trajectory:
+def sampled(url: str, task: str, seed: int | None = None) -> Trajectory:
     with SwarmClient(url, CLIENT_KEY) as client:
         episode = client.episode(task)
-        episode.openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4)
+        episode.openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4, seed=seed)
         episode.close()
         return episode.to_trajectory(1.0)
 
@@ -105,6 +105,13 @@ def test_with_keys_only_signed_turns_are_trained_and_each_only_once(keyed_server
     counts = httpx2.get(url + "/v1/status", headers={"authorization": f"Bearer {CLIENT_KEY}"}).json()
     reasons = counts["trajectories"]["rejected_by_reason"]
     assert reasons.get("unsigned") == 1 and reasons.get("replayed") == 2 and reasons.get("not_sampled") == 1
+
+
+def test_two_episodes_that_sample_the_same_tokens_are_both_trained(keyed_server):
+    first, second = sampled(keyed_server.url, "same-1", seed=11), sampled(keyed_server.url, "same-1", seed=11)
+    assert first.turns[0].completion_token_ids == second.turns[0].completion_token_ids  # the very same sample
+    assert first.turns[0].signature != second.turns[0].signature  # but two samplings of it
+    assert [r["status"] for r in push(keyed_server.url, first, second)] == ["accepted", "accepted"]
 
 
 def test_replayed_samples_stay_refused_after_a_restart(model_dir, tmp_path):

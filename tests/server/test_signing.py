@@ -38,7 +38,10 @@ def test_signature_is_stable_and_covers_every_field():
     signer = SampleSigner.random()
     base = Sample([1, 2, 3], [4, 5], [-0.5, -0.25], [0, 0], "stop", "solver")
     sig = signer.sign(base)
-    assert signer.verify(sig, base) and len(sig) == 32
+    assert signer.verify(sig, base) and len(sig) == 48
+    again = signer.sign(base)  # the same tokens sampled twice: two samples, two signatures
+    assert again != sig and signer.verify(again, base)
+    assert not signer.verify(sig[:16] + again[16:], base)  # a nonce belongs to its mac
     changed = [
         replace(base, prompt_ids=[1, 2, 4]),  # a prompt token
         replace(base, completion_ids=[4, 6]),  # a sampled token
@@ -51,7 +54,7 @@ def test_signature_is_stable_and_covers_every_field():
     ]
     assert not any(signer.verify(sig, sample) for sample in changed)
     assert not SampleSigner.random().verify(sig, base)  # another server's key
-    assert not signer.verify("\u00e9" * 32, base) and not signer.verify(sig.upper(), base)  # not hex: False, no error
+    assert not signer.verify("\u00e9" * 48, base) and not signer.verify(sig.upper(), base)  # not hex: False, no error
 
 
 def test_pushed_turns_are_checked_against_what_was_sampled(live_server):
@@ -95,7 +98,8 @@ def test_streamed_answers_are_signed_like_plain_ones(live_server):
         episode.close()
         plain, streamed = episode.to_trajectory(1.0).turns
     assert plain.completion_token_ids == streamed.completion_token_ids
-    assert plain.signature == streamed.signature is not None
+    signer = live_server.runtime.signer  # both signed as what they are (two samplings: two nonces)
+    assert signer.verify_turn(plain) and signer.verify_turn(streamed) and plain.signature != streamed.signature
 
 
 @pytest.mark.parametrize("resume", [True, False])

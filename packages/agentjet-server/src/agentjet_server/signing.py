@@ -1,7 +1,8 @@
 """Sample signatures: proof that a pushed turn carries exactly the tokens this server sampled.
 
-Every choice the server returns carries ``agentjet.signature``, an HMAC-SHA256 (keyed with a
-secret kept in the state directory) over everything of the sample the learner uses: the prompt
+Every choice the server returns carries ``agentjet.signature``: a random nonce and an HMAC-SHA256
+(keyed with a secret kept in the state directory) over the nonce and everything of the sample the
+learner uses: the prompt
 token ids, the completion token ids, their log-probabilities, the policy version of each token,
 the finish reason and the agent that asked (``agentjet.agent`` on the request; the client's capture
 sends it, per-agent rewards depend on it). The client copies the signature into the ``Turn`` it
@@ -32,7 +33,9 @@ from pathlib import Path
 from agentjet_client.protocol import Turn
 
 KEY_BYTES = 32
-SIGNATURE_CHARS = 32  # 128 bits of the HMAC, hex
+NONCE_CHARS = 16  # 64 random bits, hex: two samples with the same tokens still have different signatures
+MAC_CHARS = 32  # 128 bits of the HMAC, hex
+SIGNATURE_CHARS = NONCE_CHARS + MAC_CHARS
 
 
 DEFAULT_AGENT = "default"  # what a turn's agent is when the request named none
@@ -123,12 +126,21 @@ class SampleSigner:
         return cls(key)
 
     def sign(self, sample: Sample) -> str:
-        digest = hmac.new(self._key, sample.canonical(), hashlib.sha256)
-        return digest.hexdigest()[:SIGNATURE_CHARS]
+        """``<nonce><mac>``: a fresh random nonce, then the HMAC over the sample and the nonce. The
+        nonce makes every sample's signature unique, so "trained once" can go by signature even
+        when two episodes sample the very same tokens."""
+        return self._sign(sample, secrets.token_hex(NONCE_CHARS // 2))
+
+    def _sign(self, sample: Sample, nonce: str) -> str:
+        digest = hmac.new(self._key, sample.canonical() + nonce.encode("ascii"), hashlib.sha256)
+        return nonce + digest.hexdigest()[:MAC_CHARS]
 
     def verify(self, signature: str, sample: Sample) -> bool:
         """Constant-time; False (not an error) for a signature that is not even hex text."""
+        if len(signature) != SIGNATURE_CHARS:
+            return False
         try:
-            return hmac.compare_digest(signature.encode("ascii"), self.sign(sample).encode("ascii"))
+            expected = self._sign(sample, signature[:NONCE_CHARS]).encode("ascii")
+            return hmac.compare_digest(signature.encode("ascii"), expected)
         except (UnicodeEncodeError, struct.error):
             return False
