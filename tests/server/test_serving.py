@@ -114,3 +114,26 @@ def test_streamed_content_around_tool_calls_equals_the_whole_answer(engine, text
     content, calls = state.parsed()
     assert streamed.strip() == (content or "")
     assert names == [call.function.name for call in calls]
+
+
+def test_a_stream_that_fails_after_its_first_frame_ends_with_an_error_event_and_done(model_dir):
+    """The 200 is already sent when sampling fails: the client must learn of it from the stream."""
+    import json
+
+    import httpx2
+
+    from tests.conftest import LiveServer
+
+    server = LiveServer(model_dir)
+    try:
+        server.engine.close()  # requests are still accepted, but sampling fails once they start
+        body = {"messages": [{"role": "user", "content": "Say one."}], "max_tokens": 4, "stream": True}
+        with httpx2.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert response.status_code == 200
+        assert json.loads(lines[0][6:])["choices"][0]["delta"]["role"] == "assistant"
+        error = json.loads(lines[-2][6:])["error"]
+        assert error["type"] == "engine_error" and "shut down" in error["message"]
+        assert lines[-1] == "data: [DONE]"
+    finally:
+        server.stop()

@@ -142,6 +142,8 @@ def create_app(
                     logger.exception("stream on %s failed after its first frame", request.url.path)
                     if isinstance(exc, RequestError):
                         yield error_frame(exc.message, exc.error_type, exc.code)
+                    elif isinstance(exc, EngineError):
+                        yield error_frame(str(exc), "engine_error")
                     else:
                         yield error_frame(f"the stream failed: {type(exc).__name__}; see the server log")
                     yield "data: [DONE]\n\n"
