@@ -32,7 +32,8 @@ def test_sync_openai_capture_records_exact_turns(client):
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_async_streaming_capture_equals_non_streaming(client, n):
-    """Same seed, streamed or not: the same turns (one per choice), field for field but timings."""
+    """Same seed, streamed or not: the same turns (one per choice), field for field but timings and
+    the signature (whose nonce is new for each sampling; each is checked where it is pushed)."""
 
     async def run(stream):
         episode = client.episode("task-b")
@@ -45,7 +46,9 @@ def test_async_streaming_capture_equals_non_streaming(client, n):
             await llm.chat.completions.create(**kw)
         await episode.aclose()
         await client.aclose_pool()
-        return [t.model_dump(exclude={"started_at", "latency_s"}) for t in episode.recorder.turns]
+        turns = episode.recorder.turns
+        assert all(t.signature for t in turns)
+        return [t.model_dump(exclude={"started_at", "latency_s", "signature"}) for t in turns]
 
     streamed, whole = asyncio.run(run(True)), asyncio.run(run(False))
     assert len(streamed) == len(whole) == n
