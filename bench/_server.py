@@ -16,6 +16,16 @@ from pathlib import Path
 import httpx2
 
 
+def wait_until_up(url: str) -> None:
+    for _ in range(600):
+        try:
+            if httpx2.get(url + "/healthz").status_code == 200:
+                return
+        except httpx2.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit("the server did not come up")
+
+
 @contextlib.contextmanager
 def served(model_dir: Path, *extra: str) -> Iterator[str]:
     with socket.socket() as s:
@@ -28,14 +38,7 @@ def served(model_dir: Path, *extra: str) -> Iterator[str]:
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx2.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit("the server did not come up")
+        wait_until_up(url)
         yield url
     finally:
         server.terminate()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import httpx2
 
+from _server import wait_until_up
 from agentjet_server.embedded import ensure_embedded_model
 
 Attack = Callable[[str, int, threading.Event, Counter[str]], None]
@@ -66,14 +67,7 @@ def server(model: Path) -> Iterator[tuple[str, int, subprocess.Popen[bytes]]]:
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_files)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx2.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit("the server did not come up")
+        wait_until_up(url)
         yield url, port, proc
     finally:
         proc.terminate()

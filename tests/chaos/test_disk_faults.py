@@ -42,6 +42,12 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
+def server_args(model_dir: Path, state: Path, checkpoint_every: int) -> list[str]:
+    """A step per pair of trajectories; staleness never in the way (the pushes are all version 0)."""
+    args = ["--model", str(model_dir), "--state-dir", str(state), "--batch-groups", "1", "--group-size", "2"]
+    return [*args, "--checkpoint-every", str(checkpoint_every), "--max-staleness", "1000"]
+
+
 def trajectories(count: int, prefix: str) -> list[Trajectory]:
     """Pairs of one task (a GRPO group of 2) with rewards 0 and 1, so each pair is a real step."""
     out = []
@@ -94,19 +100,7 @@ def logged_ids(state: Path) -> Counter[str]:
 
 def test_a_full_disk_mid_append_then_a_restart_loses_and_repeats_nothing(model_dir, tmp_path):
     state, log = tmp_path / "state", tmp_path / "server.log"
-    args = [
-        "--model",
-        str(model_dir),
-        "--batch-groups",
-        "1",
-        "--group-size",
-        "2",
-        "--checkpoint-every",
-        "0",
-        "--max-staleness",
-        "1000",
-    ]
-    args += ["--state-dir", str(state)]
+    args = server_args(model_dir, state, checkpoint_every=0)
     port = free_port()
     batch = trajectories(30, "d")
     one_record = len(batch[0].model_dump_json()) + 40
@@ -160,19 +154,7 @@ def _set_writable(state: Path, writable: bool) -> None:
 
 def test_a_read_only_state_dir_refuses_then_recovers_without_a_restart(model_dir, tmp_path):
     state, log = tmp_path / "state", tmp_path / "server.log"
-    args = [
-        "--model",
-        str(model_dir),
-        "--batch-groups",
-        "1",
-        "--group-size",
-        "2",
-        "--checkpoint-every",
-        "1",
-        "--max-staleness",
-        "1000",
-    ]
-    args += ["--state-dir", str(state)]
+    args = server_args(model_dir, state, checkpoint_every=1)
     port = free_port()
     # root ignores file modes: run the server without the capabilities that let it
     launcher = (
