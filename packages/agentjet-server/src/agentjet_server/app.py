@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -47,6 +48,7 @@ from agentjet_server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+WORKER_THREADS = "agentjet-server-worker"
 
 
 def _printable(text: str | None) -> str | None:
@@ -207,6 +209,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # CPU work (parsing, rendering, detokenising) and fsyncs run in worker threads that say
+        # whose they are (``asyncio.to_thread`` uses the loop's default executor)
+        workers = ThreadPoolExecutor(thread_name_prefix=WORKER_THREADS)
+        asyncio.get_running_loop().set_default_executor(workers)
         yield
         gate.close()
         rt.close()
