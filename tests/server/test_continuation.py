@@ -63,6 +63,34 @@ def test_a_tool_call_re_serialised_differently_is_spliced(chat):
     assert result.status == "mismatch" and result.prompt_ids == chat.render(edited, TOOLS)
 
 
+def test_a_call_continuing_a_spliced_call_is_spliced_too(chat):
+    """Three calls: the first answer's sampled text renders otherwise (text after the tool call moves
+    before it), so the second call's prompt is spliced; the third continues the second, whose prompt
+    holds that sampled text, and must be spliced as well (it once rendered afresh: a new timeline)."""
+    first = chat.render([USER], TOOLS)
+    sampled = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call> then seven'
+    answer1 = [*chat.encode(sampled), end_of_turn(chat)]
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}
+    assistant1 = {"role": "assistant", "content": "then seven", "tool_calls": [call]}
+    messages = [USER, assistant1, {"role": "tool", "tool_call_id": "c1", "content": "7"}]
+    assert not chat.render_text(messages, TOOLS).startswith(chat.decode_all(first + answer1))  # it renders otherwise
+    second = continue_from(chat, first + answer1, len(first), messages, TOOLS)
+    assert second.status == "spliced"
+
+    answer2 = [*spelled_out(chat, "It is 7."), end_of_turn(chat)]
+    messages3 = [*messages, {"role": "assistant", "content": "It is 7."}, {"role": "user", "content": "Sure?"}]
+    prefix = second.prompt_ids + answer2
+    third = continue_from(chat, prefix, len(second.prompt_ids), messages3, TOOLS)
+    assert third.status == "spliced" and third.drift
+    assert third.prompt_ids[: len(prefix)] == prefix
+    assert chat.decode_all(third.prompt_ids[len(prefix) :]) == "\n<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
+
+    # the first answer edited in the third call's history: not the sampled conversation any more
+    edited = [{**m, "content": "then eight"} if m is assistant1 else m for m in messages3]
+    result = continue_from(chat, prefix, len(second.prompt_ids), edited, TOOLS)
+    assert result.status == "mismatch" and result.prompt_ids == chat.render(edited, TOOLS)
+
+
 def test_an_edited_history_is_rendered_afresh(chat):
     prompt = chat.render([USER])
     sampled = [*chat.encode("7"), end_of_turn(chat)]

@@ -12,7 +12,8 @@ and ``prefix_prompt_tokens``: where its prompt ends), and the server:
 1. ``extended``: if the prefix decodes to exactly the start of the rendered prompt text, the prompt
    is the prefix tokens followed by the tokens of the rest of the text;
 2. ``spliced``: else, if the prefix's prompt part renders the messages before one assistant message
-   exactly, and the prefix's completion parses (content, tool calls) to that assistant message,
+   (exactly, or with earlier assistant messages as the text sampled for them: a call that continued
+   spliced calls) and the prefix's completion parses (content, tool calls) to that assistant message,
    the prompt is the prefix tokens followed by the tokens of what comes after that message;
 3. ``mismatch``: else the history really differs (edited, retried, compacted): the messages are
    rendered afresh, as without a prefix.
@@ -34,6 +35,9 @@ from agentjet_server.engine.tokens import ChatTokenizer
 
 Status = Literal["extended", "spliced", "mismatch"]
 logger = logging.getLogger(__name__)
+# assistant messages that could be the one a prefix's completion answered (the same answer given
+# more than once), tried newest first; each try renders the messages before it once per earlier answer
+_TRIES = 4
 
 
 @dataclass(frozen=True)
@@ -84,18 +88,54 @@ def _splice(
         return None  # a completion cut off by max_tokens has no end-of-turn to continue after
     prompt, completion = prefix[:prompt_tokens], prefix[prompt_tokens:]
     prompt_text = chat.decode_all(prompt)
-    for j, message in enumerate(messages):
-        if message.get("role") != "assistant" or chat.render_text(messages[:j], tools) != prompt_text:
-            continue
-        if not same_answer(chat.decode(completion), message):
-            return None
+    end = chat.decode_all([prefix[-1]])
+    answer = chat.decode(completion)
+    candidates = [j for j, m in enumerate(messages) if m.get("role") == "assistant" and same_answer(answer, m)]
+    for j in reversed(candidates[-_TRIES:]):  # the newest first: an agent sends its last answer back
         through = chat.render_text(messages[: j + 1], tools, add_generation_prompt=False)
-        end = chat.decode_all([prefix[-1]])
         cut = through.rfind(end)
-        if cut < 0 or not text.startswith(through):
-            return None
+        if cut < 0 or not text.startswith(through) or not _renders(chat, prompt_text, messages, j, tools):
+            continue
         return prefix + chat.encode(text[cut + len(end) :])
     return None
+
+
+def _renders(
+    chat: ChatTokenizer,
+    prompt_text: str,
+    messages: Sequence[Mapping[str, Any]],
+    j: int,
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> bool:
+    """Whether ``prompt_text`` is ``messages[:j]`` as the template renders them (with the generation
+    prompt), except that an assistant message may appear as the text the model sampled for it, when
+    that text parses to the message: how the prompt of a call that continued spliced calls reads."""
+    rendered = chat.render_text(messages[:j], tools)
+    if prompt_text == rendered:
+        return True
+    ends = [chat.decode_all([t]) for t in chat.stop_ids]
+    at = 0  # how far into ``rendered`` (the template's text) and into ``prompt_text`` they agree
+    seen = 0
+    for i in range(j):
+        if messages[i].get("role") != "assistant":
+            continue
+        head = chat.render_text(messages[:i], tools)  # up to where the model sampled message i
+        through = chat.render_text(messages[: i + 1], tools, add_generation_prompt=False)
+        cut, end = max((through.rfind(e), e) for e in ends) if ends else (-1, "")
+        if not (rendered.startswith(through) and through.startswith(head)) or cut < len(head) or len(head) < at:
+            return False  # a template that is not prefix-stable: no splicing across it
+        between = rendered[at : len(head)]  # the other messages' text, the same in both
+        if not prompt_text.startswith(between, seen):
+            return False
+        seen += len(between)
+        stop = prompt_text.find(end, seen)
+        if stop < 0:
+            return False
+        body = prompt_text[seen:stop]
+        if body != through[len(head) : cut] and not same_answer(body, messages[i]):
+            return False
+        seen, at = stop + len(end), cut + len(end)
+    return prompt_text[seen:] == rendered[at:]
 
 
 def same_answer(sampled: str, message: Mapping[str, Any]) -> bool:
