@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.wal import TrajectoryLog, read_records
+from agentjet_server.wal import Accepted, TrajectoryLog, read_records
 from tests.conftest import ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
@@ -85,7 +85,7 @@ def wait_until(server: ServerProcess, done: object, what: str, limit: float = 12
 
 def check_sequence_numbers(state: Path) -> None:
     """The log's records not yet compacted (readable while the server runs) use each lsn once."""
-    lsns = [r["n"] for r in read_records(state / "log") if r["k"] == "a"]
+    lsns = [r.lsn for r in read_records(state / "log") if isinstance(r, Accepted)]
     assert len(set(lsns)) == len(lsns), "a log sequence number was used twice"
 
 

@@ -22,7 +22,7 @@ import httpx2
 import pytest
 
 from agentjet_client.spool import spool_key
-from agentjet_server.wal import TrajectoryLog, read_records
+from agentjet_server.wal import Accepted, TrajectoryLog, read_records
 from tests.chaos.test_client_kill import spool_stats
 from tests.conftest import ServerProcess, free_port
 
@@ -85,7 +85,7 @@ def test_server_killed_twice_and_resumed_loses_nothing(tmp_path):
             at_kill = wait_for_step(server, client, (resumed_at[-1]["step"] if resumed_at else 0) + 5)
             server.kill()
             if kill == 1:  # some trajectories this server had acknowledged, to resend after the restart
-                logged_before = [r["t"] for r in read_records(state / "log") if r["k"] == "a"][-5:]
+                logged_before = [r.trajectory for r in read_records(state / "log") if isinstance(r, Accepted)][-5:]
             checkpoint = latest_checkpoint(state)
             print(
                 f"kill {kill + 1}: server at step {at_kill['learner']['step']} (v{at_kill['policy_version']}), "

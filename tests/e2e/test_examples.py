@@ -17,7 +17,7 @@ from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.batching.timeline import build_timelines, call_tokens
 from agentjet_server.continuation import same_answer
 from agentjet_server.engine.tokens import ChatTokenizer
-from agentjet_server.wal import read_records
+from agentjet_server.wal import Accepted, read_records
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +98,7 @@ def test_example_runs_and_does_not_drift(example, tmp_path, model_dir):
     counts = status["trajectories"]
     assert counts["accepted"] == episodes and counts["rejected"] == 0 and status["policy_version"] >= 1
     context = status["context"]
-    trajectories = [Trajectory.model_validate(r["t"]) for r in records if r["k"] == "a"]
+    trajectories = [Trajectory.model_validate(r.trajectory) for r in records if isinstance(r, Accepted)]
     assert len(trajectories) == episodes
     chat = ChatTokenizer(model_dir)
     per_call = merged = continued = drifted = edited = 0

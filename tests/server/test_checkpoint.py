@@ -21,7 +21,7 @@ from agentjet_server.engine.hf import TransformersEngine
 from agentjet_server.errors import StateError
 from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
-from agentjet_server.wal import TrajectoryLog
+from agentjet_server.wal import Rejected, TrajectoryLog
 
 K = 3
 GROUP, GROUPS = 4, 2  # trajectories per group, groups per step
@@ -180,7 +180,7 @@ def test_state_dir_start_policy(model_dir, tmp_path):
     (root / "log" / "00000001.wal").write_bytes(b"")
     StateDir.open(root).close()  # a server stopped before anything was pushed: nothing to resume
     log = TrajectoryLog(root / "log")
-    log.append([{"k": "r", "id": "t0", "why": "stale"}])
+    log.append([Rejected("t0", "stale")])
     log.close()
     with pytest.raises(StateError, match="pass --resume to continue it, --fresh to discard it"):
         StateDir.open(root)

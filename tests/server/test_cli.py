@@ -57,11 +57,11 @@ def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
 def test_a_state_dir_with_an_earlier_run_needs_resume_or_fresh(tmp_path):
     import os
 
-    from agentjet_server.wal import TrajectoryLog
+    from agentjet_server.wal import Rejected, TrajectoryLog
     from tests.conftest import CACHE
 
     log = TrajectoryLog(tmp_path / "log")
-    log.append([{"k": "r", "id": "t0", "why": "stale"}])
+    log.append([Rejected("t0", "stale")])
     log.close()
     env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
     command = [str(BIN / "agentjet-server"), "up", "--port", "0", "--state-dir", str(tmp_path)]

@@ -83,7 +83,10 @@ def test_a_call_continuing_a_spliced_call_is_spliced_too(chat):
     third = continue_from(chat, prefix, len(second.prompt_ids), messages3, TOOLS)
     assert third.status == "spliced" and third.drift
     assert third.prompt_ids[: len(prefix)] == prefix
-    assert chat.decode_all(third.prompt_ids[len(prefix) :]) == "\n<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        chat.decode_all(third.prompt_ids[len(prefix) :])
+        == "\n<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
     # the first answer edited in the third call's history: not the sampled conversation any more
     edited = [{**m, "content": "then eight"} if m is assistant1 else m for m in messages3]

@@ -15,7 +15,7 @@ import pytest
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.errors import StateError
 from agentjet_server.store import TrajectoryStore
-from agentjet_server.wal import TrajectoryLog, read_records
+from agentjet_server.wal import Accepted, TrajectoryLog, read_records
 
 
 def traj(i: int, version: int = 0, token: int = 5) -> Trajectory:
@@ -120,7 +120,7 @@ def test_a_failed_write_acknowledges_nothing(tmp_path, monkeypatch):
     assert [r.status for r in s.admit_batch([traj(0)], version=0)] == ["accepted"]  # the retry is not a duplicate
     log.close()
     # the bytes written before the failed fsync are gone: t0 once (its retry), t1 never
-    assert [(r["n"], r["t"]["id"]) for r in read_records(tmp_path)] == [(0, "t0")]
+    assert [(r.lsn, r.id) for r in read_records(tmp_path) if isinstance(r, Accepted)] == [(0, "t0")]
 
 
 FULL_DISK = """
@@ -163,7 +163,7 @@ def test_a_write_a_full_disk_cuts_short_leaves_no_trace(tmp_path):
     assert [a.split(":")[0] for a in out["answers"]] == ["503", "503", "503", "accepted", "accepted"]
     assert "File too large" in out["answers"][0]
     assert out["buffered"] == [["t0", 0], ["t2", 1], ["t1", 2]]
-    logged = [(r["n"], r["t"]["id"]) for r in read_records(tmp_path)]
+    logged = [(r.lsn, r.id) for r in read_records(tmp_path) if isinstance(r, Accepted)]
     assert logged == [(0, "t0"), (1, "t2"), (2, "t1")]  # each once, in answer order, no torn record
     s, log, _ = store(tmp_path)
     assert s.accepted == 3 and s.next_lsn == 3 and log.scan.torn_bytes == 0
@@ -198,7 +198,7 @@ def test_a_segment_that_cannot_be_opened_leaves_appends_in_the_current_one(tmp_p
     assert log.rotate() == 2
     assert s.admit(traj(2), version=0).status == "accepted"
     log.close()
-    assert [r["t"]["id"] for r in read_records(tmp_path)] == ["t0", "t1", "t2"]
+    assert [r.id for r in read_records(tmp_path) if isinstance(r, Accepted)] == ["t0", "t1", "t2"]
     assert (tmp_path / "00000002.wal").stat().st_size > 0
 
 

@@ -460,6 +460,10 @@ class Trajectory(_Strict):
     agent_rewards: dict[str, float] | None = None
     error: str | None = Field(default=None, max_length=4000)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    purpose: Literal["train", "eval"] = Field(
+        default="train",
+        description="eval: an evaluation episode; the server records its reward by policy version, never trains it",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Trajectory:
@@ -482,10 +486,21 @@ class Trajectory(_Strict):
         return min(turn.oldest_version for turn in self.turns)
 
 
+class ClientReport(_Strict):
+    """What a client run says about itself with each push (``/v1/admin/clients``, ``/metrics``)."""
+
+    id: str = Field(min_length=1, max_length=128)
+    spool_depth: int = Field(default=0, ge=0, description="finished trajectories waiting in its spool")
+    episodes: int = Field(default=0, ge=0, description="episodes the run has finished")
+    running: int = Field(default=0, ge=0, description="episodes in progress")
+    code_version: str | None = Field(default=None, max_length=128)
+
+
 class TrajectoryBatch(_Strict):
     """``POST /v1/trajectories``."""
 
     trajectories: list[Trajectory] = Field(min_length=1, max_length=MAX_BATCH_TRAJECTORIES)
+    client: ClientReport | None = None
 
 
 SubmitStatus = Literal["accepted", "duplicate", "rejected"]
@@ -515,6 +530,7 @@ class TrajectoryCounts(_Strict):
     buffered: int = 0
     aged_out_groups: int = 0  # incomplete GRPO groups trained smaller after --group-timeout
     trained: int = 0  # taken by the learner, batches without a reward signal included
+    evaluated: int = 0  # evaluation episodes recorded (never trained)
     # turns of accepted trajectories since this server process started: signature checked, or none sent
     verified_turns: int = 0
     unsigned_turns: int = 0
@@ -556,6 +572,7 @@ class ServerStatus(_Strict):
     )
     uptime_s: float
     context: ContextCounts = Field(default_factory=ContextCounts)
+    paused: bool = False  # learning paused by the admin API (serving and ingestion go on)
 
     def summary(self) -> str:
         """One line for people: what ``agentjet-server status`` and ``agentjet-client status`` print."""
@@ -567,12 +584,76 @@ class ServerStatus(_Strict):
             f"buffered {t.buffered}  trained {t.trained}  turns verified {t.verified_turns}"
             + (f" (unsigned {t.unsigned_turns})" if t.unsigned_turns else "")
             + f"  admission budget {self.admission_budget}"
+            + ("  LEARNING PAUSED" if self.paused else "")
             + (
                 f"  checkpoint step {self.learner.last_checkpoint_step}"
                 if self.learner.last_checkpoint_step is not None
                 else ""
             )
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# AgentJet: the admin API (admin keys only, when keys are set)
+# ---------------------------------------------------------------------------------------------
+
+
+class ConfigChange(_Strict):
+    """One change made through ``PATCH /v1/admin/config`` (or pause / resume), as logged."""
+
+    at: float = Field(description="unix time of the change")
+    step: int = Field(description="the learner step it was made after; it applies from the next one")
+    changes: dict[str, Any]
+    previous: dict[str, Any] = Field(default_factory=dict)
+
+
+class AdminConfig(_Strict):
+    """``GET`` / ``PATCH /v1/admin/config``: the effective configuration (keys redacted), the
+    settings a running server can change, and every change made so far."""
+
+    config: dict[str, Any]
+    live: list[str]
+    changes: list[ConfigChange] = Field(default_factory=list)
+    paused: bool = False
+
+
+class AdminState(_Strict):
+    """The answer to ``POST /v1/admin/pause``, ``/resume`` and ``/stop``."""
+
+    paused: bool
+    step: int
+    policy_version: int
+    message: str
+
+
+class CheckpointInfo(_Strict):
+    """``POST /v1/admin/checkpoint``: the checkpoint written (``--resume`` continues from it)."""
+
+    step: int
+    policy_version: int
+    path: str
+    seconds: float
+
+
+class ClientInfo(_Strict):
+    """One client run, as its pushes described it (``GET /v1/admin/clients``)."""
+
+    id: str
+    last_seen: float = Field(description="unix time of its last push")
+    pushes: int = 0
+    trajectories: int = 0  # pushed, any answer
+    accepted: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    evaluated: int = 0
+    episodes: int = 0  # as the client reported: finished by the run
+    running: int = 0
+    spool_depth: int = 0
+    code_version: str | None = None
+
+
+class ClientList(_Strict):
+    clients: list[ClientInfo]
 
 
 class Health(_Strict):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
+import json
 import logging
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from starlette.routing import Route
 
 from agentjet_client.protocol import (
     ChatCompletionRequest,
+    ClientList,
     ErrorDetail,
     ErrorResponse,
     Health,
@@ -39,10 +42,12 @@ from agentjet_server.errors import (
     AuthenticationError,
     EngineError,
     InvalidRequestError,
+    PermissionDeniedError,
     RateLimitError,
     RequestError,
     StateError,
 )
+from agentjet_server.exposition import CONTENT_TYPE, Exposition
 from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
 
@@ -89,27 +94,74 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
             return None
 
 
+def _int_param(request: Request, name: str, default: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequestError(
+            f"query parameter '{name}' must be an integer (got {value[:40]!r})", param=name
+        ) from None
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass as JSON-ready data (None stays None)."""
+    return dataclasses.asdict(value) if value is not None else None
+
+
+async def read_json_object(request: Request, limit: int = 64 * 1024) -> dict[str, Any]:
+    """A small JSON object body (the admin API's), or a 400 that says what is wrong."""
+    body = await request.body()
+    if len(body) > limit:
+        raise InvalidRequestError(f"the body is {len(body)} bytes; at most {limit} are accepted here")
+    try:
+        value = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise InvalidRequestError('the body must be a JSON object, e.g. {"lr": 0.0005}')
+    return value
+
+
 def _key_in(token: str, keys: Sequence[str]) -> bool:
     return any(hmac.compare_digest(token.encode(), k.encode()) for k in keys)
 
 
 def create_app(
-    engine: Engine, settings: ServerSettings, runtime: SwarmRuntime | None = None, model_path: str | None = None
+    engine: Engine,
+    settings: ServerSettings,
+    runtime: SwarmRuntime | None = None,
+    model_path: str | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> Starlette:
-    """The ASGI app. ``runtime`` defaults to a new one over ``engine`` (its learner starts now)."""
+    """The ASGI app. ``runtime`` defaults to a new one over ``engine`` (its learner starts now).
+    ``on_stop`` ends the process's HTTP server (``POST /v1/admin/stop``); without it, stop is refused."""
     rt = runtime or SwarmRuntime.create(engine, settings, model_path or str(getattr(engine, "model_path", "")))
     gate = BodyGate()  # judges large bodies in a process of its own (started on first use)
     large = asyncio.Semaphore(LARGE_IN_FLIGHT)
+    exposition = Exposition(rt.telemetry, rt.snapshot)
 
-    def authorize(request: Request) -> None:
+    def authorize(request: Request, admin: bool = False) -> None:
+        """Any key when keys are set (client keys infer, push and read; admin keys also steer)."""
         if not settings.auth_enabled:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
-        if not _key_in(token.strip(), settings.api_keys + settings.admin_keys):
+        token = token.strip()
+        if _key_in(token, settings.admin_keys):
+            return
+        if not _key_in(token, settings.api_keys):
             raise AuthenticationError("the API key is not valid for this server", code="invalid_api_key")
+        if admin:
+            raise PermissionDeniedError(
+                f"{request.url.path} needs an admin key; this is a client key (client keys can infer, push "
+                "trajectories and read status and metrics). Use a key from AGENTJET_ADMIN_KEYS or --admin-key-file",
+                code="admin_key_required",
+            )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(Health(policy_version=rt.version).model_dump())
@@ -174,6 +226,81 @@ def create_app(
         authorize(request)
         return JSONResponse(rt.status().model_dump())
 
+    async def metrics(request: Request) -> Response:
+        authorize(request)
+        if not rt.settings.metrics:
+            raise InvalidRequestError("metrics are off on this server (started with --no-metrics)", code="metrics_off")
+        return Response(await asyncio.to_thread(exposition.render), media_type=CONTENT_TYPE)
+
+    async def history(request: Request) -> Response:
+        authorize(request)
+        since = _int_param(request, "since", 0)
+        limit = _int_param(request, "limit", 5000)
+        kinds = set(request.query_params.get("kind", "").split(",")) - {""} or None
+        lines = rt.telemetry.history.since(since, kinds, limit=max(1, limit))
+        body = {"lines": lines, "last_seq": rt.telemetry.history.last_seq}
+        return Response(json.dumps(body, allow_nan=False), media_type="application/json")
+
+    async def overview(request: Request) -> Response:
+        """What the dashboard shows besides the history: figures, rewards, clients, recent events."""
+        authorize(request)
+        snapshot = rt.snapshot()
+        body = {
+            "status": rt.status().model_dump(),
+            "figures": rt.telemetry.figures(snapshot),
+            "rewards": rt.telemetry.rewards(),
+            "last_step": _plain(rt.telemetry.last_step),
+            "clients": [c.model_dump() for c in rt.telemetry.clients.list()],
+            "recent": list(rt.telemetry.recent)[-50:],
+            "config": rt.control.config().model_dump(),
+        }
+        return Response(json.dumps(body, default=str), media_type="application/json")
+
+    # -- the admin API ----------------------------------------------------------------------------
+    async def admin_config(request: Request) -> Response:
+        authorize(request, admin=True)
+        if request.method == "PATCH":
+            changes = await read_json_object(request)
+            config = await asyncio.to_thread(rt.control.change, changes)
+        else:
+            config = rt.control.config()
+        return JSONResponse(config.model_dump(mode="json"))
+
+    async def admin_pause(request: Request) -> Response:
+        authorize(request, admin=True)
+        return JSONResponse((await asyncio.to_thread(rt.control.pause, True)).model_dump())
+
+    async def admin_resume(request: Request) -> Response:
+        authorize(request, admin=True)
+        return JSONResponse((await asyncio.to_thread(rt.control.pause, False)).model_dump())
+
+    async def admin_checkpoint(request: Request) -> Response:
+        authorize(request, admin=True)
+        return JSONResponse((await asyncio.to_thread(rt.control.checkpoint)).model_dump())
+
+    async def admin_stop(request: Request) -> Response:
+        authorize(request, admin=True)
+        if on_stop is None:
+            raise InvalidRequestError("this server was not started by `agentjet-server up`; stop its process instead")
+        info = await asyncio.to_thread(rt.control.checkpoint) if rt.recovery is not None else None
+        version, step = rt.loop.live
+        message = f"checkpoint {info.path} written; the server exits" if info else "the server exits"
+        logger.warning("admin: stop requested (%s)", message)
+        asyncio.get_running_loop().call_later(0.2, on_stop)  # after this answer is sent
+        return JSONResponse(
+            {
+                "paused": rt.loop.paused,
+                "step": step,
+                "policy_version": version,
+                "message": message,
+                "checkpoint": info.model_dump() if info else None,
+            }
+        )
+
+    async def admin_clients(request: Request) -> Response:
+        authorize(request, admin=True)
+        return JSONResponse(ClientList(clients=rt.telemetry.clients.list()).model_dump())
+
     async def on_request_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestError)
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if isinstance(exc, RateLimitError) else None
@@ -224,6 +351,15 @@ def create_app(
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/trajectories", trajectories, methods=["POST"]),
             Route("/v1/status", status, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/v1/metrics/history", history, methods=["GET"]),
+            Route("/v1/overview", overview, methods=["GET"]),
+            Route("/v1/admin/config", admin_config, methods=["GET", "PATCH"]),
+            Route("/v1/admin/pause", admin_pause, methods=["POST"]),
+            Route("/v1/admin/resume", admin_resume, methods=["POST"]),
+            Route("/v1/admin/checkpoint", admin_checkpoint, methods=["POST"]),
+            Route("/v1/admin/stop", admin_stop, methods=["POST"]),
+            Route("/v1/admin/clients", admin_clients, methods=["GET"]),
         ],
         exception_handlers={
             RequestError: on_request_error,

@@ -3,6 +3,7 @@
     <state-dir>/
       LOCK                      held by the running server (one server per state dir)
       log/                      the trajectory write-ahead log (``wal``)
+      metrics.jsonl             the run's metrics history (a line per step, and one a minute)
       checkpoints/step-00000020/
         model/                  HF safetensors + config + tokenizer: loadable by transformers
         trainer.pt              optimizer state (by parameter name), learner step, RNG
@@ -34,6 +35,7 @@ from agentjet_server.wal import fsync_dir
 logger = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+METRICS_FILE = "metrics.jsonl"  # the run's metrics history (``metrics.History``)
 # settings that change what a resumed run computes; a change is allowed but reported
 TRAINING_SETTINGS = ("group_size", "batch_groups", "lr", "clip_low", "clip_high", "max_grad_norm", "entropy_coef")
 
@@ -49,6 +51,8 @@ class CheckpointMeta:
     segment: int  # the log segment opened right after the checkpoint
     settings: dict[str, Any] = field(default_factory=dict)
     created: float = 0.0
+    live: dict[str, Any] = field(default_factory=dict)  # settings changed through the admin API
+    paused: bool = False  # learning paused through the admin API
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -170,6 +174,7 @@ class StateDir:
             logger.warning("--fresh: discarding the earlier run in %s (%s)", root, earlier)
             shutil.rmtree(state.log_dir, ignore_errors=True)
             shutil.rmtree(state.checkpoint_dir, ignore_errors=True)
+            (root / METRICS_FILE).unlink(missing_ok=True)
         if resume:
             state.resuming = bool(earlier)
             state.resumed = state.latest()

@@ -9,7 +9,6 @@ give it. Timelines are separated by a line saying why a new one started.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,27 +19,31 @@ import torch
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.timeline import Timeline
 from agentjet_server.errors import StateError
-from agentjet_server.wal import ACCEPTED, read_records
+from agentjet_server.wal import Accepted, Evaluated, read_records
 
 
 def find_trajectory(state_dir: Path, trajectory_id: str) -> Trajectory:
+    """A trajectory still in the log (or among the newest compacted ones kept in ``recent.wal``)."""
     log_dir = state_dir / "log"
-    for record in read_records(log_dir):
-        if record.get("k") == ACCEPTED and record["t"]["id"] == trajectory_id:
-            return Trajectory.model_validate(record["t"])
-    for ids in sorted(log_dir.glob("*.ids")):
-        for row in ids.read_text().splitlines():
-            if json.loads(row)[1] == trajectory_id:
-                raise StateError(
-                    f"trajectory {trajectory_id} was trained and checkpointed; the log keeps only its id now"
-                )
+    compacted = False
+    for record in read_records(log_dir, compacted=True, recent=True):
+        if isinstance(record, Accepted | Evaluated) and record.id == trajectory_id:
+            if record.trajectory is not None:
+                return Trajectory.model_validate(record.trajectory)
+            compacted = True
+    if compacted:
+        raise StateError(f"trajectory {trajectory_id} was trained and checkpointed; the log keeps only its id now")
     raise StateError(f"no trajectory {trajectory_id} in the log under {log_dir}; check the id and --state-dir")
 
 
 def latest_ids(state_dir: Path, count: int) -> list[str]:
-    """The ids of the newest ``count`` trajectories still in the log."""
-    ids = [r["t"]["id"] for r in read_records(state_dir / "log") if r.get("k") == ACCEPTED]
-    return ids[-count:]
+    """The ids of the newest ``count`` trajectories whose bodies the log still holds."""
+    ids = [
+        r.id
+        for r in read_records(state_dir / "log", recent=True)
+        if isinstance(r, Accepted | Evaluated) and r.trajectory is not None
+    ]
+    return list(dict.fromkeys(reversed(ids)))[:count][::-1]
 
 
 @dataclass

@@ -16,18 +16,20 @@ import torch
 from agentjet_client.protocol import (
     LearnerInfo,
     ServerStatus,
-    Trajectory,
     TrajectoryBatch,
     TrajectoryBatchResult,
 )
 from agentjet_server.batching.buffer import GroupBuffer
-from agentjet_server.checkpoint import TRAINING_SETTINGS, CheckpointMeta, StateDir, settings_changes
+from agentjet_server.checkpoint import METRICS_FILE, StateDir
+from agentjet_server.control import Controller, learner_config
 from agentjet_server.engine.base import Engine
-from agentjet_server.errors import PayloadTooLargeError, RateLimitError, StateError
+from agentjet_server.errors import PayloadTooLargeError, RateLimitError
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
-from agentjet_server.learner.trainer import Learner, LearnerConfig
+from agentjet_server.learner.trainer import Learner
+from agentjet_server.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
+from agentjet_server.recovery import LiveConfiguration, Recovery, restored_configuration
 from agentjet_server.serving import ChatService
 from agentjet_server.settings import ServerSettings
 from agentjet_server.signing import SampleSigner
@@ -59,13 +61,7 @@ def build_learner(
     ctx = ctx or DistContext(device=settings.device)
     torch.manual_seed(settings.seed)
     model = trainable_copy(model_path, ctx.device)
-    config = LearnerConfig(
-        lr=settings.lr,
-        clip_low=settings.clip_low,
-        clip_high=settings.clip_high,
-        max_grad_norm=settings.max_grad_norm,
-        entropy_coef=settings.entropy_coef,
-    )
+    config = learner_config(settings)
     config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx)
     resuming = resume_from is not None
@@ -73,6 +69,7 @@ def build_learner(
         resuming = bool(distributed.broadcast(ctx, resuming))
     if resuming:
         learner.load_training_state(resume_from)
+        learner.reconfigure(config)  # this run's settings, not the optimizer state's saved ones
     return learner
 
 
@@ -85,6 +82,8 @@ class SwarmRuntime:
         vocab_size: int,
         state: StateDir | None = None,
         model_path: Path | None = None,
+        live: LiveConfiguration | None = None,
+        log: TrajectoryLog | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -97,14 +96,17 @@ class SwarmRuntime:
             if state is not None
             else SampleSigner.random()
         )
+        metrics_file = state.root / METRICS_FILE if state is not None and settings.metrics else None
+        self.telemetry = Telemetry(History(metrics_file))
         self.chat = ChatService(
             engine,
             default_max_tokens=settings.default_max_tokens,
             signer=self.signer,
             max_token_entries=settings.max_request_token_entries,
+            stats=self.telemetry.serving if settings.metrics else None,
         )
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups, group_timeout=settings.group_timeout_s)
-        self.log = TrajectoryLog(state.log_dir) if state is not None else None
+        self.log = log if log is not None else TrajectoryLog(state.log_dir) if state is not None else None
         self.store = TrajectoryStore(
             vocab_size,
             settings.max_staleness,
@@ -115,6 +117,19 @@ class SwarmRuntime:
             room=self._room,
         )
         resumed = state.resumed if state is not None else None
+        self.recovery = (
+            Recovery(
+                state,
+                self.log,
+                self.store,
+                self.buffer,
+                model_path or Path(),
+                settings.keep_checkpoints,
+                settings.keep_recent_trajectories,
+            )
+            if state is not None and self.log is not None
+            else None
+        )
         self.loop = TrainingLoop(
             learner,
             self.buffer,
@@ -122,12 +137,29 @@ class SwarmRuntime:
             version=resumed.meta.version if resumed else engine.version,
             on_trained=self.store.mark_trained,
             on_version=self.store.record_version,
-            save=self._save_checkpoint if state is not None else None,
+            save=self._save_checkpoint if self.recovery is not None else None,
             checkpoint_every=settings.checkpoint_every,
+            on_step=self._on_step,
         )
-        self.last_checkpoint_step: int | None = resumed.meta.step if resumed else None
-        self.replayed = self._replay() if state is not None and state.resuming else 0
+        self.control = Controller(
+            get_settings=lambda: self.settings,
+            set_settings=self._set_settings,
+            loop=self.loop,
+            store=self.store,
+            buffer=self.buffer,
+            chat=self.chat,
+            history=self.telemetry.history,
+            live=live or LiveConfiguration({}),
+        )
+        self.replayed = (
+            self.recovery.replay(self.loop, settings.model_dump(mode="json"))
+            if self.recovery is not None and state is not None and state.resuming
+            else 0
+        )
         self.started = time.monotonic()
+        self._ticker = Ticker(self.telemetry, self.snapshot, settings.metrics_interval_s) if settings.metrics else None
+        if self._ticker is not None:
+            self._ticker.start()
 
     @classmethod
     def create(
@@ -138,10 +170,24 @@ class SwarmRuntime:
         ctx: DistContext | None = None,
         state: StateDir | None = None,
     ) -> SwarmRuntime:
-        """Open (or take) the state dir, build the learner (from the newest checkpoint when
-        resuming), replay the log into the buffer and start training."""
+        """Open (or take) the state dir, restore the live configuration an earlier run was given
+        through the admin API, build the learner (from the newest checkpoint when resuming),
+        replay the log into the buffer and start training."""
         state = state or StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+        log: TrajectoryLog | None = None
         try:
+            log = TrajectoryLog(state.log_dir)
+            live = LiveConfiguration({})
+            if state.resuming:
+                live = restored_configuration(state, log)
+                if live.changed:
+                    logger.warning(
+                        "restoring settings changed through the admin API before the restart: %s",
+                        ", ".join(f"{k}={v}" for k, v in live.changed.items()),
+                    )
+                    settings = settings.model_copy(update=live.changed)
+                if live.paused:
+                    logger.warning("learning stays paused, as the admin API left it (agentjet-server admin resume)")
             checkpoint = state.resumed
             trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
             learner = build_learner(settings, model_path, ctx, resume_from=trainer_state)
@@ -150,83 +196,47 @@ class SwarmRuntime:
                 assert trainer_state is not None
                 engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
             model: Any = learner.model
-            runtime = cls(engine, settings, learner, int(model.config.vocab_size), state, Path(model_path))
+            vocab = int(model.config.vocab_size)
+            runtime = cls(engine, settings, learner, vocab, state, Path(model_path), live, log)
         except BaseException:
+            if log is not None:
+                log.close()
             state.close()
             raise
         runtime.loop.start()
         return runtime
 
-    def _replay(self) -> int:
-        """Put back what the checkpoint had buffered, then everything acknowledged after it."""
-        assert self.state is not None and self.log is not None
-        checkpoint = self.state.resumed
-        scan = self.log.scan
-        if checkpoint is not None:
-            changes = settings_changes(checkpoint.meta.settings, self.settings.model_dump(mode="json"))
-            if changes:
-                logger.warning("resuming with changed training settings: %s", "; ".join(changes))
-            self.store.trained = checkpoint.meta.trained
-            self.loop.skipped_batches = checkpoint.meta.skipped_batches
-            wanted = checkpoint.meta.buffer.lsns()
-            position = checkpoint.meta.next_lsn
-        else:
-            wanted, position = [], 0
-        wanted += sorted(n for n in scan.trajectories if n >= position)
-        missing = [n for n in wanted if n not in scan.trajectories]
-        if missing:
-            raise StateError(
-                f"the trajectory log in {self.log.directory} lacks {len(missing)} trajectories the checkpoint "
-                f"needs (log sequence numbers {missing[:5]}...); the state dir is damaged"
-            )
-        for lsn in wanted:
-            self.store.replay(Trajectory.model_validate(scan.trajectories[lsn]), lsn)
-        self.log.forget()
-        version = checkpoint.meta.version if checkpoint else self.loop.version
-        step = checkpoint.meta.step if checkpoint else 0
-        logger.info(
-            "resumed at step %d, policy v%d: %d trajectories back in the buffer (%d logged after the checkpoint); "
-            "%d ids known",
-            step,
-            version,
-            len(wanted),
-            len(wanted) - (len(checkpoint.meta.buffer.lsns()) if checkpoint else 0),
-            len(scan.seen),
-        )
-        return len(wanted)
+    def _set_settings(self, settings: ServerSettings) -> None:
+        self.settings = settings
 
-    def _save_checkpoint(self, trainer_state: dict[str, Any]) -> None:
-        """Called by the learner thread with the learner's state: snapshot the buffer and the log
-        position together (ingestion held still), write the checkpoint, compact the log."""
-        assert self.state is not None and self.log is not None and self.model_path is not None
-        with self.store.locked():
-            snapshot = self.buffer.snapshot()
-            next_lsn = self.store.next_lsn
-            segment = self.log.rotate()
-            trained = self.store.trained
-        meta = CheckpointMeta(
-            step=self.loop.learner.steps,
-            version=self.loop.version,
-            next_lsn=next_lsn,
-            buffer=snapshot,
-            trained=trained,
-            skipped_batches=self.loop.skipped_batches,
-            segment=segment,
-            settings={k: v for k, v in self.settings.model_dump(mode="json").items() if k in TRAINING_SETTINGS},
-        )
-        started = time.perf_counter()
-        path = self.state.write(
-            meta, trainer_state, self.loop.learner.model, self.model_path, keep=self.settings.keep_checkpoints
-        )
-        self.last_checkpoint_step = meta.step
-        keep_from = min([next_lsn, *snapshot.lsns()])
-        compacted = self.log.compact(keep_from, before_segment=segment)  # older segments: no writer touches them
-        logger.info(
-            "checkpoint %s (policy v%d) in %.2fs; %d log segments compacted",
-            path.name,
-            meta.version,
-            time.perf_counter() - started,
-            compacted,
+    def _save_checkpoint(self, trainer_state: dict[str, Any]) -> Path:
+        assert self.recovery is not None
+        return self.recovery.save(trainer_state, self.loop, self.settings.model_dump(mode="json"), self.control.live)
+
+    def _on_step(self, record: StepRecord, lag: Any) -> None:
+        if self.settings.metrics:
+            self.telemetry.record_step(record, lag, self.snapshot())
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        return self.recovery.last_checkpoint_step if self.recovery is not None else None
+
+    def snapshot(self) -> Snapshot:
+        """The runtime's own counts, for ``/metrics`` and the history."""
+        version, step = self.loop.live
+        ready, open_groups = self.buffer.groups
+        return Snapshot(
+            time=time.time(),
+            uptime_s=time.monotonic() - self.started,
+            policy_version=version,
+            step=step,
+            paused=self.loop.paused,
+            counts=self.store.counts(self.buffer.buffered, self.buffer.aged_out),
+            ready_groups=ready,
+            open_groups=open_groups,
+            admission_budget=self.admission_budget(),
+            checkpoint_step=self.last_checkpoint_step,
+            learner_error=self.loop.error,
         )
 
     @property
@@ -235,6 +245,8 @@ class SwarmRuntime:
 
     def ingest(self, batch: TrajectoryBatch) -> TrajectoryBatchResult:
         results = self.store.admit_batch(batch.trajectories, self.version)
+        if self.settings.metrics:
+            self.telemetry.record_batch(batch.client, batch.trajectories, results)
         return TrajectoryBatchResult(results=results, policy_version=self.version)
 
     @property
@@ -292,11 +304,16 @@ class SwarmRuntime:
             admission_budget=self.admission_budget(),
             uptime_s=time.monotonic() - self.started,
             context=self.chat.context.model_copy(),
+            paused=self.loop.paused,
         )
 
     def close(self, checkpoint: bool = True) -> None:
         """Stop training (saving a last checkpoint unless ``checkpoint`` is False), then serving."""
         self.loop.close(checkpoint=checkpoint)
+        if self._ticker is not None:
+            self._ticker.close()
+            self.telemetry.tick(self.snapshot())  # the run's last figures
+        self.telemetry.history.close()
         self.engine.close()
         if self.log is not None:
             self.log.close()

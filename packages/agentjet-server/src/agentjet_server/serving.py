@@ -39,6 +39,7 @@ from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
+from agentjet_server.metrics import ServingStats
 from agentjet_server.signing import DEFAULT_AGENT, Sample, SampleSigner
 
 # n x max_tokens x (1 + top_logprobs) a single request may ask for: bounds its memory and response size
@@ -195,8 +196,10 @@ class ChatService:
         default_max_tokens: int = 512,
         signer: SampleSigner | None = None,
         max_token_entries: int = MAX_TOKEN_ENTRIES,
+        stats: ServingStats | None = None,
     ) -> None:
         self.engine = engine
+        self.stats = stats  # counted on the event loop when given (``metrics``)
         self.signer = signer
         self.default_max_tokens = default_max_tokens
         self.max_token_entries = max_token_entries
@@ -325,9 +328,14 @@ class ChatService:
         wrapped = (seed + index - INT64_MIN) % (1 << 64) + INT64_MIN
         return SamplingParams(**{**prepared.params.__dict__, "seed": wrapped})
 
+    def _generate(self, prepared: PreparedRequest, index: int) -> AsyncIterator[TokenEvent]:
+        """The engine's token events for one choice, counted when ``stats`` is on."""
+        events = self.engine.generate(prepared.prompt_ids, self._params_for(prepared, index))
+        return events if self.stats is None else _counted(events, self.stats, len(prepared.prompt_ids))
+
     async def _run_choice(self, prepared: PreparedRequest, index: int) -> _ChoiceState:
         state = _ChoiceState(self.engine, prepared, signer=self.signer)
-        async for event in self.engine.generate(prepared.prompt_ids, self._params_for(prepared, index)):
+        async for event in self._generate(prepared, index):
             state.add(event)
             if state.stopped_by_string:
                 break
@@ -384,7 +392,7 @@ class ChatService:
 
         async def pump(index: int) -> None:
             try:
-                async for event in self.engine.generate(prepared.prompt_ids, self._params_for(prepared, index)):
+                async for event in self._generate(prepared, index):
                     await queue.put((index, event))
                 await queue.put((index, None))
             except BaseException as exc:  # handed to the consumer, which re-raises it
@@ -429,6 +437,26 @@ class ChatService:
         finally:
             for task in tasks:
                 task.cancel()
+
+
+async def _counted(
+    events: AsyncIterator[TokenEvent], stats: ServingStats, prompt_tokens: int
+) -> AsyncIterator[TokenEvent]:
+    """``events``, counting the request, its tokens and the time to its first token."""
+    stats.in_flight += 1
+    stats.requests += 1
+    stats.prompt_tokens += prompt_tokens
+    started = time.perf_counter()
+    first = True
+    try:
+        async for event in events:
+            if first:
+                stats.ttft.observe(time.perf_counter() - started)
+                first = False
+            stats.completion_tokens += 1
+            yield event
+    finally:
+        stats.in_flight -= 1
 
 
 def final_frames(frame: Any, index: int, state: _ChoiceState) -> str:

@@ -89,6 +89,14 @@ class ServerSettings(BaseModel):
     )
     insecure: bool = Field(default=False, description="allow a non-loopback --host without API keys")
     seed: int = 0
+    metrics: bool = Field(default=True, description="serve /metrics and write <state-dir>/metrics.jsonl")
+    metrics_interval_s: float = Field(default=60.0, gt=0, description="seconds between history lines while idle")
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="also send the metrics history to these (extras, when installed)"
+    )
+    keep_recent_trajectories: int = Field(
+        default=200, ge=0, description="trajectory bodies kept inspectable after the log compacts them"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

@@ -2,9 +2,10 @@
 
 ``TrajectoryStore.admit_batch`` decides for each pushed trajectory: ``duplicate`` if its id was seen
 before (it is not trained again), ``rejected`` with a reason if it is stale or does not fit the
-model, else ``accepted``. With a ``TrajectoryLog`` the decisions are on disk (fsynced) before the
-call returns, i.e. before the client is answered; only then do accepted trajectories reach the
-group buffer. The set of seen ids and the counts come back from the log after a restart.
+model, else ``accepted`` (an evaluation episode, ``purpose="eval"``, is recorded but never buffered
+for training, and is not held to the staleness bound). With a ``TrajectoryLog`` the decisions are
+on disk (fsynced) before the call returns, i.e. before the client is answered; only then do
+accepted trajectories reach the group buffer. The set of seen ids and the counts come back from the log after a restart.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from agentjet_client.protocol import Trajectory, TrajectoryCounts, TrajectoryResult
 from agentjet_server.batching.buffer import footprint
 from agentjet_server.signing import SampleSigner
-from agentjet_server.wal import ACCEPTED, REJECTED, VERSION, TrajectoryLog
+from agentjet_server.wal import Accepted, Configured, Evaluated, Published, Record, Rejected, TrajectoryLog
 
 
 class TrajectoryStore:
@@ -45,6 +45,7 @@ class TrajectoryStore:
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         self.accepted = 0
+        self.evaluated = 0
         self.duplicate = 0
         self.rejected: Counter[str] = Counter()
         self.trained = 0
@@ -56,6 +57,7 @@ class TrajectoryStore:
             scan = log.scan
             self._seen = set(scan.seen)
             self.accepted = scan.accepted
+            self.evaluated = scan.evaluated
             self.rejected = Counter(scan.rejected)
             self.next_lsn = scan.next_lsn
             self.known_version = scan.max_version
@@ -69,7 +71,7 @@ class TrajectoryStore:
                 f"a turn claims policy version {oldest} but the server is at {version}; "
                 "send versions exactly as the server returned them"
             )
-        if oldest is not None and version - oldest > self.max_staleness:
+        if oldest is not None and version - oldest > self.max_staleness and trajectory.purpose == "train":
             return "stale", (
                 f"stale: its oldest turn was sampled at policy version {oldest}, the server is at "
                 f"{version} and max_staleness is {self.max_staleness}; start fewer episodes ahead "
@@ -122,8 +124,9 @@ class TrajectoryStore:
         unsampled = [self._not_sampled(t) for t in trajectories]  # hashing needs no lock: concurrent pushes overlap
         with self._lock:
             results: list[TrajectoryResult] = []
-            records: list[dict[str, Any]] = []
+            records: list[Record] = []
             accepted: list[tuple[Trajectory, int]] = []
+            evaluated = 0
             rejected: list[str] = []
             batch_ids: set[str] = set()
             batch_signatures: set[str] = set()
@@ -145,15 +148,21 @@ class TrajectoryStore:
                 if problem is not None:
                     code, message = problem
                     rejected.append(code)
-                    records.append({"k": REJECTED, "id": trajectory.id, "why": code})
+                    records.append(Rejected(trajectory.id, code))
                     results.append(TrajectoryResult(id=trajectory.id, status="rejected", reason=message))
                     continue
-                lsn = self.next_lsn + len(accepted)
-                accepted.append((trajectory, lsn))
-                batch_signatures.update(turn.signature for turn in trajectory.turns if turn.signature)
-                signed += sum(turn.signature is not None for turn in trajectory.turns)
+                signatures = tuple(turn.signature for turn in trajectory.turns if turn.signature)
+                batch_signatures.update(signatures)
+                signed += len(signatures)
                 turns += len(trajectory.turns)
-                records.append({"k": ACCEPTED, "n": lsn, "t": trajectory.model_dump(mode="json")})
+                body = trajectory.model_dump(mode="json")
+                if trajectory.purpose == "eval":  # recorded, never buffered for training
+                    evaluated += 1
+                    records.append(Evaluated(trajectory.id, signatures, body))
+                else:
+                    lsn = self.next_lsn + len(accepted)
+                    accepted.append((trajectory, lsn))
+                    records.append(Accepted(lsn, trajectory.id, signatures, body))
                 results.append(TrajectoryResult(id=trajectory.id, status="accepted"))
             if accepted:  # raises before anything is logged, counted or answered
                 self._room(len(accepted), sum(footprint(t) for t, _ in accepted))
@@ -164,6 +173,7 @@ class TrajectoryStore:
             self.duplicate += len(trajectories) - len(batch_ids)
             self.rejected.update(rejected)
             self.accepted += len(accepted)
+            self.evaluated += evaluated
             self.next_lsn += len(accepted)
             checked = signed if self.signer is not None else 0  # without a key nothing is checked
             self.verified_turns += checked
@@ -179,8 +189,14 @@ class TrajectoryStore:
         """Log that ``version`` is about to go live (before any trajectory can be sampled by it)."""
         with self._lock:
             if self.log is not None:
-                self.log.append([{"k": VERSION, "v": version}])
+                self.log.append([Published(version)])
             self.known_version = max(self.known_version, version)
+
+    def log_change(self, record: Configured) -> None:
+        """Make an admin change durable (before it is applied or answered)."""
+        with self._lock:
+            if self.log is not None:
+                self.log.append([record])
 
     def replay(self, trajectory: Trajectory, lsn: int) -> None:
         """Put back a trajectory accepted by an earlier run (resume): buffered, not counted again."""
@@ -205,6 +221,7 @@ class TrajectoryStore:
                 buffered=buffered,
                 aged_out_groups=aged_out_groups,
                 trained=self.trained,
+                evaluated=self.evaluated,
                 verified_turns=self.verified_turns,
                 unsigned_turns=self.unsigned_turns,
             )

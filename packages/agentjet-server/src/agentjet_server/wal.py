@@ -7,11 +7,22 @@ decision) and each policy version the learner publishes. Records carry a log seq
 can name the trajectories it had buffered and resume can replay the rest in the same order.
 
 On disk: segments ``00000001.wal``, ``00000002.wal``, ... (a new one after each checkpoint), one
-record per line, ``<crc32 hex> <json>``. A crash can tear the last line of the last segment (it
-was never acknowledged, since its fsync had not returned); opening the log truncates it. A
-segment whose trajectories are all trained and checkpointed is compacted into ``<n>.ids`` (the
-ids, answers and turn signatures only: the set of seen ids, and of trained samples, must outlive
-the data) and removed. An ``.ids`` row is ``[kind, id, reason, lsn, [signatures]]``.
+record per line, ``<crc32 hex> <json>``. The records (typed below, each with one ``to_json`` /
+``from_json``):
+
+    {"k": "a", "n": lsn, "t": trajectory}        Accepted: buffered for training
+    {"k": "r", "id": id, "why": reason}          Rejected
+    {"k": "e", "t": trajectory}                  Evaluated: an evaluation episode, never trained
+    {"k": "v", "v": version}                     Published: a policy version about to go live
+    {"k": "c", "c": change, "live": {...}, "paused": bool}   Configured: an admin API change
+
+A crash can tear the last line of the last segment (it was never acknowledged, since its fsync
+had not returned); opening the log truncates it. A segment whose trajectories are all trained and
+checkpointed is compacted into ``<n>.ids`` (the ids, answers and turn signatures only: the set of
+seen ids, and of trained samples, must outlive the data) and removed; an ``.ids`` row is
+``[kind, id, reason, lsn, [signatures]]``. The newest compacted trajectories keep their bodies in
+``recent.wal`` (same line format), so they stay inspectable. ``read_records`` is the one iterator
+over all of it.
 """
 
 from __future__ import annotations
@@ -20,7 +31,8 @@ import json
 import logging
 import os
 import zlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +41,54 @@ from agentjet_server.errors import StateError
 
 logger = logging.getLogger(__name__)
 
-ACCEPTED, REJECTED, VERSION = "a", "r", "v"
+ACCEPTED, REJECTED, VERSION, EVALUATED, CONFIGURED = "a", "r", "v", "e", "c"
+RECENT = "recent.wal"  # bodies of the newest compacted trajectories, for inspection and the dashboard
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A trajectory accepted for training, with its log sequence number. ``trajectory`` (the raw
+    JSON) is None once its segment is compacted: the id and turn signatures outlive it."""
+
+    lsn: int
+    id: str
+    signatures: tuple[str, ...] = ()
+    trajectory: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """An evaluation episode: recorded (its id is seen, its samples are spent), never trained."""
+
+    id: str
+    signatures: tuple[str, ...] = ()
+    trajectory: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    """A policy version the learner is about to publish."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A change made through the admin API; ``live`` is every live setting changed so far (the
+    newest record says all), ``paused`` whether learning is paused."""
+
+    change: dict[str, Any]
+    live: dict[str, Any]
+    paused: bool
+
+
+Record = Accepted | Rejected | Evaluated | Published | Configured
 
 
 def fsync_dir(path: Path) -> None:
@@ -41,58 +100,158 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _encode(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+def _signatures(trajectory: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(t["signature"] for t in trajectory.get("turns") or [] if t.get("signature"))
+
+
+def to_json(record: Record) -> dict[str, Any]:
+    """The record as the JSON object of its log line (the format described above)."""
+    if isinstance(record, Accepted):
+        return {"k": ACCEPTED, "n": record.lsn, "t": record.trajectory}
+    if isinstance(record, Rejected):
+        return {"k": REJECTED, "id": record.id, "why": record.reason}
+    if isinstance(record, Evaluated):
+        return {"k": EVALUATED, "t": record.trajectory}
+    if isinstance(record, Published):
+        return {"k": VERSION, "v": record.version}
+    return {"k": CONFIGURED, "c": record.change, "live": record.live, "paused": record.paused}
+
+
+def from_json(value: dict[str, Any]) -> Record | None:
+    """The record a log line holds (None for a kind this version does not know: skipped)."""
+    kind = value.get("k")
+    if kind == ACCEPTED:
+        t = value["t"]
+        return Accepted(int(value["n"]), t["id"], _signatures(t), t)
+    if kind == REJECTED:
+        return Rejected(value["id"], value.get("why") or "rejected")
+    if kind == EVALUATED:
+        t = value["t"]
+        return Evaluated(t["id"], _signatures(t), t)
+    if kind == VERSION:
+        return Published(int(value["v"]))
+    if kind == CONFIGURED:
+        return Configured(value.get("c") or {}, value.get("live") or {}, bool(value.get("paused")))
+    return None
+
+
+def encode(record: Record) -> bytes:
+    body = json.dumps(to_json(record), separators=(",", ":"), ensure_ascii=False).encode()
     return b"%08x %s\n" % (zlib.crc32(body), body)
 
 
-def _decode(line: bytes) -> dict[str, Any] | None:
-    """The record on a whole line, or None if it is torn or corrupt."""
+def _line_value(line: bytes) -> dict[str, Any] | None:
+    """The JSON object on a whole line, or None if the line is torn or corrupt."""
     if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
         return None
     body = line[9:-1]
     try:
         if int(line[:8], 16) != zlib.crc32(body):
             return None
-        record = json.loads(body)
+        value = json.loads(body)
     except ValueError:
         return None
-    return record if isinstance(record, dict) else None
+    return value if isinstance(value, dict) else None
 
 
-def _signatures(trajectory: dict[str, Any]) -> list[str]:
-    return [t["signature"] for t in trajectory.get("turns") or [] if t.get("signature")]
+def decode(line: bytes) -> Record | None:
+    """The record on a whole line, or None if it is torn, corrupt or of a kind not known here."""
+    value = _line_value(line)
+    return from_json(value) if value is not None else None
 
 
-def _read_segment(path: Path) -> Iterator[dict[str, Any]]:
+def _id_row(record: Record) -> list[Any] | None:
+    """A compacted ``.ids`` row: what must outlive the record's data."""
+    if isinstance(record, Accepted):
+        return [ACCEPTED, record.id, None, record.lsn, list(record.signatures)]
+    if isinstance(record, Rejected):
+        return [REJECTED, record.id, record.reason, None]
+    if isinstance(record, Evaluated):
+        return [EVALUATED, record.id, None, None, list(record.signatures)]
+    return None  # versions and configuration: the checkpoint that allowed compaction holds them
+
+
+def _from_id_row(row: list[Any]) -> Record:
+    kind, trajectory_id, reason, lsn, *rest = row
+    signatures = tuple(rest[0]) if rest else ()
+    if kind == ACCEPTED:
+        return Accepted(int(lsn), trajectory_id, signatures)
+    if kind == EVALUATED:
+        return Evaluated(trajectory_id, signatures)
+    return Rejected(trajectory_id, reason or "rejected")
+
+
+def _read_segment(path: Path) -> Iterator[tuple[Record | None, int]]:
+    """``(record, line length)`` for each whole line (record None: a kind not known here); stops
+    at a torn or corrupt line (the caller compares what it read with the file's size)."""
     with path.open("rb") as f:
         for line in f:
-            record = _decode(line)
-            if record is None:  # a torn last record: never answered
+            value = _line_value(line)
+            if value is None:
                 return
-            yield record
+            yield from_json(value), len(line)
 
 
-def read_records(directory: Path) -> Iterator[dict[str, Any]]:
-    """The records of every segment in ``directory``, oldest first, without opening the log for
-    writing (safe while a server is appending: a half-written last record is skipped)."""
-    for path in sorted(p for p in directory.glob("*.wal") if p.stem.isdigit()):
-        yield from _read_segment(path)
+def _segment_numbers(directory: Path, suffix: str) -> list[int]:
+    return sorted(int(p.stem) for p in directory.glob(f"*{suffix}") if p.stem.isdigit())
+
+
+def read_records(directory: Path, *, compacted: bool = False, recent: bool = False) -> Iterator[Record]:
+    """Every record in the log ``directory``, oldest first: the one iterator that replay, compaction,
+    inspection and the dashboard share. Safe while a server appends (a half-written last line is
+    skipped). ``compacted`` also yields what compacted segments keep (ids and signatures, no
+    trajectory); ``recent`` first yields the bodies kept from compacted segments (``recent.wal``)."""
+    if recent and (directory / RECENT).exists():
+        for record, _ in _read_segment(directory / RECENT):
+            if record is not None:
+                yield record
+    live = _segment_numbers(directory, ".wal")
+    numbers = sorted(set(live) | set(_segment_numbers(directory, ".ids"))) if compacted else live
+    for number in numbers:
+        if number in live:  # a compaction that crashed before removing its segment: the segment wins
+            for record, _ in _read_segment(directory / f"{number:08d}.wal"):
+                if record is not None:
+                    yield record
+        else:
+            for row in (directory / f"{number:08d}.ids").read_text().splitlines():
+                yield _from_id_row(json.loads(row))
 
 
 @dataclass
 class LogScan:
-    """What opening the log found: every id seen, counts, the highest version, and the
-    accepted trajectories (raw dicts) that resume may need, by lsn."""
+    """What opening the log found: every id seen, counts, the highest version, the newest admin
+    configuration, and the accepted trajectories (raw dicts) that resume may need, by lsn."""
 
     seen: set[str] = field(default_factory=set)
     accepted: int = 0
+    evaluated: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     next_lsn: int = 0
     max_version: int = 0
     trajectories: dict[int, dict[str, Any]] = field(default_factory=dict)
     torn_bytes: int = 0
     signatures: set[str] = field(default_factory=set)  # of every accepted turn: each is trained once
+    configured: Configured | None = None  # the newest admin change still in the log
+
+    def apply(self, record: Record) -> None:
+        if isinstance(record, Accepted):
+            self.seen.add(record.id)
+            self.accepted += 1
+            self.signatures.update(record.signatures)
+            if record.trajectory is not None:
+                self.trajectories[record.lsn] = record.trajectory
+            self.next_lsn = max(self.next_lsn, record.lsn + 1)
+        elif isinstance(record, Evaluated):
+            self.seen.add(record.id)
+            self.evaluated += 1
+            self.signatures.update(record.signatures)
+        elif isinstance(record, Rejected):
+            self.seen.add(record.id)
+            self.rejected[record.reason] = self.rejected.get(record.reason, 0) + 1
+        elif isinstance(record, Published):
+            self.max_version = max(self.max_version, record.version)
+        else:
+            self.configured = record
 
 
 class TrajectoryLog:
@@ -123,25 +282,17 @@ class TrajectoryLog:
         scan = LogScan()
         live = set(self._segments())
         for number in self._compacted():
-            if number in live:  # compaction crashed before removing the segment: the segment wins
-                continue
-            for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
-                kind, trajectory_id, reason, lsn, *signatures = json.loads(row)
-                self._count(scan, kind, trajectory_id, reason)
-                if kind == ACCEPTED:
-                    scan.next_lsn = max(scan.next_lsn, int(lsn) + 1)
-                    scan.signatures.update(*signatures)
+            if number not in live:  # compaction crashed before removing the segment: the segment wins
+                for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
+                    scan.apply(_from_id_row(json.loads(row)))
         segments = sorted(live)
         for number in segments:
             path = self.directory / f"{number:08d}.wal"
             good = 0
-            with path.open("rb") as f:
-                for line in f:
-                    record = _decode(line)
-                    if record is None:
-                        break
-                    good += len(line)
-                    self._apply(scan, record)
+            for record, length in _read_segment(path):
+                good += length
+                if record is not None:
+                    scan.apply(record)
             size = path.stat().st_size
             if good < size:
                 if number != segments[-1]:
@@ -156,45 +307,16 @@ class TrajectoryLog:
                 scan.torn_bytes = size - good
         return scan
 
-    @staticmethod
-    def _count(scan: LogScan, kind: str, trajectory_id: str, reason: str | None) -> None:
-        scan.seen.add(trajectory_id)
-        if kind == ACCEPTED:
-            scan.accepted += 1
-        else:
-            scan.rejected[reason or "rejected"] = scan.rejected.get(reason or "rejected", 0) + 1
-
-    def _apply(self, scan: LogScan, record: dict[str, Any]) -> None:
-        kind = record.get("k")
-        if kind == ACCEPTED:
-            trajectory = record["t"]
-            self._count(scan, ACCEPTED, trajectory["id"], None)
-            scan.signatures.update(_signatures(trajectory))
-            scan.trajectories[int(record["n"])] = trajectory
-            scan.next_lsn = max(scan.next_lsn, int(record["n"]) + 1)
-        elif kind == REJECTED:
-            self._count(scan, REJECTED, record["id"], record.get("why"))
-        elif kind == VERSION:
-            scan.max_version = max(scan.max_version, int(record["v"]))
-
     def answers(self) -> Iterator[tuple[str, str]]:
-        """``(kind, trajectory id)`` for every accepted (``a``) or rejected (``r``) trajectory ever
-        logged, compacted segments included, oldest first."""
-        live = set(self._segments())
-        for number in sorted(live | set(self._compacted())):
-            if number in live:
-                for record in self._segment_records(number):
-                    if record.get("k") == ACCEPTED:
-                        yield ACCEPTED, record["t"]["id"]
-                    elif record.get("k") == REJECTED:
-                        yield REJECTED, record["id"]
-            else:
-                for row in (self.directory / f"{number:08d}.ids").read_text().splitlines():
-                    kind, trajectory_id, *_ = json.loads(row)
-                    yield kind, trajectory_id
-
-    def _segment_records(self, number: int) -> Iterator[dict[str, Any]]:
-        return _read_segment(self.directory / f"{number:08d}.wal")
+        """``(kind, trajectory id)`` for every accepted (``a``), evaluated (``e``) or rejected
+        (``r``) trajectory ever logged, compacted segments included, oldest first."""
+        for record in read_records(self.directory, compacted=True):
+            if isinstance(record, Accepted):
+                yield ACCEPTED, record.id
+            elif isinstance(record, Evaluated):
+                yield EVALUATED, record.id
+            elif isinstance(record, Rejected):
+                yield REJECTED, record.id
 
     # -- writing -------------------------------------------------------------------------------
     def _open_segment(self, number: int) -> tuple[int, int]:
@@ -234,7 +356,7 @@ class TrajectoryLog:
         self._damaged = False
         return True
 
-    def append(self, records: list[dict[str, Any]]) -> None:
+    def append(self, records: Sequence[Record]) -> None:
         """Write ``records`` and return once they are on disk. On any failure nothing of them stays:
         the segment is cut back to where the last acknowledged record ends before StateError is
         raised (so a later append can't publish a record whose writer was told it failed)."""
@@ -245,7 +367,7 @@ class TrajectoryLog:
                 f"the trajectory log in {self.directory} could not be repaired after a failed write; "
                 "free disk space or fix the state dir's permissions"
             )
-        data = b"".join(_encode(r) for r in records)
+        data = b"".join(encode(r) for r in records)
         try:
             self._write_all(data)
         except OSError as exc:
@@ -269,34 +391,63 @@ class TrajectoryLog:
             logger.warning("trajectory log: closing segment %d: %s", self._segment - 1, exc)
         return self._segment
 
-    def compact(self, keep_from_lsn: int, before_segment: int) -> int:
+    def compact(self, keep_from_lsn: int, before_segment: int, keep_recent: int = 0) -> int:
         """Reduce segments older than ``before_segment`` whose trajectories all have an lsn below
-        ``keep_from_lsn`` (trained and checkpointed) to their ids. Returns how many were compacted."""
+        ``keep_from_lsn`` (trained and checkpointed) to their ids. The bodies of the newest
+        ``keep_recent`` trajectories among them (and those kept before) stay in ``recent.wal``, for
+        inspection and the dashboard. Returns how many segments were compacted."""
         done = 0
+        recent: deque[Record] = deque(maxlen=keep_recent) if keep_recent else deque(maxlen=0)
         for number in self._segments():
             if number >= before_segment:
                 break
             path = self.directory / f"{number:08d}.wal"
             rows: list[list[Any]] = []
-            for record in _read_segment(path):
-                if record.get("k") == ACCEPTED:
-                    if int(record["n"]) >= keep_from_lsn:
-                        return done  # still needed by resume; so are the segments after it
-                    rows.append([ACCEPTED, record["t"]["id"], None, record["n"], _signatures(record["t"])])
-                elif record.get("k") == REJECTED:
-                    rows.append([REJECTED, record["id"], record.get("why"), None])
-            target = self.directory / f"{number:08d}.ids"
-            tmp = target.with_suffix(".ids.tmp")
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in rows)
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(target)
-            fsync_dir(self.directory)
+            bodies: list[Record] = []
+            needed = False
+            for record, _ in _read_segment(path):
+                if isinstance(record, Accepted) and record.lsn >= keep_from_lsn:
+                    needed = True  # still needed by resume; so are the segments after it
+                    break
+                row = _id_row(record) if record is not None else None
+                if row is not None:
+                    rows.append(row)
+                if isinstance(record, Accepted | Evaluated):
+                    bodies.append(record)
+            if needed:
+                break
+            if keep_recent:
+                if not done:  # the bodies kept by earlier compactions come first
+                    recent.extend(r for r, _ in self._recent_records())
+                recent.extend(bodies)
+                self._write_atomically(self.directory / RECENT, b"".join(encode(r) for r in recent))
+            self._write_atomically(
+                self.directory / f"{number:08d}.ids", "".join(json.dumps(r) + "\n" for r in rows).encode()
+            )
             path.unlink()
             fsync_dir(self.directory)
             done += 1
         return done
+
+    def _recent_records(self) -> Iterator[tuple[Record, int]]:
+        path = self.directory / RECENT
+        if path.exists():
+            for record, length in _read_segment(path):
+                if record is not None:
+                    yield record, length
+
+    def _write_atomically(self, target: Path, data: bytes) -> None:
+        tmp = target.with_name(target.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(target)
+        fsync_dir(self.directory)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -110,6 +110,23 @@ class GroupBuffer:
                 open=[[n for n, _ in group] for group in self._open.values()],
             )
 
+    def resize(self, group_size: int, batch_groups: int, group_timeout: float) -> None:
+        """New sizes from now on (the admin API): open groups that already hold ``group_size``
+        trajectories close; a batch takes ``batch_groups`` groups from the next one on."""
+        if group_size < 1 or batch_groups < 1:
+            raise ValueError("group_size and batch_groups must be at least 1")
+        with self._cond:
+            self.group_size, self.batch_groups, self.group_timeout = group_size, batch_groups, group_timeout
+            for task_id in [t for t, g in self._open.items() if len(g) >= group_size]:
+                self._close(task_id)
+            self._cond.notify_all()
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        """``(complete groups waiting, open groups)``."""
+        with self._cond:
+            return len(self._ready), len(self._open)
+
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()

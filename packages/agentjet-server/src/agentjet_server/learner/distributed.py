@@ -43,6 +43,13 @@ HEARTBEAT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
+class Reconfigure:
+    """Rank 0's learner settings changed (admin API): every rank takes them before the next step."""
+
+    config: object  # a LearnerConfig
+
+
+@dataclass(frozen=True)
 class DistContext:
     """Where this process sits in the learner group."""
 
@@ -160,6 +167,9 @@ def worker_loop(learner: Learner, ctx: DistContext) -> None:
             continue
         if message == CHECKPOINT:
             learner.training_state()  # gathers this rank's shards to rank 0
+            continue
+        if isinstance(message, Reconfigure):
+            learner.reconfigure(message.config)  # type: ignore[arg-type]
             continue
         if not isinstance(message, Batch):
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")

@@ -8,10 +8,12 @@ torchrun this thread on rank 0 also drives the other learner ranks: it broadcast
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from agentjet_client.protocol import Trajectory
@@ -19,7 +21,8 @@ from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
-from agentjet_server.learner.trainer import Learner, StepStats, build_batch
+from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats, build_batch
+from agentjet_server.metrics import StepRecord, batch_figures
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +37,9 @@ class TrainingLoop:
         version: int = 0,
         on_trained: Callable[[int], None] | None = None,
         on_version: Callable[[int], None] | None = None,
-        save: Callable[[dict[str, Any]], None] | None = None,
+        save: Callable[[dict[str, Any]], Any] | None = None,
         checkpoint_every: int = 0,
+        on_step: Callable[[StepRecord, Any], None] | None = None,
     ) -> None:
         self.learner = learner
         self.buffer = buffer
@@ -50,7 +54,13 @@ class TrainingLoop:
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
         self._save = save
+        self._on_step = on_step or (lambda record, lag: None)
         self.checkpoint_every = checkpoint_every
+        # steered by the admin API, carried out by the learner thread between steps
+        self.paused = False
+        self._pending_config: LearnerConfig | None = None
+        self._checkpoint_requests: list[Future[Any]] = []
+        self._requests_lock = threading.Lock()
         self.saved_step = learner.steps
         self._final_checkpoint = True
         self._stop = threading.Event()
@@ -73,21 +83,66 @@ class TrainingLoop:
             if self._thread.is_alive():
                 logger.error("the learner did not stop within 10 minutes; giving up on it")
 
-    def checkpoint(self) -> None:
-        """Save a checkpoint now (call from the learner thread: under torchrun it is collective)."""
+    def checkpoint(self) -> Any:
+        """Save a checkpoint now (call from the learner thread: under torchrun it is collective);
+        returns what ``save`` returned (the checkpoint's path)."""
         if self._save is None:
-            return
+            return None
         if self.learner.ctx.enabled:
             distributed.broadcast(self.learner.ctx, distributed.CHECKPOINT)
         state = self.learner.training_state()
-        self._save(state)
+        saved = self._save(state)
         self.saved_step = self.learner.steps
+        return saved
+
+    def request_checkpoint(self) -> Future[Any]:
+        """A checkpoint written by the learner thread after the step in progress (or at once when
+        idle); the future holds what ``save`` returned, or its exception."""
+        future: Future[Any] = Future()
+        if self._save is None:
+            future.set_exception(StateError("this server has no state dir to write checkpoints to"))
+            return future
+        with self._requests_lock:
+            self._checkpoint_requests.append(future)
+        self.buffer.wake()
+        return future
+
+    def reconfigure(self, config: LearnerConfig) -> None:
+        """New learner settings (learning rate, clip, entropy bonus...): they apply from the next step."""
+        with self._requests_lock:
+            self._pending_config = config
+
+    def _carry_out_requests(self) -> None:
+        with self._requests_lock:
+            config, self._pending_config = self._pending_config, None
+            requests, self._checkpoint_requests = self._checkpoint_requests, []
+        if config is not None and config != self.learner.config:
+            if self.learner.ctx.enabled:
+                distributed.broadcast(self.learner.ctx, distributed.Reconfigure(config))
+            logger.info("learner settings changed: %s", _differences(self.learner.config, config))
+            self.learner.reconfigure(config)
+        if requests:
+            self._answer(requests)
+
+    def _answer(self, requests: list[Future[Any]]) -> None:
+        try:
+            saved = self.checkpoint()
+        except Exception as exc:
+            logger.exception("checkpoint asked for through the admin API failed")
+            for future in requests:
+                future.set_exception(exc)
+        else:
+            for future in requests:
+                future.set_result(saved)
 
     def _run(self) -> None:
         ctx = self.learner.ctx
         last_sent = time.monotonic()
         while not self._stop.is_set():
-            groups = self.buffer.take_batch(timeout=0.5)
+            self._carry_out_requests()
+            groups = None if self.paused else self.buffer.take_batch(timeout=0.5)
+            if self.paused:
+                self._stop.wait(0.2)
             if groups is None:
                 if ctx.enabled and time.monotonic() - last_sent > distributed.HEARTBEAT_SECONDS:
                     distributed.broadcast(ctx, distributed.IDLE)  # keeps the other ranks' wait short of a timeout
@@ -106,7 +161,11 @@ class TrainingLoop:
                 continue
             if self.checkpoint_every and self.learner.steps - self.saved_step >= self.checkpoint_every:
                 self._try_checkpoint()
-        if self._final_checkpoint and self.learner.steps != self.saved_step:
+        with self._requests_lock:
+            requests, self._checkpoint_requests = self._checkpoint_requests, []
+        if requests:  # asked for while stopping: that checkpoint is the last one
+            self._answer(requests)
+        elif self._final_checkpoint and self.learner.steps != self.saved_step:
             self._try_checkpoint()
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
@@ -157,14 +216,42 @@ class TrainingLoop:
             return None
         if self.learner.ctx.enabled:
             distributed.broadcast(self.learner.ctx, batch)
+        by_tag, by_agent, lag = batch_figures(groups, self.version)
         stats = self.learner.step(batch)
+        started = time.perf_counter()
         weights = self.learner.full_state_dict()
         new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
         self.engine.update_weights(weights, new_version)
+        update_seconds = time.perf_counter() - started
         self.live = (new_version, self.learner.steps)
         self.last = stats
         self.buffer.commit()
         self._on_trained(batch.trajectories)
+        lagged = sum(lag.values())
+        record = StepRecord(
+            step=self.learner.steps,
+            policy_version=new_version,
+            loss=stats.loss,
+            grad_norm=stats.grad_norm,
+            step_seconds=stats.seconds,
+            weight_update_seconds=update_seconds,
+            sequences=stats.sequences,
+            trained_tokens=stats.trained_tokens,
+            processed_tokens=stats.processed_tokens,
+            trajectories=batch.trajectories,
+            mean_reward=stats.mean_reward,
+            approx_kl=stats.extra.get("approx_kl"),
+            clip_fraction=stats.extra.get("clip_fraction"),
+            entropy=stats.extra.get("entropy"),
+            reward_by_tag=by_tag,
+            reward_by_agent=by_agent,
+            lag_mean=sum(k * n for k, n in lag.items()) / lagged if lagged else None,
+            lag_max=max(lag) if lag else None,
+        )
+        try:
+            self._on_step(record, lag)
+        except Exception:  # figures must never stop training
+            logger.exception("recording the step's metrics failed")
         logger.info(
             "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
             self.learner.steps,
@@ -178,3 +265,8 @@ class TrainingLoop:
             stats.seconds,
         )
         return stats
+
+
+def _differences(old: LearnerConfig, new: LearnerConfig) -> str:
+    before, after = dataclasses.asdict(old), dataclasses.asdict(new)
+    return ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before[k] != after[k])

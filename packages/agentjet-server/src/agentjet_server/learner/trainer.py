@@ -234,6 +234,13 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.steps = 0
 
+    def reconfigure(self, config: LearnerConfig) -> None:
+        """Take new settings between steps: the learning rate goes to the optimizer at once."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr
+            group["weight_decay"] = config.weight_decay
+        self.config = config
+
     def sequence_logprobs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of each trained entry's token, and the policy's entropy there, ``[E]``."""
         logits = self.policy(
@@ -360,8 +367,8 @@ class Learner:
                 )
                 if self.config.entropy_coef:
                     loss = loss - self.config.entropy_coef * entropy.sum() / total
-                    with torch.no_grad():
-                        stats["entropy"] = float(entropy.mean())
+                with torch.no_grad():
+                    stats["entropy"] = float(entropy.mean())
                 weight = float(logprobs.numel()) / total
                 if planned is None:
                     loss, weight = loss * 0.0, 0.0

@@ -1,0 +1,197 @@
+"""Steering a running server: the admin API's operations (``/v1/admin/...``), over the runtime.
+
+* ``config`` / ``change``: the effective configuration, and changes to the settings a running
+  server can take (``LIVE``): each is validated as the whole configuration would be at start,
+  written to the trajectory log (so ``--resume`` restores it) and applied: learner settings from
+  the next step, the others at once.
+* ``pause`` / ``resume``: learning stops after the step in progress, and starts again; serving and
+  ingestion go on (the buffer fills up to its bound, then pushes get 429 as usual).
+* ``checkpoint``: written by the learner thread after the step in progress.
+
+Routes check that the caller holds an admin key; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentjet_client.protocol import AdminConfig, AdminState, CheckpointInfo, ConfigChange
+from agentjet_server.batching.buffer import GroupBuffer
+from agentjet_server.errors import InvalidRequestError, StateError
+from agentjet_server.learner.loop import TrainingLoop
+from agentjet_server.learner.trainer import LearnerConfig
+from agentjet_server.metrics import History
+from agentjet_server.recovery import LiveConfiguration
+from agentjet_server.serving import ChatService
+from agentjet_server.settings import ServerSettings
+from agentjet_server.store import TrajectoryStore
+from agentjet_server.wal import Configured
+
+logger = logging.getLogger(__name__)
+
+# settings a running server takes, and what each changes
+LIVE: dict[str, str] = {
+    "lr": "the learner's learning rate, from the next step",
+    "clip_low": "the lower clip of the policy ratio, from the next step",
+    "clip_high": "the upper clip of the policy ratio, from the next step",
+    "max_grad_norm": "gradient clipping, from the next step",
+    "entropy_coef": "the entropy bonus, from the next step",
+    "max_staleness": "the staleness bound, for trajectories pushed from now on",
+    "batch_groups": "GRPO groups per step, from the next batch",
+    "group_size": "episodes per GRPO group, for groups that are still open",
+    "group_timeout_s": "when an incomplete group is trained as a smaller one",
+    "admission_batches": "how many batches' worth of episodes runners are invited to start",
+    "checkpoint_every": "steps between checkpoints",
+    "default_max_tokens": "the completion limit of requests that set none",
+}
+SECRET = ("api_keys", "admin_keys")
+
+
+def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) -> LearnerConfig:
+    """The learner's settings as ``settings`` gives them (the rest of ``base`` unchanged)."""
+    return dataclasses.replace(
+        base or LearnerConfig(),
+        lr=settings.lr,
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        max_grad_norm=settings.max_grad_norm,
+        entropy_coef=settings.entropy_coef,
+    )
+
+
+def public_settings(settings: ServerSettings) -> dict[str, Any]:
+    """Every setting as JSON, keys redacted (what ``GET /v1/admin/config`` and the dashboard show)."""
+    data = settings.model_dump(mode="json")
+    for name in SECRET:
+        data[name] = [f"...{k[-4:]}" if len(k) >= 16 else "***" for k in data[name]]
+    return data
+
+
+def check_changes(current: ServerSettings, changes: Mapping[str, Any]) -> ServerSettings:
+    """``current`` with ``changes``, validated as at start; InvalidRequestError names what is wrong."""
+    if not isinstance(changes, Mapping) or not changes:
+        raise InvalidRequestError(
+            'send a JSON object of the settings to change, e.g. {"lr": 0.0005}; live settings: ' + ", ".join(LIVE)
+        )
+    for name in changes:
+        if name not in LIVE:
+            known = name in ServerSettings.model_fields
+            raise InvalidRequestError(
+                (
+                    f"'{name}' cannot be changed while the server runs (restart it with the new value)"
+                    if known
+                    else f"'{name}' is not a setting of this server"
+                )
+                + "; settings a running server takes: "
+                + ", ".join(LIVE),
+                param=name,
+                code="not_live" if known else "unknown_setting",
+            )
+    try:
+        return ServerSettings.model_validate({**current.model_dump(), **dict(changes)})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or next(iter(changes))
+        raise InvalidRequestError(
+            f"{where}: {str(first['msg']).removeprefix('Value error, ')} (got {changes.get(where, '?')!r})",
+            param=where,
+            code="invalid_value",
+        ) from exc
+
+
+class Controller:
+    """The admin operations. ``settings`` is read and replaced through ``get_settings`` /
+    ``set_settings`` (the runtime owns it)."""
+
+    def __init__(
+        self,
+        *,
+        get_settings: Callable[[], ServerSettings],
+        set_settings: Callable[[ServerSettings], None],
+        loop: TrainingLoop,
+        store: TrajectoryStore,
+        buffer: GroupBuffer,
+        chat: ChatService,
+        history: History,
+        live: LiveConfiguration,
+    ) -> None:
+        self._get, self._set = get_settings, set_settings
+        self.loop, self.store, self.buffer, self.chat, self.history = loop, store, buffer, chat, history
+        self.live = live
+        self.changes: list[ConfigChange] = []
+        loop.paused = live.paused
+
+    def config(self) -> AdminConfig:
+        return AdminConfig(
+            config=public_settings(self._get()),
+            live=list(LIVE),
+            changes=list(self.changes),
+            paused=self.loop.paused,
+        )
+
+    def apply(self, settings: ServerSettings) -> None:
+        """Hand ``settings``' live values to the parts that use them (also at start, after a resume)."""
+        self.loop.reconfigure(learner_config(settings, self.loop.learner.config))
+        self.loop.checkpoint_every = settings.checkpoint_every
+        self.store.max_staleness = settings.max_staleness
+        self.buffer.resize(settings.group_size, settings.batch_groups, settings.group_timeout_s)
+        self.chat.default_max_tokens = settings.default_max_tokens
+
+    def change(self, changes: Mapping[str, Any]) -> AdminConfig:
+        current = self._get()
+        updated = check_changes(current, changes)
+        before, after = current.model_dump(mode="json"), updated.model_dump(mode="json")
+        changed = {k: after[k] for k in changes if after[k] != before[k]}
+        if changed:
+            live = LiveConfiguration({**self.live.changed, **changed}, self.loop.paused)
+            self._record({k: before[k] for k in changed}, changed, live)
+            self._set(updated)
+            self.apply(updated)
+        return self.config()
+
+    def pause(self, paused: bool) -> AdminState:
+        if paused != self.loop.paused:
+            live = LiveConfiguration(dict(self.live.changed), paused)
+            self._record({"paused": self.loop.paused}, {"paused": paused}, live)
+            self.loop.paused = paused
+            self.buffer.wake()
+        version, step = self.loop.live
+        return AdminState(
+            paused=paused,
+            step=step,
+            policy_version=version,
+            message=(
+                "learning paused after the step in progress; serving and ingestion go on"
+                if paused
+                else "learning goes on"
+            ),
+        )
+
+    def checkpoint(self, timeout: float = 600.0) -> CheckpointInfo:
+        """Ask the learner thread for a checkpoint and wait for it (call from a worker thread)."""
+        started = time.perf_counter()
+        path = self.loop.request_checkpoint().result(timeout=timeout)
+        if path is None:
+            raise StateError("no checkpoint was written (this server has no state dir)")
+        version, _ = self.loop.live
+        return CheckpointInfo(
+            step=self.loop.saved_step, policy_version=version, path=str(path), seconds=time.perf_counter() - started
+        )
+
+    def _record(self, previous: dict[str, Any], changed: dict[str, Any], live: LiveConfiguration) -> None:
+        """Durable first (StateError: nothing applied), then in memory and in the history."""
+        change = ConfigChange(at=time.time(), step=self.loop.learner.steps, changes=changed, previous=previous)
+        self.store.log_change(Configured(change.model_dump(mode="json"), dict(live.changed), live.paused))
+        self.live = live
+        self.changes.append(change)
+        self.history.append("config", changes=changed, previous=previous, step=change.step)
+        logger.info(
+            "admin: %s",
+            ", ".join(f"{k} {previous.get(k)} -> {v}" for k, v in changed.items()),
+        )
