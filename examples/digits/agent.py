@@ -8,6 +8,10 @@ the answer, so no fixed output can score well.
 
 Set ``AGENTJET_DIGITS`` (e.g. ``3,8``) to train on a subset of the words (the end-to-end test
 does, to stay short).
+
+Evaluation (``--eval-every N`` or ``agentjet-client eval``) runs the same ten prompts as episodes the
+server records by policy version and never trains: with ten prompts there is nothing to hold out,
+so it measures the policy itself, apart from the exploration noise of the training rewards.
 """
 
 import os
@@ -23,7 +27,7 @@ def make_tasks() -> list[dict[str, object]]:
     return [{"id": f"digit-{d}", "word": WORDS[d], "answer": str(d)} for d in digits]
 
 
-@swarm_agent(tasks=make_tasks)
+@swarm_agent(tasks=make_tasks, eval_tasks=make_tasks)
 async def write_digit(task, episode):
     llm = episode.async_openai()
     reply = await llm.chat.completions.create(

@@ -9,10 +9,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx2
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import CACHE, ServerProcess, run_digits_client
 
@@ -22,47 +24,83 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.e2e
 
 
+def scrape(url: str) -> dict[str, float]:
+    """``/metrics`` parsed by prometheus-client's own parser: ``name{label=value,...}`` -> value."""
+    samples = {}
+    for family in text_string_to_metric_families(httpx2.get(url + "/metrics").text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
 def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
+    """The demo task trains: the running reward rises, and so does the reward of evaluation episodes
+    (never trained) by policy version. ``/metrics``, scraped while the client runs, moves and agrees
+    with ``/v1/status``; ``metrics.jsonl`` holds a line per step and the evaluation rewards."""
     env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), "AGENTJET_DIGITS": "3,8"}
-    args = ["--batch-groups", "2", "--group-size", "16", "--lr", "1e-3", "--state-dir", str(tmp_path / "state")]
+    state = tmp_path / "state"
+    args = ["--batch-groups", "2", "--group-size", "16", "--lr", "1e-3", "--state-dir", str(state)]
     server = ServerProcess(args, tmp_path / "server.log", env=env)
     url = server.url
+    command = [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
+    command += ["--server", url, "--episodes", "1600", "--group-size", "16", "--concurrency", "16", "--seed", "0"]
+    command += ["--eval-every", "10", "--eval-episodes", "32"]
+    scrapes = []
     try:
-        client = subprocess.run(
-            [
-                str(BIN / "agentjet-client"),
-                "run",
-                "--code-dir",
-                str(ROOT / "examples" / "digits"),
-                "--server",
-                url,
-                "--episodes",
-                "1600",
-                "--group-size",
-                "16",
-                "--concurrency",
-                "16",
-                "--seed",
-                "0",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert client.returncode == 0, client.stdout + client.stderr
-        out = client.stdout.replace("\n", " ")
-        assert "episodes" in out  # progress was printed
-        first = float(re.search(r"first 10% ([0-9.]+)", out).group(1))
-        last = float(re.search(r"last 20% ([0-9.]+)", out).group(1))
-        status = json.loads(httpx2.get(url + "/v1/status").text)
-        assert status["trajectories"]["accepted"] == 1600
-        assert status["trajectories"]["rejected"] == 0
-        assert status["policy_version"] >= 10
-        assert last > first + 0.4, out
-        print(out.split("done:")[-1])
+        client = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while client.poll() is None:
+            scrapes.append(scrape(url))
+            time.sleep(2.0)
+        stdout, stderr = client.communicate(timeout=600)
+        assert client.returncode == 0, stdout + stderr
+        deadline = time.monotonic() + 60  # the learner takes the last batches after the client is done
+        while (status := server.status())["trajectories"]["trained"] < 1600 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        final = scrape(url)
     finally:
         server.stop()
+    out = stdout.replace("\n", " ")
+    assert "episodes" in out  # progress was printed
+    first = float(re.search(r"first 10% ([0-9.]+)", out).group(1))
+    last = float(re.search(r"last 20% ([0-9.]+)", out).group(1))
+    counts = status["trajectories"]
+    assert counts["accepted"] == 1600 and counts["rejected"] == 0 and status["policy_version"] >= 10
+    assert last > first + 0.4, out
+
+    # evaluation: recorded by policy version, never trained, and it rises with training
+    rounds = [int(v) for v in re.findall(r"v(\d+): [0-9.]+ \(\d+\)", out.split("evaluation")[-1])]
+    assert len(rounds) >= 3 and rounds[0] == 0, out
+    history = [json.loads(line) for line in (state / "metrics.jsonl").read_text().splitlines()]
+    evals: dict[int, list[float]] = {}
+    for line in (x for x in history if x["kind"] == "eval"):
+        evals.setdefault(line["policy_version"], []).append(line["reward"])
+    assert counts["evaluated"] == sum(map(len, evals.values())) >= 3 * 32
+    assert counts["trained"] == 1600  # every training episode, and not one evaluation episode
+    by_version = sorted((v, sum(r) / len(r)) for v, r in evals.items() if len(r) >= 8)
+    assert by_version[-1][1] > by_version[0][1] + 0.3, by_version
+    steps = [x for x in history if x["kind"] == "step"]
+    assert [x["step"] for x in steps] == list(range(1, status["learner"]["step"] + 1))
+    assert all(x["loss"] is not None and x["entropy"] is not None and x["grad_norm"] >= 0 for x in steps)
+
+    # /metrics moved during the run and agrees with /v1/status at the end
+    assert len(scrapes) >= 5
+    accepted = [s["agentjet_trajectories_total{outcome=accepted}"] for s in scrapes]
+    assert accepted == sorted(accepted) and accepted[0] < accepted[-1]
+    tokens = [s["agentjet_tokens_sampled_total"] for s in scrapes]
+    assert tokens == sorted(tokens) and tokens[-1] > tokens[0]
+    assert final["agentjet_trajectories_total{outcome=accepted}"] == counts["accepted"]
+    assert final["agentjet_trajectories_total{outcome=evaluated}"] == counts["evaluated"]
+    assert final["agentjet_trajectories_trained_total"] == counts["trained"]
+    assert final["agentjet_learner_steps_total"] == status["learner"]["step"]
+    assert final["agentjet_policy_version"] == status["policy_version"]
+    assert final["agentjet_tokens_trained_total"] == sum(x["trained_tokens"] for x in steps)
+    assert final["agentjet_engine_time_to_first_token_seconds_count"] > 1600
+    assert final["agentjet_trained_token_version_lag_count"] == final["agentjet_tokens_trained_total"]
+    assert final["agentjet_episode_reward_count{purpose=eval,tag=}"] == counts["evaluated"]
+    clients = [k for k in final if k.startswith("agentjet_client_spool_depth{")]
+    assert len(clients) == 1 and final[clients[0]] == 0  # one client, its spool drained
+    print(out.split("done:")[-1], "\nevaluation by policy version:", by_version)
 
 
 def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_dir, tmp_path):

@@ -35,6 +35,9 @@ def keyed_server(model_dir):
         ("GET", "/v1/status", None),
         ("POST", "/v1/chat/completions", CHAT),
         ("POST", "/v1/trajectories", {"trajectories": []}),
+        ("GET", "/metrics", None),
+        ("GET", "/v1/metrics/history", None),
+        ("GET", "/v1/overview", None),
     ],
 )
 @pytest.mark.parametrize(

@@ -9,6 +9,9 @@
 The function takes ``(task, episode)`` and returns the episode's reward (a number; a bool
 counts as 0/1). It may be sync or async. ``tasks`` is a list of dicts or a callable returning
 an iterable of dicts; each task's ``"id"`` (or its index) is its GRPO group key.
+``eval_tasks`` (same form) are held-out tasks for evaluation episodes (``agentjet-client run
+--eval-every``, ``agentjet-client eval``): the server records their rewards by policy version and
+never trains them.
 """
 
 from __future__ import annotations
@@ -28,21 +31,30 @@ class SwarmAgent:
     tasks: TaskSource
     name: str
     tag: str | None = None
+    eval_tasks: TaskSource | None = None
 
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
-    def load_tasks(self) -> list[tuple[str, Task]]:
-        """``(task id, task)`` pairs; raises ValueError when the source yields nothing usable."""
-        source = self.tasks() if callable(self.tasks) else self.tasks
+    def load_tasks(self, evaluation: bool = False) -> list[tuple[str, Task]]:
+        """``(task id, task)`` pairs (of ``eval_tasks`` with ``evaluation``); raises ValueError when
+        the source yields nothing usable."""
+        if evaluation and self.eval_tasks is None:
+            raise ValueError(
+                f"agent '{self.name}' has no evaluation tasks; give @swarm_agent(eval_tasks=...) held-out tasks"
+            )
+        tasks = self.eval_tasks if evaluation else self.tasks
+        assert tasks is not None
+        source = tasks() if callable(tasks) else tasks
+        kind = "eval_tasks" if evaluation else "tasks"
         out = []
         for index, task in enumerate(source):
             if not isinstance(task, dict):
                 raise ValueError(f"task {index} of agent '{self.name}' is a {type(task).__name__}; tasks must be dicts")
             out.append((str(task.get("id", f"task-{index}")), task))
         if not out:
-            raise ValueError(f"agent '{self.name}' has no tasks; give @swarm_agent(tasks=...) a non-empty list")
+            raise ValueError(f"agent '{self.name}' has no {kind}; give @swarm_agent({kind}=...) a non-empty list")
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -50,7 +62,12 @@ class SwarmAgent:
 
 
 def swarm_agent(
-    fn: Callable[..., Any] | None = None, *, tasks: TaskSource, name: str | None = None, tag: str | None = None
+    fn: Callable[..., Any] | None = None,
+    *,
+    tasks: TaskSource,
+    name: str | None = None,
+    tag: str | None = None,
+    eval_tasks: TaskSource | None = None,
 ) -> Any:
     """Decorator: turn ``fn(task, episode) -> reward`` into a ``SwarmAgent``."""
 
@@ -58,6 +75,6 @@ def swarm_agent(
         params = inspect.signature(f).parameters
         if len(params) < 2:
             raise TypeError(f"@swarm_agent function '{f.__name__}' must take (task, episode)")
-        return SwarmAgent(fn=f, tasks=tasks, name=name or f.__name__, tag=tag)
+        return SwarmAgent(fn=f, tasks=tasks, name=name or f.__name__, tag=tag, eval_tasks=eval_tasks)
 
     return wrap(fn) if fn is not None else wrap

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentjet_client.errors import AgentJetError
+from agentjet_client.runner import RunConfig, RunReport
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories."
@@ -25,6 +25,16 @@ err = Console(stderr=True)
 def _fail(message: str) -> None:
     err.print(f"[red]error:[/red] {escape(message)}")  # messages quote [extras] and paths
     raise typer.Exit(code=2)
+
+
+def _logging(log_level: str, console: Console) -> None:
+    if console.is_terminal:  # log lines go above the live progress line, not through it
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=console, show_path=False, markup=False)
+        logging.basicConfig(level=log_level.upper(), format="%(name)s: %(message)s", handlers=[handler])
+    else:
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 @app.command()
@@ -45,21 +55,79 @@ def run(
     isolate: Annotated[
         bool, typer.Option(help="run sync agents in worker processes, so a hung episode can be killed")
     ] = True,
+    eval_every: Annotated[
+        int,
+        typer.Option(min=0, help="policy versions between evaluation rounds on the agent's eval_tasks (0 = none)"),
+    ] = 0,
+    eval_episodes: Annotated[
+        int, typer.Option(min=0, help="episodes per evaluation round (0 = one per eval task)")
+    ] = 0,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
 
     Example: agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 26000
+
+    With evaluation on held-out tasks every 5 policy versions (the server records the rewards by
+    version and never trains them; the dashboard plots them):
+    agentjet-client run --code-dir examples/digits --episodes 6400 --eval-every 5 --eval-episodes 32
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = RunConfig(
+        episodes=episodes,
+        group_size=group_size,
+        concurrency=concurrency,
+        timeout=timeout,
+        seed=seed,
+        eval_every=eval_every,
+        eval_episodes=eval_episodes,
+    )
+    _run_agent(code_dir, server, api_key, config, spool_dir, spool_max, watch, isolate, log_level)
+
+
+@app.command(name="eval")
+def evaluate(
+    code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent with eval_tasks")],
+    server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
+    episodes: Annotated[int, typer.Option(min=0, help="evaluation episodes (0 = one per eval task)")] = 0,
+    concurrency: Annotated[int, typer.Option(min=1, help="episodes running at once")] = 32,
+    timeout: Annotated[float, typer.Option(min=0.001, help="seconds before an episode is abandoned")] = 300.0,
+    spool_dir: Annotated[Path | None, typer.Option(help="durable outbox (default: user data dir)")] = None,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+) -> None:
+    """Run one round of evaluation episodes on the agent's eval_tasks against the served policy.
+
+    The server records each reward by the policy version that sampled it (dashboard, metrics.jsonl)
+    and never trains them. Example:
+    agentjet-client eval --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 64
+    """
+    config = RunConfig(concurrency=concurrency, timeout=timeout, eval_only=True, eval_episodes=episodes)
+    _run_agent(code_dir, server, api_key, config, spool_dir, 100_000, False, True, log_level)
+
+
+def _run_agent(
+    code_dir: Path,
+    server: str,
+    api_key: str | None,
+    config: RunConfig,
+    spool_dir: Path | None,
+    spool_max: int,
+    watch: bool,
+    isolate: bool,
+    log_level: str,
+) -> None:
+    _logging(log_level, console)
     from agentjet_client.client import SwarmClient
     from agentjet_client.isolation import WorkerPool
     from agentjet_client.loader import CodeWatcher, load_agent
-    from agentjet_client.runner import RunConfig, Runner, RunReport
+    from agentjet_client.progress import RunProgress
+    from agentjet_client.runner import Runner
     from agentjet_client.spool import Spool
 
     try:
         agent, version = load_agent(code_dir)
+        if config.eval_only or config.eval_every:
+            agent.load_tasks(evaluation=True)  # no eval_tasks: say so now, not at the first round
         client = SwarmClient(server, api_key=api_key)
         client.status()
         spool = Spool(_spool_path(spool_dir, client.server_url), max_items=spool_max)
@@ -68,22 +136,8 @@ def run(
     left = spool.depth
     if left:
         console.print(f"[cyan]agentjet-client[/cyan] {left} trajectories left by an earlier run are sent first")
-    console.print(f"[green]agentjet-client[/green] agent [bold]{agent.name}[/bold] (code {version}) -> {server}")
-    last_print = [0.0]
-
-    def progress(report: RunReport) -> None:
-        now = time.monotonic()
-        if now - last_print[0] < 2.0 and report.finished != episodes:
-            return
-        last_print[0] = now
-        total = f"/{episodes}" if episodes else ""
-        console.print(
-            f"episodes {report.finished}{total}  mean reward (last 64) {report.recent_mean(64):.3f}  "
-            f"policy v{report.last_version if report.last_version is not None else '-'}  "
-            f"accepted {report.accepted}  rejected {report.rejected}  failed {report.failed}"
-        )
-
-    config = RunConfig(episodes=episodes, group_size=group_size, concurrency=concurrency, timeout=timeout, seed=seed)
+    what = "evaluating" if config.eval_only else "agent"
+    console.print(f"[green]agentjet-client[/green] {what} [bold]{agent.name}[/bold] (code {version}) -> {server}")
 
     def reloaded(new_version: str, error: str | None) -> None:
         if error is None:
@@ -96,26 +150,61 @@ def run(
         agent,
         config,
         code_version=version,
-        on_progress=progress,
         spool=spool,
         watcher=CodeWatcher(code_dir, version) if watch else None,
         on_reload=reloaded,
-        workers=WorkerPool(code_dir, concurrency) if isolate and not agent.is_async else None,
+        workers=WorkerPool(code_dir, config.concurrency) if isolate and not agent.is_async else None,
     )
+
+    def figures() -> str:
+        report = runner.report
+        parts = []
+        if report.rewards:
+            parts.append(f"reward(64) {report.recent_mean(64):.3f}")
+        if report.eval_rewards:
+            at = max(report.eval_rewards)
+            rewards = report.eval_rewards[at]
+            parts.append(f"eval {sum(rewards) / len(rewards):.3f}@v{at}")
+        parts.append(f"policy v{report.last_version if report.last_version is not None else '-'}")
+        parts.append(f"accepted {report.accepted}  rejected {report.rejected}  failed {report.failed}")
+        parts.append(f"spool {runner.unanswered}")
+        return "  ".join(parts)
+
+    total = config.eval_episodes or len(agent.load_tasks(evaluation=True)) if config.eval_only else config.episodes
+
+    async def main() -> RunReport:
+        job = asyncio.create_task(runner.run())
+        with RunProgress(console, total, figures) as progress:
+            while not job.done():
+                progress.update(runner.report.evaluated if config.eval_only else runner.report.finished)
+                await asyncio.wait({job}, timeout=1.0)
+            progress.update(runner.report.evaluated if config.eval_only else runner.report.finished, force=True)
+        return job.result()
+
     try:
-        report = asyncio.run(runner.run())
+        report = asyncio.run(main())
     except KeyboardInterrupt:
         report = runner.report
         err.print("interrupted")
     finally:
         client.close()
         spool.close()
-    console.print(
-        f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  "
-        f"mean reward first 10% {report.mean(0.0, 0.1):.3f}  last 20% {report.mean(0.8, 1.0):.3f}  "
-        f"policy v{report.first_version} -> v{report.last_version}  "
-        f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  failed {report.failed}"
-    )
+    _summary(report, config)
+
+
+def _summary(report: RunReport, config: RunConfig) -> None:
+    if not config.eval_only:
+        console.print(
+            f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  "
+            f"mean reward first 10% {report.mean(0.0, 0.1):.3f}  last 20% {report.mean(0.8, 1.0):.3f}  "
+            f"policy v{report.first_version} -> v{report.last_version}  accepted {report.accepted}  "
+            f"duplicate {report.duplicate}  rejected {report.rejected}  failed {report.failed}"
+        )
+    if report.eval_rewards:
+        rounds = "  ".join(f"v{v}: {sum(r) / len(r):.3f} ({len(r)})" for v, r in sorted(report.eval_rewards.items()))
+        console.print(f"[bold]evaluation[/bold] mean reward by policy version: {rounds}")
+    elif config.eval_only:
+        console.print(f"[bold]evaluation[/bold]: no episode completed ({report.failed} failed)")
     if report.reloads or report.reload_errors:
         console.print(f"episodes per code version: {dict(report.code_versions)}")
     if report.resent_leftovers:

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -25,6 +25,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_rand
 from agentjet_client.episode import Episode
 from agentjet_client.errors import RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.protocol import (
+    ClientReport,
     ServerStatus,
     Trajectory,
     TrajectoryBatch,
@@ -81,8 +82,17 @@ class SwarmClient:
 
     # ------------------------------------------------------------------ episodes and capture
 
-    def episode(self, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None) -> Episode:
-        ep = Episode(self, task_id, task_tag=task_tag, episode_id=episode_id)
+    def episode(
+        self,
+        task_id: str,
+        *,
+        task_tag: str | None = None,
+        episode_id: str | None = None,
+        purpose: Literal["train", "eval"] = "train",
+    ) -> Episode:
+        """A new episode of task ``task_id`` (its GRPO group key); ``purpose="eval"`` makes it an
+        evaluation episode, recorded by the server and never trained."""
+        ep = Episode(self, task_id, task_tag=task_tag, episode_id=episode_id, purpose=purpose)
         with self._lock:
             self._episodes[ep.id] = ep
         return ep
@@ -173,15 +183,16 @@ class SwarmClient:
         )
         return retrying(once)
 
-    def submit(self, trajectories: Iterable[Trajectory]) -> TrajectoryBatchResult:
-        """Push trajectories (idempotent by id: a resend is answered ``duplicate``)."""
+    def submit(self, trajectories: Iterable[Trajectory], report: ClientReport | None = None) -> TrajectoryBatchResult:
+        """Push trajectories (idempotent by id: a resend is answered ``duplicate``); ``report``
+        tells the server about this client run (its dashboard and ``/v1/admin/clients``)."""
         items = list(trajectories)
         if not items:
             raise ValueError("submit() needs at least one trajectory")
         results = []
         version = 0
         for start in range(0, len(items), MAX_SUBMIT_BATCH):
-            batch = TrajectoryBatch(trajectories=items[start : start + MAX_SUBMIT_BATCH])
+            batch = TrajectoryBatch(trajectories=items[start : start + MAX_SUBMIT_BATCH], client=report)
             data = self._request("POST", "/v1/trajectories", batch.model_dump(mode="json"))
             answer = TrajectoryBatchResult.model_validate(data)
             results.extend(answer.results)

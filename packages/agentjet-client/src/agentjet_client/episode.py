@@ -13,7 +13,7 @@ Give the agent a captured model handle and it trains unchanged:
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx2
 
@@ -34,9 +34,16 @@ LLM_RETRIES = 6
 
 class Episode:
     def __init__(
-        self, client: SwarmClient, task_id: str, *, task_tag: str | None = None, episode_id: str | None = None
+        self,
+        client: SwarmClient,
+        task_id: str,
+        *,
+        task_tag: str | None = None,
+        episode_id: str | None = None,
+        purpose: Literal["train", "eval"] = "train",
     ) -> None:
         self.client = client
+        self.purpose: Literal["train", "eval"] = purpose
         self.id = episode_id or uuid.uuid4().hex
         self.task_id = task_id
         self.task_tag = task_tag
@@ -135,6 +142,7 @@ class Episode:
             agent_rewards=agent_rewards,
             error=error[:4000] if error else None,
             metadata=meta,
+            purpose=self.purpose,
         )
 
     def close(self) -> None:

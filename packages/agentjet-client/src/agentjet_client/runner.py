@@ -25,14 +25,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
-from agentjet_client.protocol import Trajectory, TrajectoryStatus
+from agentjet_client.protocol import ClientReport, Trajectory, TrajectoryStatus
 from agentjet_client.spool import GroupCommit, Spool, SpoolError, default_spool_dir, spool_key
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ class RunConfig:
     send_batch: int = 256
     backoff_max: float = 30.0  # seconds between resends while the server does not answer
     watch_interval: float = 1.0  # seconds between looks at the code dir (with a watcher)
+    eval_every: int = 0  # policy versions between evaluation rounds (0 = none; also one at the start)
+    eval_episodes: int = 0  # episodes per evaluation round, over the agent's eval_tasks in order
+    eval_only: bool = False  # one evaluation round, no training episodes (``agentjet-client eval``)
 
 
 @dataclass
@@ -73,6 +76,8 @@ class RunReport:
     rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
     reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
     reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
+    eval_rewards: dict[int, list[float]] = field(default_factory=dict)  # policy version -> eval rewards
+    evaluated: int = 0  # evaluation episodes finished
 
     def mean(self, lo: float, hi: float) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order."""
@@ -131,7 +136,11 @@ class Runner:
         self.watcher = watcher
         self.workers = workers  # sync agents run here (killable) instead of in threads
         self._on_reload = on_reload or (lambda version, error: None)
-        self._pending = 0  # episodes started and not yet answered by the server
+        self._pending = 0  # training episodes started and not yet answered by the server
+        self._eval_ids: set[str] = set()  # evaluation episodes spooled, not yet answered
+        self._version = 0  # the newest policy version the server told us of
+        self._last_eval: int | None = None
+        self._eval_rounds = 0
         self._mine: set[str] = set()  # this run's spooled ids not yet answered
         self._commits = GroupCommit(self.spool)
         self._spool_failing = False
@@ -142,6 +151,11 @@ class Runner:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def unanswered(self) -> int:
+        """Trajectories of this run spooled and not yet answered by the server."""
+        return len(self._mine)
 
     def _task_stream(self) -> Iterator[tuple[str, Task]]:
         rng = random.Random(self.config.seed)
@@ -191,6 +205,7 @@ class Runner:
                 failures = 0
             if self.report.first_version is None:
                 self.report.first_version = status.policy_version
+            self._version = max(self._version, status.policy_version)
             if status.admission_budget - self._pending >= need or (self._pending == 0 and status.admission_budget > 0):
                 return
             await asyncio.sleep(self.config.poll_interval)
@@ -207,10 +222,17 @@ class Runner:
         tasks = self._task_stream()
         groups = 0
         try:
+            if self.config.eval_only:
+                self._start_eval(sem, episodes)
+                total_groups = 0
             while not self._stop.is_set() and (total_groups is None or groups < total_groups):
                 await self._wait_for_admission(g)
                 if self._stop.is_set():
                     break
+                if self.config.eval_every and (
+                    self._last_eval is None or self._version >= self._last_eval + self.config.eval_every
+                ):
+                    self._start_eval(sem, episodes)
                 task_id, task = next(tasks)
                 group_tag = f"{task_id}@{self.client.client_id}:{groups}"
                 for _ in range(g):
@@ -223,6 +245,10 @@ class Runner:
             if episodes:
                 await asyncio.gather(*episodes)
             await self._drained(sender)
+            if self.config.eval_every and not self._stop.is_set() and self._version != self._last_eval:
+                self._start_eval(sem, episodes)  # the policy the run ends with
+                await asyncio.gather(*episodes)
+                await self._drained(sender)
         finally:
             sender.cancel()
             if watching is not None:
@@ -233,6 +259,20 @@ class Runner:
             await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
         return self.report
+
+    def _start_eval(self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]]) -> None:
+        """Start a round of evaluation episodes over the eval tasks, in order."""
+        tasks = self.agent.load_tasks(evaluation=True)
+        self._last_eval = self._version
+        self._eval_rounds += 1
+        count = self.config.eval_episodes or len(tasks)
+        logger.info("evaluation round %d: %d episodes at policy v%d", self._eval_rounds, count, self._version)
+        for k in range(count):
+            task_id, task = tasks[k % len(tasks)]
+            group = f"eval:{task_id}@{self.client.client_id}:{self._eval_rounds}"
+            job = asyncio.create_task(self._episode(sem, group, task_id, task, evaluation=self._version))
+            running.add(job)
+            job.add_done_callback(running.discard)
 
     async def _watch_loop(self) -> None:
         """Hot swap: new episodes take the new code; running ones finish on the code they started with."""
@@ -262,10 +302,15 @@ class Runner:
             self._spooled.set()
             await asyncio.sleep(0.05)
 
-    async def _episode(self, sem: asyncio.Semaphore, group_id: str, task_id: str, task: Task) -> None:
+    async def _episode(
+        self, sem: asyncio.Semaphore, group_id: str, task_id: str, task: Task, evaluation: int | None = None
+    ) -> None:
+        """One episode; ``evaluation`` (the policy version its round started at) makes it an
+        evaluation episode: pushed as such, never trained, reported apart."""
         async with sem:
             agent, code_version = self.agent, self.code_version
-            episode = self.client.episode(group_id, task_tag=agent.tag)
+            purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
+            episode = self.client.episode(group_id, task_tag=agent.tag, purpose=purpose)
             status: TrajectoryStatus = "complete"
             error: str | None = None
             reward, agent_rewards = 0.0, None
@@ -302,17 +347,24 @@ class Runner:
                 agent_rewards=agent_rewards,
                 metadata={"task": task_id},
             )
-            self.report.finished += 1
-            self.report.code_versions[code_version or "-"] += 1
-            if trajectory.status == "complete":
-                self.report.rewards.append(reward)
-                self.report.rewards_by_version.setdefault(code_version or "-", []).append(reward)
+            if evaluation is not None:
+                self.report.evaluated += 1
+                if trajectory.status == "complete":
+                    self.report.eval_rewards.setdefault(evaluation, []).append(reward)
             else:
+                self.report.finished += 1
+                self.report.code_versions[code_version or "-"] += 1
+                if trajectory.status == "complete":
+                    self.report.rewards.append(reward)
+                    self.report.rewards_by_version.setdefault(code_version or "-", []).append(reward)
+            if trajectory.status != "complete":
                 self.report.failed += 1
                 self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
             if await self._spool(trajectory):  # on disk before we go on
                 self._mine.add(trajectory.id)
-            else:  # the id is already spooled (cannot happen with fresh episode ids)
+                if evaluation is not None:
+                    self._eval_ids.add(trajectory.id)
+            elif evaluation is None:  # the id is already spooled (cannot happen with fresh episode ids)
                 self._pending -= 1
             self._spooled.set()
             self._on_progress(self.report)
@@ -353,7 +405,7 @@ class Runner:
             ids = [item_id for item_id, _ in batch]
             await asyncio.to_thread(self.spool.mark_sent, ids)
             try:
-                answer = await asyncio.to_thread(self.client.submit, [t for _, t in batch])
+                answer = await asyncio.to_thread(self._submit, [t for _, t in batch])
             except RejectedRequest as exc:  # the server refused the request itself: resending cannot help
                 logger.error("server refused a batch of %d trajectories: %s", len(batch), exc.message)
                 self.report.reject_reasons[exc.message[:80]] += len(batch)
@@ -369,12 +421,27 @@ class Runner:
                 continue
             failures = 0
             self.report.last_version = answer.policy_version
+            self._version = max(self._version, answer.policy_version)
             answers: dict[str, str] = {}
             for item_id, result in zip(ids, answer.results, strict=True):
                 answers[item_id] = result.status
                 if result.status == "rejected":
                     self.report.reject_reasons[(result.reason or "")[:60]] += 1
             await self._settle(answers)
+
+    def _submit(self, trajectories: list[Trajectory]) -> Any:
+        """Push with this run's report (which counts the spool: a query, so in the sender's thread)."""
+        return self.client.submit(trajectories, self._client_report())
+
+    def _client_report(self) -> ClientReport:
+        """What this run tells the server about itself with each push."""
+        return ClientReport(
+            id=self.client.client_id,
+            spool_depth=self.spool.depth,
+            episodes=self.report.finished,
+            running=max(0, self.report.started - self.report.finished),
+            code_version=self.code_version,
+        )
 
     async def _settle(self, answers: dict[str, str]) -> None:
         await asyncio.to_thread(self.spool.settle, answers)
@@ -387,6 +454,9 @@ class Runner:
                 self.report.rejected += 1
             if item_id in self._mine:
                 self._mine.discard(item_id)
-                self._pending -= 1
+                if item_id in self._eval_ids:
+                    self._eval_ids.discard(item_id)
+                else:
+                    self._pending -= 1
             else:
                 self.report.resent_leftovers += 1

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from agentjet_client.cli import server_status
 from agentjet_server.errors import AgentJetServerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
@@ -34,6 +33,11 @@ def _describe(error: Any) -> str:
 
 @app.command()
 def up(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="job file (TOML) holding any of these options by name; flags given here override it"),
+    ] = None,
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     model: Annotated[
@@ -89,6 +93,17 @@ def up(
     write_timeout: Annotated[
         float, typer.Option(help="seconds a client may leave a streamed answer unread before it is dropped")
     ] = 60.0,
+    metrics: Annotated[
+        bool, typer.Option(help="serve /metrics and the dashboard's history, and write <state-dir>/metrics.jsonl")
+    ] = True,
+    metrics_interval: Annotated[float, typer.Option(help="seconds between metrics history lines while idle")] = 60.0,
+    log_to: Annotated[
+        list[str] | None,
+        typer.Option(help="also log metrics to tensorboard or wandb (offline; repeatable; needs the package)"),
+    ] = None,
+    keep_recent_trajectories: Annotated[
+        int, typer.Option(help="trajectory bodies kept inspectable (dashboard, inspect) after the log compacts")
+    ] = 200,
     log_level: Annotated[str, typer.Option(help="logging level")] = "info",
 ) -> None:
     """Serve a model through an OpenAI-compatible API and train it from pushed trajectories.
@@ -104,40 +119,30 @@ def up(
     Reachable from other machines, with keys kept out of ps:
     AGENTJET_API_KEYS=client-key-1 agentjet-server up --host 0.0.0.0
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    given = {name: value for name, value in locals().items() if name not in ("ctx", "config")}
+    options = _with_job_file(ctx, config, given) if config is not None else given
+    logging.basicConfig(
+        level=str(options["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from agentjet_server.settings import ADMIN_KEYS_ENV, API_KEYS_ENV, ServerSettings, collect_keys
 
+    renamed = {
+        "group_timeout": "group_timeout_s",
+        "header_timeout": "header_timeout_s",
+        "body_timeout": "body_timeout_s",
+        "write_timeout": "write_timeout_s",
+        "metrics_interval": "metrics_interval_s",
+    }
+    fields = {renamed.get(k, k): v for k, v in options.items() if k not in _NOT_SETTINGS}
     try:
-        settings = ServerSettings(
-            host=host,
-            port=port,
-            model=model,
-            model_name=model_name,
-            state_dir=state_dir,
-            resume=resume,
-            fresh=fresh,
-            checkpoint_every=checkpoint_every,
-            algorithm=algorithm,  # type: ignore[arg-type]
-            batch_groups=batch_groups,
-            group_size=group_size,
-            max_staleness=max_staleness,
-            lr=lr,
-            entropy_coef=entropy_coef,
-            device=device,
-            engine=engine,  # type: ignore[arg-type]
-            dtype=dtype,  # type: ignore[arg-type]
-            api_keys=collect_keys(api_key or [], api_key_file or [], API_KEYS_ENV),
-            admin_keys=collect_keys(admin_key or [], admin_key_file or [], ADMIN_KEYS_ENV),
-            require_signed=require_signed,
-            insecure=insecure,
-            seed=seed,
-            max_connections=max_connections,
-            max_buffered=max_buffered,
-            group_timeout_s=group_timeout,
-            header_timeout_s=header_timeout,
-            body_timeout_s=body_timeout,
-            write_timeout_s=write_timeout,
+        fields["api_keys"] = collect_keys(
+            list(options["api_key"] or []), [Path(p) for p in options["api_key_file"] or []], API_KEYS_ENV
         )
+        fields["admin_keys"] = collect_keys(
+            list(options["admin_key"] or []), [Path(p) for p in options["admin_key_file"] or []], ADMIN_KEYS_ENV
+        )
+        fields["log_to"] = list(options["log_to"] or [])
+        settings = ServerSettings(**fields)
     except ValidationError as exc:
         _fail("; ".join(_describe(e) for e in exc.errors()))
     except ValueError as exc:  # a key file that can't be read
@@ -146,6 +151,69 @@ def up(
         serve(settings)
     except AgentJetServerError as exc:
         _fail(str(exc))
+
+
+# options of `up` that are not server settings (keys are collected from flags, files and env)
+_NOT_SETTINGS = ("api_key", "api_key_file", "admin_key", "admin_key_file", "log_level", "log_to")
+
+
+def _with_job_file(ctx: typer.Context, path: Path, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with the job file's values for every option not set on the command line."""
+    import tomllib
+
+    try:
+        job = tomllib.loads(path.read_text())
+    except OSError as exc:
+        _fail(f"cannot read the job file {path}: {exc.strerror}")
+    except tomllib.TOMLDecodeError as exc:
+        _fail(f"the job file {path} is not valid TOML: {exc}")
+    out = dict(given)
+    unknown = []
+    for key, value in job.items():
+        name = key.replace("-", "_")
+        if name not in given:
+            unknown.append(key)
+        elif getattr(ctx.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT":  # not given as a flag
+            out[name] = value
+    if unknown:
+        _fail(
+            f"the job file {path} has options `up` does not know: {', '.join(unknown)}; "
+            f"it takes these (as in --help, with - or _): {', '.join(sorted(given))}"
+        )
+    return out
+
+
+def effective_configuration(settings: Any) -> str:
+    """The settings as ``key = value`` lines (TOML: usable as a job file), keys redacted."""
+    from agentjet_server.control import public_settings
+
+    lines = []
+    for key, value in public_settings(settings).items():
+        if value is None:
+            continue
+        lines.append(f"{key} = {_toml(value)}")
+    return "\n".join(lines)
+
+
+def _wrapped(items: list[str], width: int = 118) -> str:
+    """``items`` joined by two spaces, as few lines of at most ``width`` characters as fit."""
+    lines, line = [], ""
+    for item in items:
+        if line and len(line) + 2 + len(item) > width:
+            lines.append(line)
+            line = ""
+        line = f"{line}  {item}" if line else item
+    return "\n".join([*lines, line])
+
+
+def _toml(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def serve(settings: Any) -> None:
@@ -194,6 +262,11 @@ def _model_path(settings: Any, ctx: Any) -> Path:
 
 def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     import uvicorn
+    from transformers.utils import logging as transformers_logging
+
+    # no library progress bars ("Loading weights", "Writing model shards" at every checkpoint)
+    # between the server's own lines, nor in a terminal it shares with a client run
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     from agentjet_server.app import create_app
     from agentjet_server.checkpoint import StateDir
@@ -231,7 +304,8 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     except BaseException:
         state.close()
         raise
-    app = create_app(engine, settings, runtime=runtime)
+    holder: list[Any] = []
+    app = create_app(engine, settings, runtime=runtime, on_stop=lambda: setattr(holder[0], "should_exit", True))
     if not settings.auth_enabled:
         console.print("[yellow]warning:[/yellow] no API key set: the server accepts requests without a key")
     if settings.signatures_required:
@@ -242,7 +316,14 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
         f"on http://{settings.host}:{settings.port}/v1 (GRPO: {settings.batch_groups} groups x "
         f"{settings.group_size} per step, max staleness {settings.max_staleness}; {learner})"
     )
-    uvicorn.Server(http_config(app, settings)).run()
+    console.print(
+        f"[cyan]agentjet[/cyan] dashboard http://{settings.host}:{settings.port}/dashboard  "
+        f"metrics http://{settings.host}:{settings.port}/metrics  effective configuration:"
+    )
+    console.print(escape(_wrapped(effective_configuration(runtime.settings).splitlines())), style="dim")
+    server = uvicorn.Server(http_config(app, settings))
+    holder.append(server)
+    server.run()
 
 
 def http_config(app: Any, settings: Any) -> Any:
@@ -372,8 +453,141 @@ def _newest_checkpoint_model(state_dir: Path) -> Path:
     return ensure_embedded_model()
 
 
-# the server line of `agentjet-client status`
-app.command(name="status")(server_status)
+_SERVER = Annotated[str, typer.Option(help="the server's base URL")]
+_KEY = Annotated[
+    str | None, typer.Option(help="API key (admin commands need an admin key)", envvar="AGENTJET_ADMIN_KEY")
+]
+
+
+def _call(server: str, api_key: str | None, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    from agentjet_server.admin_client import AdminClient
+
+    try:
+        with AdminClient(server, api_key, timeout=660.0) as client:
+            return client.request(method, path, body)
+    except AgentJetServerError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def status(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
+    """Show a server's policy version, learner step, trajectory counts and admission budget.
+
+    Example: agentjet-server status --server http://127.0.0.1:8000
+    """
+    from agentjet_client.protocol import ServerStatus
+
+    st = ServerStatus.model_validate(_call(server, api_key, "GET", "/v1/status"))
+    Console(soft_wrap=True).print(f"server {escape(server)}: {escape(st.summary())}")
+
+
+admin = typer.Typer(
+    no_args_is_help=True,
+    help="Steer a running server through its admin API (an admin key when keys are set: AGENTJET_ADMIN_KEY).",
+)
+app.add_typer(admin, name="admin")
+
+
+@admin.command("pause")
+def admin_pause(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
+    """Stop learning after the step in progress; serving and ingestion go on.
+
+    Example: agentjet-server admin pause --server http://127.0.0.1:8000
+    """
+    Console().print(_call(server, api_key, "POST", "/v1/admin/pause")["message"])
+
+
+@admin.command("resume")
+def admin_resume(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
+    """Start learning again after a pause.
+
+    Example: agentjet-server admin resume --server http://127.0.0.1:8000
+    """
+    Console().print(_call(server, api_key, "POST", "/v1/admin/resume")["message"])
+
+
+@admin.command("checkpoint")
+def admin_checkpoint(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
+    """Write a checkpoint now (after the step in progress) and print its step and path.
+
+    Example: agentjet-server admin checkpoint --server http://127.0.0.1:8000
+    """
+    info = _call(server, api_key, "POST", "/v1/admin/checkpoint")
+    Console(soft_wrap=True).print(
+        f"checkpoint at step {info['step']} (policy v{info['policy_version']}) in {info['seconds']:.1f}s: "
+        f"{escape(info['path'])}"
+    )
+
+
+@admin.command("stop")
+def admin_stop(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
+    """Write a checkpoint, then stop the server cleanly (`up --resume` continues from it).
+
+    Example: agentjet-server admin stop --server http://127.0.0.1:8000
+    """
+    Console(soft_wrap=True).print(escape(_call(server, api_key, "POST", "/v1/admin/stop")["message"]))
+
+
+@admin.command("config")
+def admin_config(
+    server: _SERVER = "http://127.0.0.1:8000",
+    api_key: _KEY = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="KEY=VALUE to change (repeatable); without it: show")
+    ] = None,
+) -> None:
+    """Show the effective configuration, or change live settings (they apply from the next step).
+
+    Example: agentjet-server admin config --set lr=0.0005 --set max_staleness=2
+    """
+    import json
+
+    changes: dict[str, Any] = {}
+    for item in set_ or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--set {item!r}: write KEY=VALUE, e.g. --set lr=0.0005")
+        try:
+            changes[key.strip().replace("-", "_")] = json.loads(text)
+        except ValueError:
+            changes[key.strip().replace("-", "_")] = text  # a bare string
+    out = Console(soft_wrap=True)
+    if changes:
+        result = _call(server, api_key, "PATCH", "/v1/admin/config", changes)
+        change = result["changes"][-1] if result["changes"] else None
+        out.print(f"changed: {escape(json.dumps(change['changes'] if change else changes))} (from the next step)")
+        return
+    result = _call(server, api_key, "GET", "/v1/admin/config")
+    out.print(escape(effective_configuration_from(result["config"])))
+    out.print(f"live settings (admin config --set KEY=VALUE): {', '.join(result['live'])}")
+    if result["paused"]:
+        out.print("learning is PAUSED (agentjet-server admin resume)")
+    for change in result["changes"]:
+        out.print(f"changed at step {change['step']}: {escape(json.dumps(change['changes']))}")
+
+
+def effective_configuration_from(config: dict[str, Any]) -> str:
+    return "\n".join(f"{k} = {_toml(v)}" for k, v in config.items() if v is not None)
+
+
+@admin.command("clients")
+def admin_clients(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
+    """List the client runs that pushed to the server: last seen, episodes, spool depth.
+
+    Example: agentjet-server admin clients --server http://127.0.0.1:8000
+    """
+    import time
+
+    clients = _call(server, api_key, "GET", "/v1/admin/clients")["clients"]
+    out = Console(soft_wrap=True)
+    if not clients:
+        out.print("no client has pushed to this server yet")
+    for c in clients:
+        out.print(
+            f"{escape(c['id'])}  last seen {time.time() - c['last_seen']:.0f}s ago  episodes {c['episodes']}  "
+            f"running {c['running']}  spool {c['spool_depth']}  accepted {c['accepted']}  "
+            f"rejected {c['rejected']}  evaluated {c['evaluated']}  code {escape(str(c['code_version']))}"
+        )
 
 
 def main() -> None:

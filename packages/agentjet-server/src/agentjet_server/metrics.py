@@ -185,8 +185,9 @@ class History:
     lines, never the run), the newest ``HISTORY_LINES`` also in memory, each with a sequence number
     (``seq``) so a reader can ask for what came after what it has."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, sinks: Sequence[Any] = ()) -> None:
         self.path = path
+        self.sinks = list(sinks)  # also given every line (``sinks``: TensorBoard, W&B)
         self._lock = threading.Lock()
         self._lines: deque[dict[str, Any]] = deque(maxlen=HISTORY_LINES)
         self._seq = 0
@@ -212,6 +213,11 @@ class History:
                     self._file.flush()
                 except (OSError, ValueError) as exc:
                     logger.warning("cannot append to %s: %s", self.path, exc)
+            for sink in self.sinks:
+                try:
+                    sink(line)
+                except Exception:  # a sink's failure never costs the run
+                    logger.exception("metrics sink %s failed", type(sink).__name__)
             return line
 
     def since(self, seq: int = 0, kinds: set[str] | None = None, limit: int = HISTORY_LINES) -> list[dict[str, Any]]:
@@ -228,6 +234,12 @@ class History:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            for sink in self.sinks:
+                try:
+                    sink.close()
+                except Exception:
+                    logger.exception("closing metrics sink %s failed", type(sink).__name__)
+            self.sinks = []
 
 
 def _tail_lines(path: Path, count: int) -> Iterator[dict[str, Any]]:
@@ -341,7 +353,7 @@ class Telemetry:
             for versions, tokens in lag.items():
                 self.lag.observe(versions, tokens)
             self.trained_tokens += record.trained_tokens
-        self.history.append("step", **_finite(asdict(record)), **self.figures(snapshot))
+        self.history.append("step", **{**self.figures(snapshot), **_finite(asdict(record))})
 
     def record_event(self, kind: str, message: str) -> None:
         """An error or warning worth showing on the dashboard (learner failures, refused writes)."""

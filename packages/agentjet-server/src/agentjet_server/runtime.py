@@ -21,7 +21,7 @@ from agentjet_client.protocol import (
 )
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.checkpoint import METRICS_FILE, StateDir
-from agentjet_server.control import Controller, learner_config
+from agentjet_server.control import Controller, learner_config, public_settings
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import PayloadTooLargeError, RateLimitError
 from agentjet_server.learner import distributed
@@ -33,6 +33,7 @@ from agentjet_server.recovery import LiveConfiguration, Recovery, restored_confi
 from agentjet_server.serving import ChatService
 from agentjet_server.settings import ServerSettings
 from agentjet_server.signing import SampleSigner
+from agentjet_server.sinks import open_sinks
 from agentjet_server.store import TrajectoryStore
 from agentjet_server.wal import TrajectoryLog
 
@@ -97,7 +98,12 @@ class SwarmRuntime:
             else SampleSigner.random()
         )
         metrics_file = state.root / METRICS_FILE if state is not None and settings.metrics else None
-        self.telemetry = Telemetry(History(metrics_file))
+        sinks = (
+            open_sinks(settings.log_to, state.root, public_settings(settings))
+            if state is not None and settings.metrics
+            else []
+        )
+        self.telemetry = Telemetry(History(metrics_file, sinks))
         self.chat = ChatService(
             engine,
             default_max_tokens=settings.default_max_tokens,

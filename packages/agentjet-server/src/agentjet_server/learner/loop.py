@@ -141,6 +141,9 @@ class TrainingLoop:
         while not self._stop.is_set():
             self._carry_out_requests()
             groups = None if self.paused else self.buffer.take_batch(timeout=0.5)
+            if groups is not None and self.paused:  # paused while waiting for the batch: not trained now
+                self.buffer.put_back()
+                groups = None
             if self.paused:
                 self._stop.wait(0.2)
             if groups is None:

@@ -1,0 +1,213 @@
+"""The admin API: roles, live configuration (logged, restored by --resume), pause, checkpoint,
+stop, clients; and evaluation episodes, which are recorded and never trained."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from agentjet_client import SwarmClient
+from agentjet_client.protocol import ClientReport, Trajectory
+from agentjet_server.wal import Configured, Evaluated, read_records
+from tests.conftest import LiveServer, ServerProcess
+
+CLIENT_KEY, ADMIN_KEY = "client-key-123", "admin-key-456"
+ASK = [{"role": "user", "content": "Write two as a digit."}]
+ADMIN_ROUTES = [
+    ("GET", "/v1/admin/config", None),
+    ("PATCH", "/v1/admin/config", {"max_staleness": 3}),
+    ("POST", "/v1/admin/pause", None),
+    ("POST", "/v1/admin/resume", None),
+    ("POST", "/v1/admin/checkpoint", None),
+    ("GET", "/v1/admin/clients", None),
+]
+
+
+def sampled(url: str, task: str, reward: float, key: str | None = None, purpose: str = "train") -> Trajectory:
+    with SwarmClient(url, key) as client:
+        episode = client.episode(task, purpose=purpose)  # type: ignore[arg-type]
+        episode.openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=3)
+        episode.close()
+        return episode.to_trajectory(reward)
+
+
+def push(url: str, trajectories: list[Trajectory], key: str | None = None, report: ClientReport | None = None) -> list:  # type: ignore[type-arg]
+    with SwarmClient(url, key) as client:
+        return [r.status for r in client.submit(trajectories, report).results]
+
+
+def group(url: str, task: str, key: str | None = None) -> list[Trajectory]:
+    """A GRPO group of two with a reward signal (one right, one wrong)."""
+    return [sampled(url, task, 1.0, key), sampled(url, task, 0.0, key)]
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def admin(url: str, method: str, path: str, body: dict | None = None, key: str | None = None) -> httpx2.Response:  # type: ignore[type-arg]
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx2.request(method, url + path, json=body, headers=headers, timeout=120)
+
+
+def test_admin_routes_answer_401_without_a_key_403_to_a_client_key_200_to_an_admin_key(model_dir, tmp_path):
+    env = {"AGENTJET_API_KEYS": CLIENT_KEY, "AGENTJET_ADMIN_KEYS": ADMIN_KEY}
+    state = tmp_path / "state"
+    server = ServerProcess(
+        ["--batch-groups", "1", "--group-size", "2", "--state-dir", str(state)], tmp_path / "s.log", env=env
+    )
+    try:
+        for method, path, body in [*ADMIN_ROUTES, ("POST", "/v1/admin/stop", None)]:
+            assert admin(server.url, method, path, body).status_code == 401, path
+            r = admin(server.url, method, path, body, CLIENT_KEY)
+            assert r.status_code == 403 and "admin key" in r.json()["error"]["message"], (path, r.text)
+        assert push(server.url, group(server.url, "t0", CLIENT_KEY), CLIENT_KEY) == ["accepted", "accepted"]
+        for method, path, body in ADMIN_ROUTES:
+            r = admin(server.url, method, path, body, ADMIN_KEY)
+            assert r.status_code == 200, (path, r.text)
+        assert admin(server.url, "GET", "/metrics", key=CLIENT_KEY).status_code == 200  # reading is for clients too
+        checkpoint = admin(server.url, "POST", "/v1/admin/checkpoint", key=ADMIN_KEY).json()
+        assert Path(checkpoint["path"], "model", "config.json").exists()
+        stopped = admin(server.url, "POST", "/v1/admin/stop", key=ADMIN_KEY)
+        assert stopped.status_code == 200, stopped.text
+        assert server.proc.wait(timeout=60) == 0  # a clean exit
+        step = stopped.json()["checkpoint"]["step"]
+        assert (state / "checkpoints" / f"step-{step:08d}" / "state.json").exists()
+    finally:
+        server.stop()
+
+
+def test_a_learning_rate_change_applies_from_the_next_step_and_survives_resume(model_dir, tmp_path):
+    state = tmp_path / "state"
+    server = LiveServer(model_dir, batch_groups=1, group_size=2, lr=1e-3, state_dir=state)
+    try:
+        learner = server.runtime.loop.learner
+        push(server.url, group(server.url, "t0"))
+        wait_for(lambda: learner.steps == 1)
+        r = admin(server.url, "PATCH", "/v1/admin/config", {"lr": 2.5e-4, "max_staleness": 2})
+        assert r.status_code == 200, r.text
+        change = r.json()["changes"][-1]
+        assert change["changes"] == {"lr": 2.5e-4, "max_staleness": 2} and change["previous"]["lr"] == 1e-3
+        assert change["step"] == 1
+        assert server.runtime.store.max_staleness == 2  # at once
+        push(server.url, group(server.url, "t1"))
+        wait_for(lambda: learner.steps == 2)
+        assert [g["lr"] for g in learner.optimizer.param_groups] == [2.5e-4]  # the step after the change
+        history = httpx2.get(server.url + "/v1/metrics/history?kind=config").json()["lines"]
+        assert history[-1]["changes"] == {"lr": 2.5e-4, "max_staleness": 2}
+        logged = [r for r in read_records(state / "log") if isinstance(r, Configured)]
+        assert logged[-1].live == {"lr": 2.5e-4, "max_staleness": 2}  # durable before it was answered
+    finally:
+        server.stop()
+    # the shutdown checkpoint compacted that log segment: the checkpoint carries the change on
+    newest = sorted((state / "checkpoints").glob("step-*"))[-1]
+    assert json.loads((newest / "state.json").read_text())["live"] == {"lr": 2.5e-4, "max_staleness": 2}
+
+    resumed = LiveServer(model_dir, batch_groups=1, group_size=2, lr=1e-3, state_dir=state, resume=True)
+    try:
+        config = admin(resumed.url, "GET", "/v1/admin/config").json()
+        assert config["config"]["lr"] == 2.5e-4 and config["config"]["max_staleness"] == 2
+        assert [g["lr"] for g in resumed.runtime.loop.learner.optimizer.param_groups] == [2.5e-4]
+        push(resumed.url, group(resumed.url, "t2"))
+        wait_for(lambda: resumed.runtime.loop.learner.steps == 3)
+        assert [g["lr"] for g in resumed.runtime.loop.learner.optimizer.param_groups] == [2.5e-4]
+    finally:
+        resumed.stop()
+
+
+def test_while_paused_no_step_is_taken_and_serving_goes_on(model_dir, tmp_path):
+    state = tmp_path / "state"
+    server = LiveServer(model_dir, batch_groups=1, group_size=2, state_dir=state)
+    try:
+        assert admin(server.url, "POST", "/v1/admin/pause").json()["paused"] is True
+        for task in ("t0", "t1", "t2"):
+            assert push(server.url, group(server.url, task)) == ["accepted", "accepted"]  # ingestion goes on
+        time.sleep(2.0)
+        status = httpx2.get(server.url + "/v1/status").json()
+        assert status["paused"] and status["learner"]["step"] == 0 and status["trajectories"]["buffered"] == 6
+        assert "agentjet_learner_paused 1.0" in httpx2.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    resumed = LiveServer(model_dir, batch_groups=1, group_size=2, state_dir=state, resume=True)
+    try:
+        time.sleep(1.5)
+        status = httpx2.get(resumed.url + "/v1/status").json()
+        assert status["paused"] and status["learner"]["step"] == 0  # still paused after the restart
+        assert admin(resumed.url, "POST", "/v1/admin/resume").json()["paused"] is False
+        wait_for(lambda: resumed.runtime.loop.learner.steps == 3)
+    finally:
+        resumed.stop()
+
+
+@pytest.mark.parametrize(
+    ("changes", "named", "message"),
+    [
+        ({"nonsense": 1}, "nonsense", "not a setting of this server"),
+        ({"model": "/tmp/x"}, "model", "cannot be changed while the server runs"),
+        ({"lr": -1}, "lr", "greater than 0"),
+        ({"group_size": "many"}, "group_size", "valid integer"),
+    ],
+)
+def test_config_changes_that_cannot_apply_are_400s_naming_the_setting(live_server, changes, named, message):
+    r = admin(live_server.url, "PATCH", "/v1/admin/config", changes)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == named and message in error["message"], error
+
+
+def test_the_config_body_must_be_a_json_object(live_server):
+    for body in (b"[1, 2]", b"{not json", b""):
+        r = httpx2.patch(
+            live_server.url + "/v1/admin/config", content=body, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400, r.text
+
+
+def test_clients_report_their_spool_depth_with_each_push(live_server):
+    trajectory = sampled(live_server.url, "t-clients", 0.0)
+    report = ClientReport(id="laptop-7", spool_depth=12, episodes=40, running=3, code_version="abc")
+    push(live_server.url, [trajectory], report=report)
+    clients = {c["id"]: c for c in admin(live_server.url, "GET", "/v1/admin/clients").json()["clients"]}
+    me = clients["laptop-7"]
+    assert (me["spool_depth"], me["episodes"], me["running"], me["code_version"]) == (12, 40, 3, "abc")
+    assert me["accepted"] == 1 and time.time() - me["last_seen"] < 60
+    assert 'agentjet_client_spool_depth{client="laptop-7"} 12.0' in httpx2.get(live_server.url + "/metrics").text
+
+
+def test_an_evaluation_episode_never_reaches_the_learner(model_dir, tmp_path):
+    state = tmp_path / "state"
+    server = LiveServer(model_dir, batch_groups=1, group_size=2, state_dir=state)
+    try:
+        evals = [sampled(server.url, "t-eval", r, purpose="eval") for r in (1.0, 0.0, 1.0, 0.0)]
+        assert push(server.url, evals) == ["accepted"] * 4  # two full "groups" with a signal, if they were trained
+        time.sleep(1.5)
+        status = httpx2.get(server.url + "/v1/status").json()
+        counts = status["trajectories"]
+        assert counts["evaluated"] == 4 and counts["accepted"] == 0 and counts["buffered"] == 0
+        assert status["learner"]["step"] == 0 and counts["trained"] == 0
+        assert push(server.url, evals[:1]) == ["duplicate"]
+        # its sample can't be trained later under another id either
+        replay = evals[0].model_copy(update={"id": "another-id", "purpose": "train"})
+        assert push(server.url, [replay]) == ["rejected"]
+        lines = httpx2.get(server.url + "/v1/metrics/history?kind=eval").json()["lines"]
+        assert sorted(x["reward"] for x in lines) == [0.0, 0.0, 1.0, 1.0]
+        assert {x["policy_version"] for x in lines} == {0}
+        assert push(server.url, group(server.url, "t-train")) == ["accepted", "accepted"]
+        wait_for(lambda: server.runtime.loop.learner.steps == 1)
+    finally:
+        server.stop()
+    assert sum(isinstance(r, Evaluated) for r in read_records(state / "log", compacted=True)) == 4
+    resumed = LiveServer(model_dir, batch_groups=1, group_size=2, state_dir=state, resume=True)
+    try:
+        counts = httpx2.get(resumed.url + "/v1/status").json()["trajectories"]
+        assert counts["evaluated"] == 4 and counts["buffered"] == 0  # not replayed into the buffer
+        assert push(resumed.url, evals[1:2]) == ["duplicate"]
+    finally:
+        resumed.stop()
