@@ -431,13 +431,14 @@ class Runner:
 
     def _submit(self, trajectories: list[Trajectory]) -> Any:
         """Push with this run's report (which counts the spool: a query, so in the sender's thread)."""
-        return self.client.submit(trajectories, self._client_report())
+        return self.client.submit(trajectories, self._client_report(sending=len(trajectories)))
 
-    def _client_report(self) -> ClientReport:
-        """What this run tells the server about itself with each push."""
+    def _client_report(self, sending: int = 0) -> ClientReport:
+        """What this run tells the server about itself with each push (the spool's depth behind the
+        ``sending`` trajectories of this push)."""
         return ClientReport(
             id=self.client.client_id,
-            spool_depth=self.spool.depth,
+            spool_depth=max(0, self.spool.depth - sending),
             episodes=self.report.finished,
             running=max(0, self.report.started - self.report.finished),
             code_version=self.code_version,
@@ -447,7 +448,8 @@ class Runner:
         await asyncio.to_thread(self.spool.settle, answers)
         for item_id, status in answers.items():
             if status == "accepted":
-                self.report.accepted += 1
+                if item_id not in self._eval_ids:  # evaluation episodes are counted apart (``evaluated``)
+                    self.report.accepted += 1
             elif status == "duplicate":
                 self.report.duplicate += 1
             else:

@@ -16,13 +16,14 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentjet_client.protocol import (
@@ -42,18 +43,21 @@ from agentjet_server.errors import (
     AuthenticationError,
     EngineError,
     InvalidRequestError,
+    NotFoundError,
     PermissionDeniedError,
     RateLimitError,
     RequestError,
     StateError,
 )
 from agentjet_server.exposition import CONTENT_TYPE, Exposition
+from agentjet_server.inspection import find_trajectory, trajectory_view
 from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 WORKER_THREADS = "agentjet-server-worker"
+DASHBOARD = Path(__file__).parent / "dashboard" / "index.html"
 
 
 def _printable(text: str | None) -> str | None:
@@ -162,6 +166,15 @@ def create_app(
                 "trajectories and read status and metrics). Use a key from AGENTJET_ADMIN_KEYS or --admin-key-file",
                 code="admin_key_required",
             )
+
+    async def dashboard(request: Request) -> Response:
+        """The live dashboard: one self-contained page that reads the API below (the key it needs,
+        when keys are set, is asked for once and kept by the browser)."""
+        page = DASHBOARD.read_bytes()
+        return Response(page, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/dashboard", status_code=307)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(Health(policy_version=rt.version).model_dump())
@@ -301,6 +314,30 @@ def create_app(
         authorize(request, admin=True)
         return JSONResponse(ClientList(clients=rt.telemetry.clients.list()).model_dump())
 
+    async def recent_trajectories(request: Request) -> Response:
+        authorize(request)
+        limit = max(1, min(_int_param(request, "limit", 100), 1000))
+        return JSONResponse({"trajectories": rt.recent.newest(limit)})
+
+    async def trajectory(request: Request) -> Response:
+        """One trajectory token by token (what ``agentjet-server inspect`` shows)."""
+        authorize(request)
+        trajectory_id = request.path_params["trajectory_id"]
+
+        def view() -> dict[str, Any]:
+            found = rt.recent.get(trajectory_id)
+            if found is None:
+                if rt.state is None:
+                    raise NotFoundError(f"no trajectory {trajectory_id} on this server")
+                try:
+                    found = find_trajectory(rt.state.root, trajectory_id)
+                except StateError as exc:
+                    raise NotFoundError(str(exc)) from exc
+            engine: Any = rt.engine  # every engine holds its chat tokenizer (``engine.tokens``)
+            return trajectory_view(found, engine.tokenizer, rt.signer)
+
+        return JSONResponse(await asyncio.to_thread(view))
+
     async def on_request_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestError)
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if isinstance(exc, RateLimitError) else None
@@ -346,10 +383,14 @@ def create_app(
 
     app = Starlette(
         routes=[
+            Route("/", home, methods=["GET"]),
+            Route("/dashboard", dashboard, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/trajectories", trajectories, methods=["POST"]),
+            Route("/v1/trajectories", recent_trajectories, methods=["GET"]),
+            Route("/v1/trajectories/{trajectory_id:str}", trajectory, methods=["GET"]),
             Route("/v1/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/v1/metrics/history", history, methods=["GET"]),

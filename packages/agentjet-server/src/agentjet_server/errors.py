@@ -10,6 +10,7 @@ AgentJetServerError
     ├── InvalidRequestError      400
     ├── AuthenticationError      401
     ├── PermissionDeniedError    403
+    ├── NotFoundError            404
     ├── RequestTimeoutError      408
     ├── PayloadTooLargeError     413
     └── RateLimitError           429 (with a Retry-After hint)
@@ -66,6 +67,11 @@ class AuthenticationError(RequestError):
 class PermissionDeniedError(RequestError):
     status_code = 403
     error_type = "permission_error"
+
+
+class NotFoundError(RequestError):
+    status_code = 404
+    error_type = "not_found_error"
 
 
 class RequestTimeoutError(RequestError):

@@ -1,4 +1,5 @@
-"""Look at a stored trajectory token by token: ``agentjet-server inspect ID --state-dir DIR``.
+"""Look at a stored trajectory token by token: ``agentjet-server inspect ID --state-dir DIR``, and
+the dashboard's trajectory browser (``trajectory_view``, ``RecentTrajectories``), which shows the same.
 
 Finds the trajectory in the server's write-ahead log, merges its turns into timelines exactly as
 the learner does, and lists every token of every timeline: position, id, text, whether it is
@@ -9,6 +10,8 @@ give it. Timelines are separated by a line saying why a new one started.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +19,10 @@ from typing import Any
 
 import torch
 
-from agentjet_client.protocol import Trajectory
-from agentjet_server.batching.timeline import Timeline
+from agentjet_client.protocol import Trajectory, Turn
+from agentjet_server.batching.timeline import Timeline, build_timelines
 from agentjet_server.errors import StateError
+from agentjet_server.signing import SampleSigner
 from agentjet_server.wal import Accepted, Evaluated, read_records
 
 
@@ -77,3 +81,106 @@ def rows(timeline: Timeline, tokenizer: Any, model: Any = None) -> Iterator[Toke
             sampled_logprob=timeline.old_logprobs[i] if i is not None else None,
             recomputed_logprob=recomputed[position] if recomputed is not None else None,
         )
+
+
+def verdict(signer: SampleSigner | None, turn: Turn) -> str:
+    """``verified`` (this server sampled it, unchanged), ``not_matching`` or ``unsigned``; ``unchecked``
+    without the server's key."""
+    if signer is None:
+        return "unchecked"
+    checked = signer.verify_turn(turn)
+    return "unsigned" if checked is None else "verified" if checked else "not_matching"
+
+
+def summary(trajectory: Trajectory, received: float | None = None) -> dict[str, Any]:
+    """One line of the trajectory browser."""
+    versions = sorted({v for t in trajectory.turns for v in (t.completion_versions or [t.policy_version])})
+    return {
+        "id": trajectory.id,
+        "task_id": trajectory.task_id,
+        "tag": trajectory.task_tag,
+        "purpose": trajectory.purpose,
+        "status": trajectory.status,
+        "reward": trajectory.reward,
+        "turns": len(trajectory.turns),
+        "agents": sorted({t.agent for t in trajectory.turns}),
+        "versions": versions,
+        "client_id": trajectory.client_id,
+        "received": received,
+    }
+
+
+def trajectory_view(trajectory: Trajectory, tokenizer: Any, signer: SampleSigner | None) -> dict[str, Any]:
+    """What ``agentjet-server inspect`` shows, as data for the dashboard: every timeline the learner
+    would train, each token with its text, whether it is trained (and by which call), and its
+    sampled log-prob; every call with its signature verdict."""
+    timelines = build_timelines(trajectory.turns)
+    view = summary(trajectory)
+    view["agent_rewards"] = trajectory.agent_rewards
+    view["error"] = trajectory.error
+    view["code_version"] = trajectory.code_version
+    view["calls"] = [
+        {
+            "agent": t.agent,
+            "model": t.model,
+            "policy_version": t.policy_version,
+            "finish_reason": t.finish_reason,
+            "prompt_tokens": len(t.prompt_token_ids),
+            "completion_tokens": len(t.completion_token_ids),
+            "signature": verdict(signer, t),
+        }
+        for t in trajectory.turns
+    ]
+    view["timelines"] = [
+        {
+            "agent": timeline.agent,
+            "calls": timeline.turns,
+            "trained": len(timeline.trained),
+            # [token id, text, call index or -1 for context, sampled log-prob or None]
+            "tokens": [
+                [r.token_id, r.text, -1 if r.turn is None else r.turn, r.sampled_logprob]
+                for r in rows(timeline, tokenizer)
+            ],
+        }
+        for timeline in timelines
+    ]
+    return view
+
+
+class RecentTrajectories:
+    """The newest ``capacity`` accepted or evaluated trajectories, for the dashboard's browser
+    (filled from the log, ``recent.wal`` included, at start; then as they arrive)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: OrderedDict[str, tuple[Trajectory, float | None]] = OrderedDict()
+        self.capacity = capacity
+        self._lock = threading.Lock()
+
+    def load(self, log_dir: Path) -> None:
+        if not self.capacity or not log_dir.is_dir():
+            return
+        bodies: deque[dict[str, Any]] = deque(maxlen=self.capacity)
+        for record in read_records(log_dir, recent=True):
+            if isinstance(record, Accepted | Evaluated) and record.trajectory is not None:
+                bodies.append(record.trajectory)
+        for body in bodies:
+            self.add(Trajectory.model_validate(body), None)
+
+    def add(self, trajectory: Trajectory, received: float | None) -> None:
+        if not self.capacity:
+            return
+        with self._lock:
+            self._items.pop(trajectory.id, None)
+            self._items[trajectory.id] = (trajectory, received)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def get(self, trajectory_id: str) -> Trajectory | None:
+        with self._lock:
+            item = self._items.get(trajectory_id)
+        return item[0] if item else None
+
+    def newest(self, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            items = list(self._items.values())[-limit:]
+        return [summary(t, received) for t, received in reversed(items)]

@@ -131,10 +131,11 @@ class StepRecord:
 
 
 def batch_figures(
-    groups: Iterable[Iterable[Trajectory]], version: int
+    groups: Iterable[Iterable[Trajectory]], trained: Iterable[Trajectory], version: int
 ) -> tuple[dict[str, float], dict[str, float], Counter[int]]:
-    """Mean reward per task tag and per agent of a batch's complete episodes, and how many of its
-    sampled tokens lag ``version`` by how many versions."""
+    """Mean reward per task tag and per agent of a batch's complete episodes, and how many of the
+    tokens it trains (every sampled token of the ``trained`` episodes) lag ``version`` by how many
+    versions."""
     tags: dict[str, Mean] = {}
     agents: dict[str, Mean] = {}
     lag: Counter[int] = Counter()
@@ -145,11 +146,12 @@ def batch_figures(
             tags.setdefault(trajectory.task_tag or "", Mean()).add(trajectory.reward)
             for agent, reward in _agent_rewards(trajectory).items():
                 agents.setdefault(agent, Mean()).add(reward)
-            for turn in trajectory.turns:
-                if turn.completion_versions:
-                    lag.update(max(0, version - v) for v in turn.completion_versions)
-                else:
-                    lag[max(0, version - turn.policy_version)] += len(turn.completion_token_ids)
+    for trajectory in trained:
+        for turn in trajectory.turns:
+            if turn.completion_versions:
+                lag.update(max(0, version - v) for v in turn.completion_versions)
+            else:
+                lag[max(0, version - turn.policy_version)] += len(turn.completion_token_ids)
     return (
         {k: m.mean for k, m in tags.items() if m.mean is not None},
         {k: m.mean for k, m in agents.items() if m.mean is not None},

@@ -24,6 +24,7 @@ from agentjet_server.checkpoint import METRICS_FILE, StateDir
 from agentjet_server.control import Controller, learner_config, public_settings
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import PayloadTooLargeError, RateLimitError
+from agentjet_server.inspection import RecentTrajectories
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
@@ -162,6 +163,9 @@ class SwarmRuntime:
             if self.recovery is not None and state is not None and state.resuming
             else 0
         )
+        self.recent = RecentTrajectories(settings.keep_recent_trajectories)  # the dashboard's browser
+        if self.log is not None:
+            self.recent.load(self.log.directory)
         self.started = time.monotonic()
         self._ticker = Ticker(self.telemetry, self.snapshot, settings.metrics_interval_s) if settings.metrics else None
         if self._ticker is not None:
@@ -251,6 +255,10 @@ class SwarmRuntime:
 
     def ingest(self, batch: TrajectoryBatch) -> TrajectoryBatchResult:
         results = self.store.admit_batch(batch.trajectories, self.version)
+        now = time.time()
+        for trajectory, result in zip(batch.trajectories, results, strict=True):
+            if result.status == "accepted":
+                self.recent.add(trajectory, now)
         if self.settings.metrics:
             self.telemetry.record_batch(batch.client, batch.trajectories, results)
         return TrajectoryBatchResult(results=results, policy_version=self.version)

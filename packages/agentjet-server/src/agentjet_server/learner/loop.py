@@ -217,9 +217,10 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
+        by_tag, by_agent, lag = batch_figures(groups, batch.included, self.version)
+        batch.included = []  # the other ranks need the sequences only
         if self.learner.ctx.enabled:
             distributed.broadcast(self.learner.ctx, batch)
-        by_tag, by_agent, lag = batch_figures(groups, self.version)
         stats = self.learner.step(batch)
         started = time.perf_counter()
         weights = self.learner.full_state_dict()

@@ -62,6 +62,7 @@ class Batch:
     trajectories: int
 
     call_tokens: int = 0  # what training one sample per call would process
+    included: list[Trajectory] = field(default_factory=list)  # episodes whose sampled tokens are all trained
 
     @property
     def trained_tokens(self) -> int:
@@ -96,6 +97,7 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
     skipped = 0
     count = 0
     call_count = 0
+    included: list[Trajectory] = []
     for group in groups:
         complete = [t for t in group if t.status == "complete" and t.turns]
         count += len(group)
@@ -110,6 +112,7 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
                 continue
         for trajectory, per_agent in zip(complete, advantages, strict=True):
             call_count += call_tokens(trajectory.turns)
+            included.append(trajectory)
             for timeline in build_timelines(trajectory.turns):
                 advantage = per_agent.get(timeline.agent, per_agent[""])
                 sequences.append(
@@ -120,7 +123,7 @@ def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batc
                         advantages=[advantage] * len(timeline.trained),
                     )
                 )
-    return Batch(sequences, rewards, len(groups), skipped, count, call_count)
+    return Batch(sequences, rewards, len(groups), skipped, count, call_count, included)
 
 
 def _group_advantages(complete: list[Trajectory]) -> list[dict[str, float]]:

@@ -1,0 +1,111 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``, driven by playwright): a server
+that trained from a short client run shows its reward curve (the points of metrics.jsonl, exactly),
+the tokens of a real trajectory with the trained ones marked, and asks for the key when keys are set.
+Screenshots go to ``.agentjet/screenshots/`` (or ``$AGENTJET_SCREENSHOTS``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from agentjet_server.wal import Accepted, Evaluated, read_records
+from tests.conftest import LiveServer, ServerProcess, run_digits_client
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = Path(os.environ.get("AGENTJET_SCREENSHOTS", ROOT / ".agentjet" / "screenshots"))
+
+playwright = pytest.importorskip("playwright.sync_api", reason="the dashboard test drives Chromium with playwright")
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (python3 scripts/dev.py test installs Debian's package)", allow_module_level=True)
+
+
+@pytest.fixture
+def browser():  # type: ignore[no-untyped-def]
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, url: str):  # type: ignore[no-untyped-def]
+    page = browser.new_page(viewport={"width": 1400, "height": 1800})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    return page, errors
+
+
+def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_token_by_token(browser, tmp_path):
+    state = tmp_path / "state"
+    args = ["--batch-groups", "1", "--group-size", "8", "--state-dir", str(state), "--metrics-interval", "1"]
+    server = ServerProcess(args, tmp_path / "s.log", env={"AGENTJET_DIGITS": "3,8"})
+    try:
+        run_digits_client(server.url, 96, 8, "--eval-every", "4", "--eval-episodes", "8")
+        page, errors = open_page(browser, server.url + "/")  # / leads to the dashboard
+        assert page.url.endswith("/dashboard")
+        steps = server.status()["learner"]["step"]
+        assert steps >= 3
+        train = 'svg[data-chart="chart-reward"] circle[data-series="train: all tags"]'
+        page.wait_for_function(f"document.querySelectorAll('{train}').length >= {steps}", timeout=30_000)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
+
+        history = [json.loads(x) for x in (state / "metrics.jsonl").read_text().splitlines()]
+        expected = [(x["policy_version"], x["mean_reward"]) for x in history if x["kind"] == "step"]
+        drawn = page.eval_on_selector_all(train, "cs => cs.map(c => [Number(c.dataset.x), Number(c.dataset.y)])")
+        assert [tuple(p) for p in drawn] == expected  # every point of the run, exactly
+        evals = page.eval_on_selector_all(
+            'svg[data-chart="chart-reward"] circle[data-series^="eval: "]', "cs => cs.length"
+        )
+        assert evals >= 2  # evaluation rounds at two policy versions at least
+        assert page.inner_text("#version") == f"policy v{server.status()['policy_version']}"
+
+        # the trajectory browser: the newest trajectory, token by token
+        newest = httpx2.get(server.url + "/v1/trajectories?limit=1").json()["trajectories"][0]
+        page.click(f'#trajectory-list tr[data-id="{newest["id"]}"]')
+        page.wait_for_selector('.tokens span[data-trained="1"]', timeout=30_000)
+        trained = page.eval_on_selector_all(
+            '.tokens span[data-trained="1"]', "s => s.map(x => Number(x.dataset.token))"
+        )
+        context = page.eval_on_selector_all(
+            '.tokens span[data-trained="0"]', "s => s.map(x => Number(x.dataset.token))"
+        )
+        logged = {
+            r.id: r.trajectory
+            for r in read_records(state / "log", recent=True)
+            if isinstance(r, Accepted | Evaluated) and r.trajectory is not None
+        }
+        [turn] = logged[newest["id"]]["turns"]  # the digits agent makes one call
+        assert trained == turn["completion_token_ids"] and context == turn["prompt_token_ids"]
+        assert "verified" in page.inner_text("#trajectory-view")  # the signature verdict of its call
+        page.hover('.tokens span[data-trained="1"]')
+        page.screenshot(path=str(SHOTS / "dashboard-trajectory.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        server.stop()
+
+
+def test_with_keys_the_dashboard_asks_for_one_and_then_shows_the_run(browser, model_dir):
+    server = LiveServer(model_dir, api_keys=["client-key-123"], admin_keys=["admin-key-456"])
+    try:
+        page, errors = open_page(browser, server.url + "/dashboard")
+        page.wait_for_selector("#keyform", state="visible", timeout=30_000)
+        page.fill("#key", "client-key-123")
+        page.click("#keyform button")
+        page.wait_for_function("document.querySelector('#model').textContent === 'agentjet-tiny'", timeout=30_000)
+        page.click("#pause-button")  # a client key may look, not steer
+        page.wait_for_function("document.querySelector('#message').textContent.includes('admin key')", timeout=30_000)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "dashboard-keyed.png"), full_page=True)
+        assert not server.runtime.loop.paused
+        assert [e for e in errors if "401" not in e and "403" not in e] == []  # the refusals themselves are expected
+    finally:
+        server.stop()
