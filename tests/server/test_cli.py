@@ -137,3 +137,61 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
     assert all(len(line.split()) >= 6 and "nan" not in line for line in trained_rows)  # sampled + recomputed
     missing = subprocess.run([*command, "nope"], capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 2 and "no trajectory nope in the log" in " ".join(missing.stderr.split())
+
+
+def test_a_job_file_sets_up_options_and_flags_override_it(model_dir, tmp_path):
+    from tests.conftest import CACHE, ServerProcess
+
+    job = tmp_path / "job.toml"
+    job.write_text('batch-groups = 3\ngroup_size = 4\nlr = 0.002\nmax-staleness = 1\nlog_level = "warning"\n')
+    server = ServerProcess(
+        ["--config", str(job), "--lr", "0.003"], tmp_path / "s.log", env={"AGENTJET_CACHE_DIR": str(CACHE)}
+    )
+    try:
+        config = httpx2.get(server.url + "/v1/admin/config").json()["config"]
+        assert (config["batch_groups"], config["group_size"], config["max_staleness"]) == (3, 4, 1)
+        assert config["lr"] == 0.003  # the flag wins
+    finally:
+        server.stop()
+    printed = (tmp_path / "s.log").read_text()
+    assert "effective configuration" in printed and "batch_groups = 3" in printed and "lr = 0.003" in printed
+
+    job.write_text("batch-groups = 3\nbatch_size = 9\n")
+    out = run("agentjet-server", "up", "--config", str(job))
+    assert out.returncode == 2 and "batch_size" in out.stderr and "Traceback" not in out.stderr
+    job.write_text("batch-groups = [")
+    out = run("agentjet-server", "up", "--config", str(job))
+    assert out.returncode == 2 and "not valid TOML" in out.stderr
+
+
+def test_the_admin_cli_steers_a_running_server(model_dir, tmp_path):
+    from tests.conftest import ServerProcess
+
+    env = {"AGENTJET_API_KEYS": "client-key-123", "AGENTJET_ADMIN_KEYS": "admin-key-456"}
+    state = tmp_path / "state"
+    server = ServerProcess(["--state-dir", str(state)], tmp_path / "s.log", env=env)
+    try:
+        url = ["--server", server.url]
+        out = run("agentjet-server", "admin", "pause", *url)
+        assert out.returncode == 2 and "401" in out.stderr and "AGENTJET_ADMIN_KEY" in out.stderr
+        out = run("agentjet-server", "admin", "pause", *url, "--api-key", "client-key-123")
+        assert out.returncode == 2 and "403" in out.stderr and "admin key" in out.stderr
+        admin = [*url, "--api-key", "admin-key-456"]
+        assert "paused" in run("agentjet-server", "admin", "pause", *admin).stdout
+        out = run("agentjet-server", "admin", "config", *admin, "--set", "lr=0.0005", "--set", "max-staleness=2")
+        assert out.returncode == 0 and '"lr": 0.0005' in out.stdout, out.stderr
+        out = run("agentjet-server", "admin", "config", *admin)
+        assert "lr = 0.0005" in out.stdout and "PAUSED" in out.stdout and "changed at step 0" in out.stdout
+        out = run("agentjet-server", "admin", "config", *admin, "--set", "model=/x")
+        assert out.returncode == 2 and "cannot be changed while the server runs" in out.stderr
+        out = run("agentjet-server", "admin", "clients", *admin)
+        assert out.returncode == 0 and "no client has pushed" in out.stdout
+        out = run("agentjet-server", "admin", "checkpoint", *admin)
+        assert out.returncode == 0 and "checkpoint at step 0" in out.stdout and str(state) in out.stdout
+        out = run("agentjet-server", "status", *url, "--api-key", "client-key-123")
+        assert "LEARNING PAUSED" in out.stdout
+        out = run("agentjet-server", "admin", "stop", *admin)
+        assert out.returncode == 0 and "the server exits" in out.stdout
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        server.stop()
