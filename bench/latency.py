@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,13 +100,86 @@ def main() -> None:
             assert len(episode.recorder.turns) == 2 * (n + 10) and episode.recorder.failures == 0
             episode.close()
 
+    print("metrics on and off: two servers, requests alternating in blocks of 20 ...", flush=True)
+    on, off = metrics_on_off(model_dir, n)
+    results["server, metrics on (/metrics scraped every 2 s)"] = on
+    results["server, metrics off (--no-metrics)"] = off
+    print("learning paused, with batches waiting, against idle and training ...", flush=True)
+    results.update(paused_and_training(model_dir, n))
+
     base50 = statistics.median(results["engine direct (in-process)"])
     base99 = pct(results["engine direct (in-process)"], 0.99)
     print(f"\n{n} sequential greedy requests, {MAX_TOKENS} max tokens, embedded model, CPU")
-    print(f"{'path':<55} {'p50 ms':>8} {'p99 ms':>8} {'p50 x':>7} {'p99 x':>7} {'+p50 ms':>8}")
+    print(f"{'path':<62} {'p50 ms':>8} {'p99 ms':>8} {'p50 x':>7} {'p99 x':>7} {'+p50 ms':>8}")
     for name, values in results.items():
         p50, p99 = statistics.median(values), pct(values, 0.99)
-        print(f"{name:<55} {p50:8.2f} {p99:8.2f} {p50 / base50:7.2f} {p99 / base99:7.2f} {p50 - base50:8.2f}")
+        print(f"{name:<62} {p50:8.2f} {p99:8.2f} {p50 / base50:7.2f} {p99 / base99:7.2f} {p50 - base50:8.2f}")
+    ratio = statistics.median(on) / statistics.median(off)
+    print(f"\nchat p50 with metrics on / off: {ratio:.3f} (target <= 1.05)")
+    idle = statistics.median(results["server idle (nothing to train)"])
+    paused = statistics.median(results["server paused, 8 batches waiting"])
+    print(f"chat p50 paused with batches waiting / idle: {paused / idle:.3f}")
+
+
+def metrics_on_off(model_dir: Path, n: int, block: int = 20) -> tuple[list[float], list[float]]:
+    """Chat latency of two servers, one counting metrics (and scraped), one with ``--no-metrics``,
+    measured in alternating blocks so that drift of the machine falls on both alike."""
+    body = {"model": "agentjet-tiny", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    on: list[float] = []
+    off: list[float] = []
+    stop = threading.Event()
+    with served(model_dir) as url_on, served(model_dir, "--no-metrics") as url_off, httpx2.Client() as http:
+
+        def scrape() -> None:
+            while not stop.wait(2.0):
+                http_scrape.get(url_on + "/metrics").raise_for_status()
+
+        http_scrape = httpx2.Client()
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
+        try:
+            for url in (url_on, url_off):  # warm both
+                for _ in range(10):
+                    http.post(url + "/v1/chat/completions", json=body).raise_for_status()
+            while len(on) < n:
+                for url, out in ((url_on, on), (url_off, off)):
+                    out += timed(
+                        lambda u=url: http.post(u + "/v1/chat/completions", json=body).raise_for_status(), block, warm=0
+                    )
+        finally:
+            stop.set()
+            scraper.join(timeout=5)
+            http_scrape.close()
+    return on[:n], off[:n]
+
+
+def paused_and_training(model_dir: Path, n: int) -> dict[str, list[float]]:
+    """Chat latency of one server: idle; learning paused with eight batches waiting; then learning
+    (resumed: the learner trains those batches on the same CPUs)."""
+    body = {"model": "agentjet-tiny", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    out: dict[str, list[float]] = {}
+    with served(model_dir, "--batch-groups", "1", "--group-size", "8") as url, httpx2.Client(timeout=120) as http:
+        post = lambda: http.post(url + "/v1/chat/completions", json=body).raise_for_status()  # noqa: E731
+        out["server idle (nothing to train)"] = timed(post, n)
+        http.post(url + "/v1/admin/pause").raise_for_status()
+        with SwarmClient(url) as client:
+            batch = []
+            for group in range(8):
+                for k in range(8):
+                    episode = client.episode(f"bench-{group}")
+                    episode.openai().chat.completions.create(
+                        model="agentjet-tiny", messages=MESSAGES, max_tokens=4, temperature=1.0
+                    )
+                    episode.close()
+                    batch.append(episode.to_trajectory(float(k % 2)))
+            client.submit(batch)
+        status = http.get(url + "/v1/status").json()
+        assert status["paused"] and status["trajectories"]["buffered"] == 64 and status["learner"]["step"] == 0
+        out["server paused, 8 batches waiting"] = timed(post, n)
+        assert http.get(url + "/v1/status").json()["learner"]["step"] == 0  # no step while paused
+        http.post(url + "/v1/admin/resume").raise_for_status()
+        out["server learning (those 8 batches, same CPUs)"] = timed(post, min(n, 60), warm=0)
+    return out
 
 
 if __name__ == "__main__":

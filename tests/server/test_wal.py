@@ -106,6 +106,28 @@ def test_compaction_keeps_ids_and_counts(tmp_path):
     log2.close()
 
 
+def test_compaction_keeps_the_newest_bodies_readable_and_evaluations_stay_known(tmp_path):
+    s, log, buffered = store(tmp_path)
+    evaluation = traj(9).model_copy(update={"purpose": "eval"})
+    s.admit_batch([traj(0), traj(1), evaluation], version=0)
+    log.rotate()
+    s.admit_batch([traj(2), traj(3)], version=0)
+    third = log.rotate()
+    s.admit_batch([traj(4)], version=0)
+    assert log.compact(keep_from_lsn=4, before_segment=third, keep_recent=3) == 2
+    assert not list(tmp_path.glob("0000000[12].wal"))
+    # the ids and signatures of everything, the bodies of the newest three compacted, then the live log
+    assert [r.id for r in read_records(tmp_path, compacted=True)] == ["t0", "t1", "t9", "t2", "t3", "t4"]
+    bodies = [r.id for r in read_records(tmp_path, recent=True) if r.trajectory is not None]
+    assert bodies == ["t9", "t2", "t3", "t4"]
+    assert [t for t, _ in buffered] == ["t0", "t1", "t2", "t3", "t4"]  # the evaluation was never buffered
+    log.close()
+    again, log2, _ = store(tmp_path)
+    assert again.accepted == 5 and again.evaluated == 1
+    assert [r.status for r in again.admit_batch([evaluation], version=0)] == ["duplicate"]
+    log2.close()
+
+
 def test_a_failed_write_acknowledges_nothing(tmp_path, monkeypatch):
     s, log, buffered = store(tmp_path)
 
