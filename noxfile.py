@@ -16,7 +16,7 @@ PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The whole test suite."""
-    session.install(CPU_TORCH, "pytest>=8", "hypothesis>=6.100", "playwright>=1.40")
+    session.install(CPU_TORCH, "pytest>=8", "hypothesis>=6.100", "playwright>=1.40", "tensorboard>=2.14", "wandb>=0.17")
     session.install(*PACKAGES)
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
 

@@ -27,7 +27,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-REQUIREMENTS = ["torch==2.13.0", "pytest>=8", "hypothesis>=6.100", "playwright>=1.40"]
+# playwright drives the dashboard test's Chromium; tensorboard and wandb are the --log-to extras, tested
+REQUIREMENTS = [
+    "torch==2.13.0",
+    "pytest>=8",
+    "hypothesis>=6.100",
+    "playwright>=1.40",
+    "tensorboard>=2.14",
+    "wandb>=0.17",
+]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1"]
 VLLM_VENV = ROOT / ".venv-vllm"
