@@ -27,15 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-# playwright drives the dashboard test's Chromium; tensorboard and wandb are the --log-to extras, tested
-REQUIREMENTS = [
-    "torch==2.13.0",
-    "pytest>=8",
-    "hypothesis>=6.100",
-    "playwright>=1.40",
-    "tensorboard>=2.14",
-    "wandb>=0.17",
-]
+REQUIREMENTS = ["torch==2.13.0", "pytest>=8", "hypothesis>=6.100"]
+# the main environment only: playwright drives the dashboard test's Chromium; tensorboard and
+# wandb are the --log-to extras, tested there
+MAIN_TOOLS = ["playwright>=1.40", "tensorboard>=2.14", "wandb>=0.17"]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1"]
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -60,7 +55,8 @@ def ensure_env(
     ``client_extras``, for the framework examples and tests); returns its bin dir."""
     bin_dir = where / "bin"
     stamp = where / ".agentjet-installed"
-    requirements = REQUIREMENTS + (extra or [])
+    tools = MAIN_TOOLS if where == VENV else []
+    requirements = REQUIREMENTS + tools + (extra or [])
     projects = "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
     wanted = "\n".join(requirements) + "\n" + client_extras + "\n" + projects
     if stamp.exists() and stamp.read_text() == wanted:
@@ -69,7 +65,7 @@ def ensure_env(
     if not (bin_dir / "python").exists():
         venv.EnvBuilder(with_pip=True).create(where)
     python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
-    sh(*python, "install", "-q", *REQUIREMENTS)  # torch first, from the local CPU build
+    sh(*python, "install", "-q", *REQUIREMENTS, *tools)  # torch first, from the local CPU build
     if extra:
         # not quiet: this one downloads ~600 MB, and its progress bars show it is moving
         sh(*python, "install", "--progress-bar", "on", *extra, REQUIREMENTS[0])  # keeps torch at the CPU build
