@@ -116,6 +116,10 @@ def demo(port: int = 8765, episodes: int = 26000) -> None:
             str(episodes),
             "--seed",
             "0",
+            "--eval-every",  # evaluation rounds: the reward of the policy itself, by policy version
+            "25",
+            "--eval-episodes",
+            "50",
         )
     finally:
         server.terminate()

@@ -111,7 +111,11 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
     args = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info", "--state-dir", str(state)]
     server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
     try:
-        run_digits_client(server.url, 320, 8)
+        run_digits_client(server.url, 160, 8)
+        # a live learning-rate change reaches both ranks before the next step (and survives --resume)
+        r = httpx2.patch(server.url + "/v1/admin/config", json={"lr": 5e-4})
+        assert r.status_code == 200, r.text
+        run_digits_client(server.url, 160, 8)
         status = server.status()
         assert status["trajectories"]["accepted"] == 320
         assert status["learner"]["step"] >= 3 and status["policy_version"] >= 3
@@ -120,6 +124,7 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
         server.stop()  # SIGTERM: rank 0 writes the last checkpoint, gathering rank 1's shards
     log = (tmp_path / "server.log").read_text()
     assert "learner rank 1 of 2" in log and "learner rank 1 waiting for batches" in log and "FSDP2" in log
+    assert "learner rank 1 takes new settings (lr 0.0005)" in log
     step, version = status["learner"]["step"], status["policy_version"]
     assert (state / "checkpoints" / f"step-{step:08d}" / "model" / "config.json").exists()
 
@@ -127,6 +132,7 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
     server = ServerProcess([*args, "--resume"], tmp_path / "resumed.log", launcher=launcher)
     try:
         assert server.status()["policy_version"] == version
+        assert httpx2.get(server.url + "/v1/admin/config").json()["config"]["lr"] == 5e-4
         run_digits_client(server.url, 160, 8)
         status = server.status()
         assert status["trajectories"]["accepted"] == 480 and status["learner"]["last_error"] is None

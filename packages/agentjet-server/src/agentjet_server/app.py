@@ -351,7 +351,10 @@ def create_app(
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         hint = {
-            404: f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /v1/trajectories, /v1/status",
+            404: (
+                f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /v1/trajectories, "
+                "/v1/status, /metrics, /dashboard, /v1/admin/... (docs/protocol.md)"
+            ),
             405: f"method {request.method} is not allowed on {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
         return error_response(
@@ -360,15 +363,18 @@ def create_app(
 
     async def on_engine_error(request: Request, exc: Exception) -> Response:
         logger.error("engine error on %s: %s", request.url.path, exc)
+        rt.telemetry.record_event("engine", f"{request.url.path}: {exc}")
         return error_response(500, str(exc), "engine_error")
 
     async def on_state_error(request: Request, exc: Exception) -> Response:
         # nothing was acknowledged: the client keeps the batch and retries
         logger.error("state error on %s: %s", request.url.path, exc)
+        rt.telemetry.record_event("state", f"{request.url.path}: {exc} (answered 503)")
         return error_response(503, f"{exc}; nothing in this request was acknowledged, retry later", "server_error")
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unexpected error on %s", request.url.path)
+        rt.telemetry.record_event("internal", f"{request.url.path}: {type(exc).__name__}: {exc}")
         return error_response(500, f"internal error ({type(exc).__name__}); see the server log", "server_error")
 
     @asynccontextmanager

@@ -313,6 +313,7 @@ class Telemetry:
     rewards_by_tag: dict[tuple[str, str], Mean] = field(default_factory=dict)
     rewards_by_agent: dict[tuple[str, str], Mean] = field(default_factory=dict)
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    _learner_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rate: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
 
@@ -385,6 +386,10 @@ class Telemetry:
         """The scalar series of a history line (the same figures ``/metrics`` exports)."""
         counts = snapshot.counts
         serving = self.serving
+        if snapshot.learner_error != self._learner_error:  # the learner's errors show among the events
+            self._learner_error = snapshot.learner_error
+            if snapshot.learner_error:
+                self.record_event("learner", snapshot.learner_error)
         return {
             "uptime_s": round(snapshot.uptime_s, 3),
             "policy_version": snapshot.policy_version,

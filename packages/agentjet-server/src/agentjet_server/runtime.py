@@ -99,6 +99,8 @@ class SwarmRuntime:
             else SampleSigner.random()
         )
         metrics_file = state.root / METRICS_FILE if state is not None and settings.metrics else None
+        if metrics_file is not None and state is not None and not state.resuming:
+            metrics_file.unlink(missing_ok=True)  # a new run: no earlier figures (a run that logged nothing)
         sinks = (
             open_sinks(settings.log_to, state.root, public_settings(settings))
             if state is not None and settings.metrics

@@ -80,14 +80,15 @@ class WandbSink:
         except ImportError as exc:
             raise ConfigError("--log-to wandb needs the wandb package: pip install 'agentjet-server[wandb]'") from exc
         directory.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "agentjet"),
-            dir=str(directory),
-            mode=os.environ.get("WANDB_MODE", "offline"),
-            config=config,
-            resume="allow",
-            id=os.environ.get("WANDB_RUN_ID") or _run_id(directory),
-        )
+        options: dict[str, Any] = {
+            "project": os.environ.get("WANDB_PROJECT", "agentjet"),
+            "dir": str(directory),
+            "mode": os.environ.get("WANDB_MODE", "offline"),
+            "config": config,
+            "resume": "allow",
+            "id": os.environ.get("WANDB_RUN_ID") or _run_id(directory),
+        }
+        self.run: Any = wandb.init(**options)
         self.directory = directory
 
     def __call__(self, line: dict[str, Any]) -> None:

@@ -170,6 +170,7 @@ def worker_loop(learner: Learner, ctx: DistContext) -> None:
             continue
         if isinstance(message, Reconfigure):
             learner.reconfigure(message.config)  # type: ignore[arg-type]
+            logger.info("learner rank %d takes new settings (lr %s)", ctx.rank, learner.config.lr)
             continue
         if not isinstance(message, Batch):
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
