@@ -118,6 +118,12 @@ def test_a_learning_rate_change_applies_from_the_next_step_and_survives_resume(m
         push(resumed.url, group(resumed.url, "t2"))
         wait_for(lambda: resumed.runtime.loop.learner.steps == 3)
         assert [g["lr"] for g in resumed.runtime.loop.learner.optimizer.param_groups] == [2.5e-4]
+
+        def steps() -> list[int]:
+            lines = httpx2.get(resumed.url + "/v1/metrics/history?kind=step").json()["lines"]
+            return [x["step"] for x in lines]
+
+        wait_for(lambda: steps() == [1, 2, 3])  # the history of the run before the restart is kept
     finally:
         resumed.stop()
 

@@ -94,6 +94,30 @@ def test_a_call_continuing_a_spliced_call_is_spliced_too(chat):
     assert result.status == "mismatch" and result.prompt_ids == chat.render(edited, TOOLS)
 
 
+def test_a_tool_call_cut_off_by_max_tokens_is_spliced_and_closed_by_the_template(chat):
+    """The tiny model often writes past its tool call until max_tokens stops it: no end-of-turn was
+    sampled. The answer sent back renders otherwise (the text after the call moves before it), and
+    the continuation is the sampled tokens, then the template's end-of-turn as context."""
+    prompt = chat.render([USER], TOOLS)
+    sampled = chat.encode('<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call> {"na')
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}
+    messages = [USER, {"role": "assistant", "content": '{"na', "tool_calls": [call]}]
+    messages.append({"role": "tool", "tool_call_id": "c1", "content": "7"})
+    assert not chat.render_text(messages, TOOLS).startswith(chat.decode_all(prompt + sampled))
+    result = continue_from(chat, prompt + sampled, len(prompt), messages, TOOLS)
+    assert result.status == "spliced"
+    assert result.prompt_ids[: len(prompt) + len(sampled)] == prompt + sampled
+    rest = chat.decode_all(result.prompt_ids[len(prompt) + len(sampled) :])
+    assert rest == "<|im_end|>\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
+
+    # and the call after it, whose prompt holds that cut-off answer, continues it too
+    answer = [*chat.encode("It is 7."), end_of_turn(chat)]
+    later = [*messages, {"role": "assistant", "content": "It is 7."}, {"role": "user", "content": "Sure?"}]
+    third = continue_from(chat, result.prompt_ids + answer, len(result.prompt_ids), later, TOOLS)
+    assert third.status in ("extended", "spliced")
+    assert third.prompt_ids[: len(result.prompt_ids) + len(answer)] == result.prompt_ids + answer
+
+
 def test_an_edited_history_is_rendered_afresh(chat):
     prompt = chat.render([USER])
     sampled = [*chat.encode("7"), end_of_turn(chat)]

@@ -14,7 +14,8 @@ and ``prefix_prompt_tokens``: where its prompt ends), and the server:
 2. ``spliced``: else, if the prefix's prompt part renders the messages before one assistant message
    (exactly, or with earlier assistant messages as the text sampled for them: a call that continued
    spliced calls) and the prefix's completion parses (content, tool calls) to that assistant message,
-   the prompt is the prefix tokens followed by the tokens of what comes after that message;
+   the prompt is the prefix tokens followed by the tokens of what comes after that message (after
+   the template's end-of-turn, which closes a completion that ``max_tokens`` cut off);
 3. ``mismatch``: else the history really differs (edited, retried, compacted): the messages are
    rendered afresh, as without a prefix.
 
@@ -84,19 +85,21 @@ def _splice(
     tools: Sequence[Mapping[str, Any]] | None,
     text: str,
 ) -> list[int] | None:
-    if not 0 < prompt_tokens < len(prefix) or not chat.stop_ids & {prefix[-1]}:
-        return None  # a completion cut off by max_tokens has no end-of-turn to continue after
+    if not 0 < prompt_tokens < len(prefix):
+        return None
     prompt, completion = prefix[:prompt_tokens], prefix[prompt_tokens:]
     prompt_text = chat.decode_all(prompt)
-    end = chat.decode_all([prefix[-1]])
+    # a completion cut off by max_tokens has no end-of-turn: the template's closes it (as context)
+    stopped = prefix[-1] in chat.stop_ids
+    ends = [chat.decode_all([prefix[-1]])] if stopped else [chat.decode_all([t]) for t in chat.stop_ids]
     answer = chat.decode(completion)
     candidates = [j for j, m in enumerate(messages) if m.get("role") == "assistant" and same_answer(answer, m)]
     for j in reversed(candidates[-_TRIES:]):  # the newest first: an agent sends its last answer back
         through = chat.render_text(messages[: j + 1], tools, add_generation_prompt=False)
-        cut = through.rfind(end)
+        cut, end = max((through.rfind(e), e) for e in ends) if ends else (-1, "")
         if cut < 0 or not text.startswith(through) or not _renders(chat, prompt_text, messages, j, tools):
             continue
-        return prefix + chat.encode(text[cut + len(end) :])
+        return prefix + chat.encode(text[cut + len(end) :] if stopped else text[cut:])
     return None
 
 
