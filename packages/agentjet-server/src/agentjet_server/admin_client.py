@@ -4,6 +4,7 @@ and ``agentjet-server admin ...`` use (no torch, no engine: they only talk to a 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -51,3 +52,16 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def as_toml(config: dict[str, Any]) -> str:
+    """Settings as ``key = value`` lines (TOML: usable as a job file for ``up --config``)."""
+    return "\n".join(f"{key} = {_toml(value)}" for key, value in config.items() if value is not None)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)

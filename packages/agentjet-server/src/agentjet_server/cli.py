@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from agentjet_server import admin_cli
+from agentjet_server.admin_client import as_toml
 from agentjet_server.errors import AgentJetServerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
@@ -187,12 +189,7 @@ def effective_configuration(settings: Any) -> str:
     """The settings as ``key = value`` lines (TOML: usable as a job file), keys redacted."""
     from agentjet_server.control import public_settings
 
-    lines = []
-    for key, value in public_settings(settings).items():
-        if value is None:
-            continue
-        lines.append(f"{key} = {_toml(value)}")
-    return "\n".join(lines)
+    return as_toml(public_settings(settings))
 
 
 def _wrapped(items: list[str], width: int = 118) -> str:
@@ -204,16 +201,6 @@ def _wrapped(items: list[str], width: int = 118) -> str:
             line = ""
         line = f"{line}  {item}" if line else item
     return "\n".join([*lines, line])
-
-
-def _toml(value: Any) -> str:
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(value)
 
 
 def serve(settings: Any) -> None:
@@ -453,141 +440,9 @@ def _newest_checkpoint_model(state_dir: Path) -> Path:
     return ensure_embedded_model()
 
 
-_SERVER = Annotated[str, typer.Option(help="the server's base URL")]
-_KEY = Annotated[
-    str | None, typer.Option(help="API key (admin commands need an admin key)", envvar="AGENTJET_ADMIN_KEY")
-]
-
-
-def _call(server: str, api_key: str | None, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    from agentjet_server.admin_client import AdminClient
-
-    try:
-        with AdminClient(server, api_key, timeout=660.0) as client:
-            return client.request(method, path, body)
-    except AgentJetServerError as exc:
-        _fail(str(exc))
-
-
-@app.command()
-def status(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
-    """Show a server's policy version, learner step, trajectory counts and admission budget.
-
-    Example: agentjet-server status --server http://127.0.0.1:8000
-    """
-    from agentjet_client.protocol import ServerStatus
-
-    st = ServerStatus.model_validate(_call(server, api_key, "GET", "/v1/status"))
-    Console(soft_wrap=True).print(f"server {escape(server)}: {escape(st.summary())}")
-
-
-admin = typer.Typer(
-    no_args_is_help=True,
-    help="Steer a running server through its admin API (an admin key when keys are set: AGENTJET_ADMIN_KEY).",
-)
-app.add_typer(admin, name="admin")
-
-
-@admin.command("pause")
-def admin_pause(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
-    """Stop learning after the step in progress; serving and ingestion go on.
-
-    Example: agentjet-server admin pause --server http://127.0.0.1:8000
-    """
-    Console().print(_call(server, api_key, "POST", "/v1/admin/pause")["message"])
-
-
-@admin.command("resume")
-def admin_resume(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
-    """Start learning again after a pause.
-
-    Example: agentjet-server admin resume --server http://127.0.0.1:8000
-    """
-    Console().print(_call(server, api_key, "POST", "/v1/admin/resume")["message"])
-
-
-@admin.command("checkpoint")
-def admin_checkpoint(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
-    """Write a checkpoint now (after the step in progress) and print its step and path.
-
-    Example: agentjet-server admin checkpoint --server http://127.0.0.1:8000
-    """
-    info = _call(server, api_key, "POST", "/v1/admin/checkpoint")
-    Console(soft_wrap=True).print(
-        f"checkpoint at step {info['step']} (policy v{info['policy_version']}) in {info['seconds']:.1f}s: "
-        f"{escape(info['path'])}"
-    )
-
-
-@admin.command("stop")
-def admin_stop(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
-    """Write a checkpoint, then stop the server cleanly (`up --resume` continues from it).
-
-    Example: agentjet-server admin stop --server http://127.0.0.1:8000
-    """
-    Console(soft_wrap=True).print(escape(_call(server, api_key, "POST", "/v1/admin/stop")["message"]))
-
-
-@admin.command("config")
-def admin_config(
-    server: _SERVER = "http://127.0.0.1:8000",
-    api_key: _KEY = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="KEY=VALUE to change (repeatable); without it: show")
-    ] = None,
-) -> None:
-    """Show the effective configuration, or change live settings (they apply from the next step).
-
-    Example: agentjet-server admin config --set lr=0.0005 --set max_staleness=2
-    """
-    import json
-
-    changes: dict[str, Any] = {}
-    for item in set_ or []:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            _fail(f"--set {item!r}: write KEY=VALUE, e.g. --set lr=0.0005")
-        try:
-            changes[key.strip().replace("-", "_")] = json.loads(text)
-        except ValueError:
-            changes[key.strip().replace("-", "_")] = text  # a bare string
-    out = Console(soft_wrap=True)
-    if changes:
-        result = _call(server, api_key, "PATCH", "/v1/admin/config", changes)
-        change = result["changes"][-1] if result["changes"] else None
-        out.print(f"changed: {escape(json.dumps(change['changes'] if change else changes))} (from the next step)")
-        return
-    result = _call(server, api_key, "GET", "/v1/admin/config")
-    out.print(escape(effective_configuration_from(result["config"])))
-    out.print(f"live settings (admin config --set KEY=VALUE): {', '.join(result['live'])}")
-    if result["paused"]:
-        out.print("learning is PAUSED (agentjet-server admin resume)")
-    for change in result["changes"]:
-        out.print(f"changed at step {change['step']}: {escape(json.dumps(change['changes']))}")
-
-
-def effective_configuration_from(config: dict[str, Any]) -> str:
-    return "\n".join(f"{k} = {_toml(v)}" for k, v in config.items() if v is not None)
-
-
-@admin.command("clients")
-def admin_clients(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
-    """List the client runs that pushed to the server: last seen, episodes, spool depth.
-
-    Example: agentjet-server admin clients --server http://127.0.0.1:8000
-    """
-    import time
-
-    clients = _call(server, api_key, "GET", "/v1/admin/clients")["clients"]
-    out = Console(soft_wrap=True)
-    if not clients:
-        out.print("no client has pushed to this server yet")
-    for c in clients:
-        out.print(
-            f"{escape(c['id'])}  last seen {time.time() - c['last_seen']:.0f}s ago  episodes {c['episodes']}  "
-            f"running {c['running']}  spool {c['spool_depth']}  accepted {c['accepted']}  "
-            f"rejected {c['rejected']}  evaluated {c['evaluated']}  code {escape(str(c['code_version']))}"
-        )
+# `agentjet-server status` and `agentjet-server admin ...`: light commands that only talk to a server
+app.command(name="status")(admin_cli.status)
+app.add_typer(admin_cli.admin, name="admin")
 
 
 def main() -> None:
