@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import httpx2
@@ -49,17 +50,25 @@ def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_tok
     server = ServerProcess(args, tmp_path / "s.log", env={"AGENTJET_DIGITS": "3,8"})
     try:
         run_digits_client(server.url, 96, 8, "--eval-every", "4", "--eval-episodes", "8")
+        deadline = time.monotonic() + 120  # the learner takes the last batches after the client is done
+        while (status := server.status())["trajectories"]["trained"] < 96 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status["learner"]["step"] >= 3
+
+        def expected_points() -> list[tuple[int, float]]:
+            history = [json.loads(x) for x in (state / "metrics.jsonl").read_text().splitlines()]
+            return [(x["policy_version"], x["mean_reward"]) for x in history if x["kind"] == "step"]
+
+        while len(expected := expected_points()) < status["learner"]["step"] and time.monotonic() < deadline:
+            time.sleep(0.1)  # a step's history line is written just after it is counted
+        assert len(expected) == status["learner"]["step"]
         page, errors = open_page(browser, server.url + "/")  # / leads to the dashboard
         assert page.url.endswith("/dashboard")
-        steps = server.status()["learner"]["step"]
-        assert steps >= 3
         train = 'svg[data-chart="chart-reward"] circle[data-series="train: all tags"]'
-        page.wait_for_function(f"document.querySelectorAll('{train}').length >= {steps}", timeout=30_000)
+        page.wait_for_function(f"document.querySelectorAll('{train}').length === {len(expected)}", timeout=30_000)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "dashboard.png"), full_page=True)
 
-        history = [json.loads(x) for x in (state / "metrics.jsonl").read_text().splitlines()]
-        expected = [(x["policy_version"], x["mean_reward"]) for x in history if x["kind"] == "step"]
         drawn = page.eval_on_selector_all(train, "cs => cs.map(c => [Number(c.dataset.x), Number(c.dataset.y)])")
         assert [tuple(p) for p in drawn] == expected  # every point of the run, exactly
         evals = page.eval_on_selector_all(

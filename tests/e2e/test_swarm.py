@@ -116,8 +116,10 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
         r = httpx2.patch(server.url + "/v1/admin/config", json={"lr": 5e-4})
         assert r.status_code == 200, r.text
         run_digits_client(server.url, 160, 8)
-        status = server.status()
-        assert status["trajectories"]["accepted"] == 320
+        deadline = time.monotonic() + 120  # the learner takes the last batches after the client is done
+        while (status := server.status())["trajectories"]["trained"] < 320 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status["trajectories"]["accepted"] == 320 and status["trajectories"]["trained"] == 320
         assert status["learner"]["step"] >= 3 and status["policy_version"] >= 3
         assert status["learner"]["last_error"] is None
     finally:

@@ -98,7 +98,8 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     straight = runtime(model_dir, tmp_path / "straight", checkpoint_every=0)
     try:
         assert push(straight, trajectories) == ["accepted"] * len(trajectories)
-        wait_for(lambda: straight.loop.learner.steps == 2 * K, "2K steps")
+        # the version moves after the step's weights are live, a moment after the step count
+        wait_for(lambda: straight.loop.learner.steps == 2 * K and straight.version == 2 * K, "2K steps, live")
         expected = weights(straight)
         assert straight.version == 2 * K
         trained = straight.store.trained
