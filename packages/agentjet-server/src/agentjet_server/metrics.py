@@ -97,8 +97,8 @@ class Mean:
     count: int = 0
     total: float = 0.0
 
-    def add(self, value: float, count: int = 1) -> None:
-        self.count += count
+    def add(self, value: float) -> None:
+        self.count += 1
         self.total += value
 
     @property
@@ -169,7 +169,6 @@ def _agent_rewards(trajectory: Trajectory) -> dict[str, float]:
 class Snapshot:
     """The runtime's own counts, read together when scraped or logged."""
 
-    time: float
     uptime_s: float
     policy_version: int
     step: int

@@ -238,7 +238,6 @@ class SwarmRuntime:
         version, step = self.loop.live
         ready, open_groups = self.buffer.groups
         return Snapshot(
-            time=time.time(),
             uptime_s=time.monotonic() - self.started,
             policy_version=version,
             step=step,
