@@ -72,3 +72,12 @@ def test_chat_request_strict_and_limits():
                 "tool_choice": {"type": "function", "function": {"name": "x"}},
             }
         )
+
+
+def test_an_error_answer_gives_its_message_and_anything_else_its_start():
+    from agentjet_client.protocol import ErrorResponse
+
+    body = '{"error": {"message": "max_tokens is 9000", "type": "invalid_request_error", "param": "max_tokens"}}'
+    assert ErrorResponse.message_of(body) == "max_tokens is 9000"
+    assert ErrorResponse.message_of("<html>502 Bad Gateway</html>") == "<html>502 Bad Gateway</html>"
+    assert ErrorResponse.message_of('{"detail": "x"}' + " " * 600) == '{"detail": "x"}' + " " * 485

@@ -26,6 +26,7 @@ from agentjet_client.episode import Episode
 from agentjet_client.errors import RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.protocol import (
     ClientReport,
+    ErrorResponse,
     ServerStatus,
     Trajectory,
     TrajectoryBatch,
@@ -162,10 +163,7 @@ class SwarmClient:
                     "is `agentjet-server up` running there?"
                 ) from exc
             if response.status_code >= 400:
-                try:
-                    message = response.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    message = response.text[:500]
+                message = ErrorResponse.message_of(response.text)
                 cls = (
                     RejectedRequest
                     if 400 <= response.status_code < 500 and response.status_code != 429

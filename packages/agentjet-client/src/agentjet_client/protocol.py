@@ -367,6 +367,15 @@ class ErrorResponse(_Open):
 
     error: ErrorDetail
 
+    @classmethod
+    def message_of(cls, body: str) -> str:
+        """The message of an error answer in this shape, or the body's start when it is not one
+        (a proxy's HTML page, say): what clients show for a non-2xx answer."""
+        try:
+            return cls.model_validate_json(body).error.message
+        except ValueError:  # pydantic's ValidationError is a ValueError
+            return body[:500]
+
 
 # ---------------------------------------------------------------------------------------------
 # AgentJet: trajectories

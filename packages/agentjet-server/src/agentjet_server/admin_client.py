@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx2
 
+from agentjet_client.protocol import ErrorResponse
 from agentjet_server.errors import AgentJetServerError
 
 ADMIN_KEY_ENV = "AGENTJET_ADMIN_KEY"
@@ -34,10 +35,7 @@ class AdminClient:
                 f"cannot reach the server at {self.server} ({type(exc).__name__}: {exc}); is it running? Check --server"
             ) from exc
         if response.status_code >= 400:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text[:500]
+            message = ErrorResponse.message_of(response.text)
             hint = ""
             if response.status_code == 401:
                 hint = f" (pass --api-key or set {ADMIN_KEY_ENV})"
