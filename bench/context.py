@@ -32,9 +32,10 @@ from dataclasses import dataclass
 import torch
 
 from agentjet_client.protocol import Turn
+from agentjet_server.batching.batch import Batch, Sequence
 from agentjet_server.batching.timeline import build_timelines
-from agentjet_server.learner.packing import Sequence, pack, unique_tokens
-from agentjet_server.learner.trainer import Batch, Learner, LearnerConfig
+from agentjet_server.learner.packing import pack, unique_tokens
+from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 IM_START, IM_END, NL = 1, 2, 3
 ROLE = {"system": 4, "user": 5, "assistant": 6, "tool": 7}

@@ -96,8 +96,9 @@ def learner_rows(model: Path, groups: int, steps: int) -> list[tuple[str, str]]:
     from transformers import AutoModelForCausalLM
 
     from agentjet_client.protocol import Trajectory, Turn
+    from agentjet_server.batching.batch import build_batch
     from agentjet_server.learner import distributed
-    from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     rng = random.Random(0)
 

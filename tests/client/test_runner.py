@@ -122,3 +122,31 @@ def make_agent_ok() -> SwarmAgent:
         return float(reply.choices[0].message.content.strip() == "4")
 
     return agent
+
+
+def test_sync_mode_trains_every_batch_before_the_next_one_starts(model_dir):
+    """``--sync``: rounds of the server's batch_groups x group_size episodes, each trained (and its
+    weights live) before the next starts, so every trained token was sampled by the weights it updated."""
+    import random
+
+    from tests.conftest import LiveServer
+
+    @swarm_agent(tasks=[{"id": "a"}, {"id": "b"}, {"id": "c"}])
+    async def agent(task, episode):
+        await episode.async_openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=3)
+        await asyncio.sleep(random.uniform(0, 0.2))  # a slow, uneven environment
+        return random.random()  # every group has a reward signal: every round is a step
+
+    server = LiveServer(model_dir, batch_groups=2, group_size=3, max_staleness=4)
+    try:
+        with SwarmClient(server.url) as client:
+            config = RunConfig(episodes=18, group_size=5, concurrency=16, seed=0, sync=True)
+            report = asyncio.run(Runner(client, agent, config).run())
+            status = client.status()
+    finally:
+        server.stop()
+    assert report.rounds == 3 and report.finished == report.accepted == 18  # the server's 2 x 3, not --group-size 5
+    assert status.learner.step == 3 and status.policy_version == 3 and status.trajectories.trained == 18
+    lag = status.learner.trained_token_lag
+    assert set(lag) == {"0"} and lag["0"] > 0, lag  # staleness 0: synchronous
+    assert report.waiting_for_learner_s > 0

@@ -61,7 +61,8 @@ def test_learner_step_on_cuda_moves_the_weights(model_dir):
     from transformers import AutoModelForCausalLM
 
     from agentjet_client.protocol import Trajectory, Turn
-    from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+    from agentjet_server.batching.batch import build_batch
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).to("cuda")
     learner = Learner(model, LearnerConfig(lr=1e-3), pad_id=0)

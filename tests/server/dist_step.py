@@ -16,8 +16,9 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from agentjet_client.protocol import Trajectory, Turn
+from agentjet_server.batching.batch import build_batch
 from agentjet_server.learner import distributed
-from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 
 def behaviour_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> list[float]:
@@ -64,6 +65,10 @@ def main() -> None:
     parser.add_argument("--entropy-coef", type=float, default=0.0)
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--tree-attention", default="auto", help="dense | segments | auto")
+    parser.add_argument("--off-policy", default="decoupled", help="decoupled | tis | none")
+    parser.add_argument("--algorithm", default="grpo", help="grpo | ppo")
+    parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument("--mini-batches", type=int, default=1)
     parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
     ctx = distributed.init_from_env(args.device)
@@ -76,19 +81,33 @@ def main() -> None:
         micro_batch_tokens=args.micro_batch_tokens,
         entropy_coef=args.entropy_coef,
         tree_attention=args.tree_attention,
+        off_policy=args.off_policy,
+        algorithm=args.algorithm,
+        kl_coef=args.kl_coef,
+        mini_batches=args.mini_batches,
     )
-    batches = [build_batch(fixed_groups(model, args.groups, 5, seed=step)) for step in range(args.steps)]
-    learner = Learner(model.to(ctx.device), config, pad_id=0, ctx=ctx)
+    groups = [fixed_groups(model, args.groups, 5, seed=step) for step in range(args.steps)]
+    batches = [build_batch(g, algorithm=args.algorithm) for g in groups]
+
+    def reference() -> torch.nn.Module | None:
+        if not args.kl_coef:
+            return None
+        return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(ctx.device)
+
+    learner = Learner(model.to(ctx.device), config, pad_id=0, ctx=ctx, reference=reference())
     stats = []
     for i, batch in enumerate(batches):
         if args.resume_at and i == args.resume_at:  # what a checkpoint + --resume does, in memory
             state = learner.training_state()
             fresh = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-            learner = Learner(fresh.to(ctx.device), config, pad_id=0, ctx=ctx)
+            learner = Learner(fresh.to(ctx.device), config, pad_id=0, ctx=ctx, reference=reference())
             learner.load_training_state(state if ctx.is_main else None)
         s = learner.step(batch)
         stats.append({"loss": s.loss, "grad_norm": s.grad_norm, "sequences": s.sequences, **s.extra})
     weights = learner.full_state_dict()
+    if learner.policy.value_head is not None:  # PPO: the critic, gathered the same way
+        critic = distributed.full_state_dict(learner.policy.value_head, ctx)
+        weights.update({f"critic.{k}": v for k, v in critic.items()})
     grads = {}  # the last step's (clipped) gradients, gathered like the weights
     for name, param in learner.model.named_parameters():
         grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad

@@ -49,16 +49,16 @@ def make_trajectories(vocab: int, steps: int, seed: int = 0) -> list[Trajectory]
 
 
 def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
-    settings = ServerSettings(
-        state_dir=state_dir,
-        group_size=GROUP,
-        batch_groups=GROUPS,
-        max_staleness=1000,
-        lr=1e-2,
-        **extra,  # type: ignore[arg-type]
-    )
+    options: dict[str, object] = {"group_size": GROUP, "batch_groups": GROUPS, "max_staleness": 1000, "lr": 1e-2}
+    settings = ServerSettings(state_dir=state_dir, **{**options, **extra})  # type: ignore[arg-type]
     engine = TransformersEngine(model_dir, model_name="agentjet-tiny")
     return SwarmRuntime.create(engine, settings, str(model_dir))
+
+
+def critic(rt: SwarmRuntime) -> dict[str, torch.Tensor]:
+    head = rt.loop.learner.policy.value_head
+    assert head is not None
+    return {k: v.detach().clone() for k, v in head.state_dict().items()}
 
 
 def push(rt: SwarmRuntime, trajectories: list[Trajectory], chunk: int = 5) -> list[str]:
@@ -93,20 +93,23 @@ def trajectories(model_dir: Path) -> list[Trajectory]:
     return make_trajectories(vocab, 2 * K)
 
 
-def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajectories, tmp_path):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajectories, tmp_path, algorithm):
+    """GRPO, and PPO with its critic: the value head and its optimizer moments come back exactly too."""
     half = K * GROUP * GROUPS
-    straight = runtime(model_dir, tmp_path / "straight", checkpoint_every=0)
+    straight = runtime(model_dir, tmp_path / "straight", checkpoint_every=0, algorithm=algorithm)
     try:
         assert push(straight, trajectories) == ["accepted"] * len(trajectories)
         # the version moves after the step's weights are live, a moment after the step count
         wait_for(lambda: straight.loop.learner.steps == 2 * K and straight.version == 2 * K, "2K steps, live")
         expected = weights(straight)
+        expected_critic = critic(straight) if algorithm == "ppo" else {}
         assert straight.version == 2 * K
         trained = straight.store.trained
     finally:
         straight.close()
 
-    first = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K)
+    first = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K, algorithm=algorithm)
     push(first, trajectories[:half])
     wait_for(lambda: first.loop.saved_step == K, "the checkpoint at step K")
     at_checkpoint = weights(first)
@@ -115,7 +118,7 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     first.close(checkpoint=False)  # the crash: what the learner did after step K is gone
     assert first.loop.learner.steps > K
 
-    resumed = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True)
+    resumed = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True, algorithm=algorithm)
     try:
         assert resumed.loop.learner.steps == K and resumed.version == K  # numbering continues
         assert resumed.status().learner.last_checkpoint_step == K
@@ -127,6 +130,10 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
         diff = max_diff(weights(resumed), expected)
         print(f"resume exactness: max |w_resumed - w_straight| = {diff:.3g} after {2 * K} steps")
         assert diff <= 1e-6
+        if algorithm == "ppo":
+            critic_diff = max_diff(critic(resumed), expected_critic)
+            print(f"resume exactness (critic): {critic_diff:.3g}")
+            assert critic_diff <= 1e-6 and float(expected_critic["weight"].abs().max()) > 1e-4
         assert max_diff(at_checkpoint, expected) > 1e-3  # the comparison is not trivially true
         assert resumed.store.trained == trained == len(trajectories)
         # the seen ids survived the crash: a resend is a duplicate, not a second training
@@ -203,9 +210,10 @@ def test_tied_head_model_round_trips_through_a_checkpoint(model_dir, trajectorie
     optimizer's moments come back for every parameter."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from agentjet_server.batching.batch import build_batch
     from agentjet_server.batching.buffer import BufferSnapshot
     from agentjet_server.checkpoint import CheckpointMeta
-    from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     config = AutoConfig.from_pretrained(model_dir)
     config.tie_word_embeddings = True

@@ -3,8 +3,9 @@
 import torch
 
 from agentjet_client.protocol import Trajectory, Turn
+from agentjet_server.batching.batch import build_batch
 from agentjet_server.engine.tokens import load_tokenizer
-from agentjet_server.learner.trainer import Learner, LearnerConfig, build_batch
+from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 
 def make_group(tok, model, prompt, right, step):
@@ -69,7 +70,8 @@ def test_head_on_trained_positions_only_equals_full_logits(model_dir):
 
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.learner.packing import Sequence, pack
+    from agentjet_server.batching.batch import Sequence
+    from agentjet_server.learner.packing import pack
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     learner = Learner(model, LearnerConfig(), pad_id=0)
@@ -103,3 +105,117 @@ def test_entropy_bonus_acts_on_groups_without_reward_signal(model_dir):
     for _ in range(3):
         last = learner.step(batch).extra["entropy"]
     assert last > first  # the bonus alone spreads the answer distribution
+
+
+def _turn(prompt: list[int], completion: list[int], versions: list[int], reward: float | None = None) -> Turn:
+    return Turn(
+        policy_version=min(versions),
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-1.0] * len(completion),
+        completion_versions=versions,
+        finish_reason="stop",
+        reward=reward,
+    )
+
+
+def test_staleness_is_measured_again_when_the_batch_is_built():
+    """Accepted at lag <= 4, trained at version 9: the episode sampled at v3 is 6 versions old by now."""
+    fresh = [Trajectory(id=f"f{i}", task_id="t", turns=[_turn([1, 2], [5, 6], [8, 9])], reward=i) for i in range(3)]
+    old = Trajectory(id="old", task_id="t", turns=[_turn([1, 2], [7, 6], [3, 9])], reward=5.0)
+    group = [*fresh, old]
+    dropped = build_batch([group], version=9, max_staleness=4, stale_policy="drop")
+    assert dropped.stale == 1 and len(dropped.sequences) == 3
+    assert dropped.rewards == [0.0, 1.0, 2.0]  # normalised among the ones that are trained
+    assert all(s.weights == [1.0, 1.0] for s in dropped.sequences)
+    kept = build_batch([group], version=9, max_staleness=4, stale_policy="downweight")
+    assert kept.stale == 0 and len(kept.sequences) == 4 and kept.downweighted == 1
+    # the v3 token is 2 versions past the bound: a quarter of the weight; the v9 token is current
+    assert kept.sequences[-1].weights == [0.25, 1.0] and kept.sequences[-1].versions == [3, 9]
+    assert build_batch([group]).stale == 0  # no version given: nothing to measure against
+
+
+def test_ppo_places_turn_rewards_and_the_episode_reward_on_tokens():
+    """Two turns merged into one timeline: each turn's reward at its last token, the episode's at the end."""
+    first = _turn([1, 2], [5, 6, 7], [0, 0, 0], reward=0.5)
+    second = _turn([1, 2, 5, 6, 7, 3], [8, 9], [0, 0], reward=-0.25)
+    other = _turn([4], [5], [0])  # a second agent: its own timeline, its own reward
+    other = other.model_copy(update={"agent": "critic"})
+    episode = Trajectory(id="e", task_id="t", turns=[first, second, other], reward=1.0, agent_rewards={"critic": 2.0})
+    batch = build_batch([[episode]], algorithm="ppo")  # a group of one is trained: PPO needs no siblings
+    [main, side] = batch.sequences
+    assert main.positions == [2, 3, 4, 6, 7]
+    assert main.rewards == [0.0, 0.0, 0.5, 0.0, -0.25 + 1.0]
+    assert side.rewards == [2.0]
+    assert batch.skipped_groups == 0 and main.advantages == [0.0] * 5  # the learner computes them (GAE)
+
+
+def test_decoupled_reuses_sampled_logprobs_only_for_the_current_version(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.packing import pack
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(), pad_id=0)
+    episodes = [
+        Trajectory(id=f"e{i}", task_id="t", turns=[_turn([1, 2, 3], [10 + i, 20], [7, 6])], reward=float(i))
+        for i in range(2)
+    ]
+    batch = build_batch([episodes], version=7)
+    [micro] = [p.tensors("cpu") for p in pack(batch.sequences, 4096)]
+    learner.prepare([_mini(micro)], version=7)
+    with torch.no_grad():
+        computed, _ = learner.sequence_logprobs(micro)
+    current = micro.versions == 7
+    assert bool(current.any()) and not bool(current.all())
+    assert torch.equal(micro.proximal_logprobs[current], micro.old_logprobs[current])  # sampled by v7: reused
+    assert torch.allclose(micro.proximal_logprobs[~current], computed[~current])  # sampled by v6: recomputed
+    assert not torch.allclose(computed[~current], micro.old_logprobs[~current])
+
+
+def _mini(micro):
+    from agentjet_server.learner.trainer import MiniBatch
+
+    return MiniBatch([micro], float(micro.entries))
+
+
+def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(lr=5e-3, algorithm="ppo", off_policy="none"), pad_id=0)
+    _, group = make_group(tok, model, "What is 3 + 4?", 7, 0)
+    batch = build_batch([group], algorithm="ppo")
+    errors = []
+    for _ in range(12):
+        plan, _ = learner._plan(batch.sequences)
+        learner.prepare(plan, None)
+        micro = [m for mini in plan for m in mini.micro]
+        advantages = torch.cat([m.advantages for m in micro])
+        assert abs(float(advantages.mean())) < 1e-5 and abs(float(advantages.std(unbiased=False)) - 1) < 1e-3
+        stats = learner.step(batch)
+        errors.append(stats.extra["value_error"])
+    # the value head fits the returns, down to what the prompt alone cannot tell apart (~0.045)
+    assert errors[-1] < 0.6 * errors[0], errors
+
+
+def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(lr=2e-3, kl_coef=0.1), pad_id=0, reference=reference)
+    kls = []
+    for step in range(3):
+        _, group = make_group(tok, model, "What is 3 + 4?", 7, step)
+        kls.append(learner.step(build_batch([group])).extra["kl_reference"])
+    assert kls[0] == 0.0 and kls[-1] > 1e-6
+    assert all(not p.requires_grad for p in reference.parameters())
+    try:
+        Learner(AutoModelForCausalLM.from_pretrained(model_dir), LearnerConfig(kl_coef=0.1), pad_id=0)
+    except ValueError as exc:
+        assert "reference" in str(exc)
+    else:
+        raise AssertionError("a KL penalty without a reference model was accepted")

@@ -12,7 +12,8 @@ import random
 import pytest
 import torch
 
-from agentjet_server.learner.packing import Packed, Sequence, pack, unique_tokens
+from agentjet_server.batching.batch import Sequence
+from agentjet_server.learner.packing import Packed, pack, unique_tokens
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 
@@ -94,7 +95,7 @@ def test_packed_logprobs_and_gradients_equal_unpacked(model, seed, mode):
     for micro in packed:
         batch = micro.tensors(torch.device("cpu"), mode)
         logprobs, _ = learner.sequence_logprobs(batch)
-        total = total + objective(logprobs, batch["old_logprobs"], batch["advantages"], len(old))
+        total = total + objective(logprobs, batch.old_logprobs, batch.advantages, len(old))
         for e, value in enumerate(logprobs.tolist()):
             path = (*_path(micro, micro.entry_nodes[e]), micro.entry_targets[e])
             key = (path, micro.old_logprobs[e], micro.advantages[e])

@@ -62,6 +62,10 @@ def run(
     eval_episodes: Annotated[
         int, typer.Option(min=0, help="episodes per evaluation round (0 = one per eval task)")
     ] = 0,
+    sync: Annotated[
+        bool,
+        typer.Option(help="synchronous baseline: roll out one batch, wait for the server's step, repeat"),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
@@ -71,6 +75,9 @@ def run(
     With evaluation on held-out tasks every 5 policy versions (the server records the rewards by
     version and never trains them; the dashboard plots them):
     agentjet-client run --code-dir examples/digits --episodes 6400 --eval-every 5 --eval-episodes 32
+
+    The synchronous baseline (rollout, then train, then rollout; one client per server):
+    agentjet-client run --code-dir examples/digits --episodes 6400 --sync
     """
     config = RunConfig(
         episodes=episodes,
@@ -80,6 +87,7 @@ def run(
         seed=seed,
         eval_every=eval_every,
         eval_episodes=eval_episodes,
+        sync=sync,
     )
     _run_agent(code_dir, server, api_key, config, spool_dir, spool_max, watch, isolate, log_level)
 

@@ -557,6 +557,12 @@ class LearnerInfo(_Strict):
     skipped_batches: int = 0
     last_error: str | None = None
     last_checkpoint_step: int | None = None  # what --resume would continue from
+    off_policy: str | None = None  # decoupled | tis | none
+    stale_policy: str | None = None  # drop | downweight: an episode past max_staleness when trained
+    stale_at_training: int = 0  # episodes that aged past the bound while they waited, left out
+    downweighted_tokens: int = 0  # tokens trained with less weight for the same reason
+    # trained tokens by how many versions older than the weights they updated ("0", "1", ...; this process)
+    trained_token_lag: dict[str, int] = Field(default_factory=dict)
 
 
 class ContextCounts(_Strict):

@@ -11,6 +11,13 @@ moves on; a background sender pushes the oldest spooled items in batches, with e
 backoff and jitter while the server is unreachable, and removes each item only once the server
 has answered for it. Items left by an earlier run (a crash, a kill) are sent first. A run ends
 when its own episodes are finished and answered.
+
+``sync`` runs the classic synchronous loop instead, the baseline that asynchronous training is
+measured against: start one batch of groups (the server's ``batch_groups`` x ``group_size``),
+wait until every episode has finished and been answered, wait until the learner has trained on
+them and their policy update is live, and only then start the next batch. Every turn is sampled
+by the weights the learner updates next (staleness 0); the learner waits for the slowest episode
+of each batch, and the rollouts wait for each step. Meant for one client per server.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class RunConfig:
     eval_every: int = 0  # policy versions between evaluation rounds (0 = none; also one at the start)
     eval_episodes: int = 0  # episodes per evaluation round, over the agent's eval_tasks in order
     eval_only: bool = False  # one evaluation round, no training episodes (``agentjet-client eval``)
+    sync: bool = False  # one batch at a time: roll out, wait for the step, repeat (see the module docstring)
 
 
 @dataclass
@@ -78,6 +86,8 @@ class RunReport:
     reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
     eval_rewards: dict[int, list[float]] = field(default_factory=dict)  # policy version -> eval rewards
     evaluated: int = 0  # evaluation episodes finished
+    rounds: int = 0  # --sync: batches rolled out and trained
+    waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
 
     def mean(self, lo: float, hi: float) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order."""
@@ -225,6 +235,9 @@ class Runner:
             if self.config.eval_only:
                 self._start_eval(sem, episodes)
                 total_groups = 0
+            if self.config.sync and not self.config.eval_only:
+                await self._run_sync(sem, episodes, sender, tasks)
+                total_groups = 0
             while not self._stop.is_set() and (total_groups is None or groups < total_groups):
                 await self._wait_for_admission(g)
                 if self._stop.is_set():
@@ -259,6 +272,77 @@ class Runner:
             await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
         return self.report
+
+    async def _run_sync(
+        self,
+        sem: asyncio.Semaphore,
+        episodes: set[asyncio.Task[None]],
+        sender: asyncio.Task[None],
+        tasks: Iterator[tuple[str, Task]],
+    ) -> None:
+        """The synchronous loop (``RunConfig.sync``): a batch, all of it answered, the step, again."""
+        status = await self._status_when_up()
+        if status is None:
+            return
+        batch_groups, g = status.learner.batch_groups, status.learner.group_size
+        if g != self.config.group_size:
+            logger.warning("--sync takes the server's group size (%d), not --group-size %d", g, self.config.group_size)
+        per_round = batch_groups * g
+        rounds = math.ceil(self.config.episodes / per_round) if self.config.episodes else None
+        logger.info("synchronous rounds of %d groups x %d episodes", batch_groups, g)
+        while not self._stop.is_set() and (rounds is None or self.report.rounds < rounds):
+            await self._wait_for_spool_room()
+            if self.config.eval_every and (
+                self._last_eval is None or self._version >= self._last_eval + self.config.eval_every
+            ):
+                self._start_eval(sem, episodes)
+            trained_before = status.trajectories.trained
+            accepted_before = self.report.accepted
+            for k in range(batch_groups):
+                task_id, task = next(tasks)
+                group_tag = f"{task_id}@{self.client.client_id}:r{self.report.rounds}:{k}"
+                for _ in range(g):
+                    self._pending += 1
+                    self.report.started += 1
+                    job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
+                    episodes.add(job)
+                    job.add_done_callback(episodes.discard)
+            if episodes:
+                await asyncio.gather(*episodes)
+            await self._drained(sender)
+            waiting = time.monotonic()
+            target = trained_before + (self.report.accepted - accepted_before)
+            while not self._stop.is_set():  # the server counts them trained once the step's weights are live
+                polled = await self._status_when_up()
+                if polled is None:
+                    return
+                status = polled
+                if status.trajectories.trained >= target:
+                    break
+                await asyncio.sleep(self.config.poll_interval)
+            self.report.waiting_for_learner_s += time.monotonic() - waiting
+            self._version = max(self._version, status.policy_version)
+            self.report.rounds += 1
+
+    async def _status_when_up(self) -> Any:
+        """The server's status, waiting (with backoff) while it does not answer; None if stopped."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                status = await asyncio.to_thread(self.client.status)
+            except (ServerUnreachable, ServerError) as exc:
+                if isinstance(exc, RejectedRequest):
+                    raise
+                failures += 1
+                self.report.waits_for_server += 1
+                if failures == 1:
+                    logger.warning("server unavailable (%s); the synchronous loop waits until it answers", exc)
+                await asyncio.sleep(min(self.config.backoff_max, 0.25 * 2 ** min(failures, 8)))
+                continue
+            if self.report.first_version is None:
+                self.report.first_version = status.policy_version
+            return status
+        return None
 
     def _start_eval(self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]]) -> None:
         """Start a round of evaluation episodes over the eval tasks, in order."""

@@ -56,10 +56,27 @@ def up(
     checkpoint_every: Annotated[
         int, typer.Option(help="learner steps between checkpoints (0 = on shutdown only)")
     ] = 20,
-    algorithm: Annotated[str, typer.Option(help="policy optimisation algorithm")] = "grpo",
+    algorithm: Annotated[
+        str, typer.Option(help="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)")
+    ] = "grpo",
     batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 10,
     group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 16,
     max_staleness: Annotated[int, typer.Option(help="reject trajectories more than this many versions old")] = 4,
+    stale_policy: Annotated[
+        str, typer.Option(help="an episode past --max-staleness by the time it is trained: drop or downweight")
+    ] = "drop",
+    off_policy: Annotated[
+        str, typer.Option(help="correction for stale turns: decoupled (AReaL), tis, or none (clip only)")
+    ] = "decoupled",
+    is_cap: Annotated[float, typer.Option(help="truncation of the importance weight (decoupled, tis)")] = 2.0,
+    kl_coef: Annotated[float, typer.Option(help="k3 KL penalty to the reference model (0 = off)")] = 0.0,
+    reference: Annotated[
+        Path | None, typer.Option(help="reference model dir for --kl-coef (default: the initial weights)")
+    ] = None,
+    mini_batches: Annotated[int, typer.Option(help="optimizer steps per batch, each on its share")] = 1,
+    gamma: Annotated[float, typer.Option(help="PPO: discount per trained token")] = 1.0,
+    gae_lambda: Annotated[float, typer.Option(help="PPO: GAE lambda")] = 0.95,
+    vf_coef: Annotated[float, typer.Option(help="PPO: weight of the critic's loss")] = 0.5,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-3,
     entropy_coef: Annotated[float, typer.Option(help="entropy bonus at trained tokens (0 = off)")] = 0.0,
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
@@ -134,6 +151,7 @@ def up(
         "body_timeout": "body_timeout_s",
         "write_timeout": "write_timeout_s",
         "metrics_interval": "metrics_interval_s",
+        "gae_lambda": "lam",
     }
     fields = {renamed.get(k, k): v for k, v in options.items() if k not in _NOT_SETTINGS}
     try:
@@ -205,7 +223,7 @@ def _wrapped(items: list[str], width: int = 118) -> str:
 
 def serve(settings: Any) -> None:
     """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
-    from agentjet_server.learner import distributed
+    from agentjet_server.learner import distributed, loop
 
     ctx = distributed.init_from_env(settings.device)
     finished = False
@@ -220,7 +238,7 @@ def serve(settings: Any) -> None:
             # after rank 0's last checkpoint (which needs this rank's shards)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            distributed.worker_loop(build_learner(settings, str(path), ctx), ctx)
+            loop.worker_loop(build_learner(settings, str(path), ctx), ctx)
         else:
             _serve_main(settings, path, ctx)
         finished = True

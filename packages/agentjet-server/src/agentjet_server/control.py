@@ -42,7 +42,12 @@ LIVE: dict[str, str] = {
     "clip_high": "the upper clip of the policy ratio, from the next step",
     "max_grad_norm": "gradient clipping, from the next step",
     "entropy_coef": "the entropy bonus, from the next step",
-    "max_staleness": "the staleness bound, for trajectories pushed from now on",
+    "off_policy": "the off-policy correction (decoupled, tis, none), from the next step",
+    "is_cap": "the importance-weight cap, from the next step",
+    "kl_coef": "the KL penalty, from the next step (only on a server started with --kl-coef above 0)",
+    "mini_batches": "optimizer steps per batch, from the next step",
+    "max_staleness": "the staleness bound, for trajectories pushed from now on and batches built from now on",
+    "stale_policy": "what happens to an episode past the bound when its batch is built, from the next batch",
     "batch_groups": "GRPO groups per step, from the next batch",
     "group_size": "episodes per GRPO group, for groups that are still open",
     "group_timeout_s": "when an incomplete group is trained as a smaller one",
@@ -62,6 +67,14 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         clip_high=settings.clip_high,
         max_grad_norm=settings.max_grad_norm,
         entropy_coef=settings.entropy_coef,
+        algorithm=settings.algorithm,
+        off_policy=settings.off_policy,
+        is_cap=settings.is_cap,
+        kl_coef=settings.kl_coef,
+        mini_batches=settings.mini_batches,
+        gamma=settings.gamma,
+        lam=settings.lam,
+        vf_coef=settings.vf_coef,
     )
 
 
@@ -140,12 +153,19 @@ class Controller:
         self.loop.reconfigure(learner_config(settings, self.loop.learner.config))
         self.loop.checkpoint_every = settings.checkpoint_every
         self.store.max_staleness = settings.max_staleness
+        self.loop.max_staleness = settings.max_staleness
+        self.loop.stale_policy = settings.stale_policy
         self.buffer.resize(settings.group_size, settings.batch_groups, settings.group_timeout_s)
         self.chat.default_max_tokens = settings.default_max_tokens
 
     def change(self, changes: Mapping[str, Any]) -> AdminConfig:
         current = self._get()
         updated = check_changes(current, changes)
+        if updated.kl_coef > 0 and self.loop.learner.reference is None:
+            raise InvalidRequestError(
+                "kl_coef: this server has no reference model (it started with --kl-coef 0); restart it with "
+                "--kl-coef above 0 (and --resume) to add a KL penalty"
+            )
         before, after = current.model_dump(mode="json"), updated.model_dump(mode="json")
         changed = {k: after[k] for k in changes if after[k] != before[k]}
         if changed:

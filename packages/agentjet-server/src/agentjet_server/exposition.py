@@ -114,6 +114,22 @@ class RuntimeCollector(Collector):
             ),
             ("agentjet_learner_entropy_nats", "Policy entropy at trained tokens, last step", _get(last, "entropy")),
             (
+                "agentjet_learner_is_weight_mean",
+                "Mean truncated importance weight against the behaviour policy, last step",
+                _get(last, "is_weight_mean"),
+            ),
+            (
+                "agentjet_learner_is_truncated_fraction",
+                "Fraction of trained tokens whose importance weight hit the cap, last step",
+                _get(last, "is_truncated_fraction"),
+            ),
+            ("agentjet_learner_kl_reference", "k3 KL to the reference model, last step", _get(last, "kl_reference")),
+            (
+                "agentjet_learner_value_error",
+                "PPO critic's squared error to returns, last step",
+                _get(last, "value_error"),
+            ),
+            (
                 "agentjet_learner_grad_norm",
                 "Gradient norm before clipping, last step",
                 last.grad_norm if last else None,

@@ -128,6 +128,15 @@ class StepRecord:
     reward_by_agent: dict[str, float] = field(default_factory=dict)
     lag_mean: float | None = None
     lag_max: int | None = None
+    # the off-policy correction and the regularisers (None where the objective has none)
+    is_weight_mean: float | None = None  # mean truncated importance weight pi_prox (or pi) / pi_behaviour
+    is_truncated_fraction: float | None = None  # tokens whose weight hit --is-cap
+    behaviour_kl: float | None = None  # approx KL(pi_behaviour || pi_prox): how off-policy the batch was
+    kl_reference: float | None = None  # k3 KL to the reference model
+    value_error: float | None = None  # PPO: the critic's mean squared error to its returns
+    value_mean: float | None = None
+    stale_dropped: int = 0  # episodes left out for aging past the bound while they waited
+    prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
 
 
 def batch_figures(

@@ -65,7 +65,9 @@ def build_learner(
     model = trainable_copy(model_path, ctx.device)
     config = learner_config(settings)
     config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-    learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx)
+    # the KL's frozen reference: the run's initial weights (the model dir, also when resuming) or --reference
+    reference = trainable_copy(str(settings.reference or model_path), ctx.device) if settings.kl_coef > 0 else None
+    learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx, reference=reference)
     resuming = resume_from is not None
     if ctx.enabled:
         resuming = bool(distributed.broadcast(ctx, resuming))
@@ -149,6 +151,8 @@ class SwarmRuntime:
             save=self._save_checkpoint if self.recovery is not None else None,
             checkpoint_every=settings.checkpoint_every,
             on_step=self._on_step,
+            max_staleness=settings.max_staleness,
+            stale_policy=settings.stale_policy,
         )
         self.control = Controller(
             get_settings=lambda: self.settings,
@@ -315,6 +319,11 @@ class SwarmRuntime:
                 skipped_batches=self.loop.skipped_batches,
                 last_error=self.loop.error,
                 last_checkpoint_step=self.last_checkpoint_step,
+                off_policy=self.settings.off_policy,
+                stale_policy=self.settings.stale_policy,
+                stale_at_training=self.loop.stale_at_training,
+                downweighted_tokens=self.loop.downweighted_tokens,
+                trained_token_lag={str(k): n for k, n in sorted(self.loop.trained_lag.items())},
             ),
             admission_budget=self.admission_budget(),
             uptime_s=time.monotonic() - self.started,

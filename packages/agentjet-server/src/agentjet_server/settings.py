@@ -52,7 +52,7 @@ class ServerSettings(BaseModel):
     device: str = "cpu"
     engine: Literal["transformers", "vllm"] = "transformers"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    algorithm: Literal["grpo"] = "grpo"
+    algorithm: Literal["grpo", "ppo"] = "grpo"
     batch_groups: int = Field(default=10, ge=1)
     group_size: int = Field(default=16, ge=2)
     max_staleness: int = Field(default=4, ge=0)
@@ -61,6 +61,17 @@ class ServerSettings(BaseModel):
     clip_high: float = Field(default=0.28, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     entropy_coef: float = Field(default=0.0, ge=0)
+    stale_policy: Literal["drop", "downweight"] = Field(
+        default="drop", description="an episode past max_staleness when its batch is built"
+    )
+    off_policy: Literal["decoupled", "tis", "none"] = "decoupled"
+    is_cap: float = Field(default=2.0, ge=1.0, description="truncation of the behaviour importance weight")
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the reference model")
+    reference: Path | None = Field(default=None, description="reference model dir; None = the initial weights")
+    mini_batches: int = Field(default=1, ge=1, le=64, description="optimizer steps per batch")
+    gamma: float = Field(default=1.0, gt=0, le=1)
+    lam: float = Field(default=0.95, ge=0, le=1)
+    vf_coef: float = Field(default=0.5, ge=0)
     admission_batches: int = Field(
         default=2, ge=1, description="batches' worth of episodes the server invites ahead of training"
     )
@@ -105,6 +116,10 @@ class ServerSettings(BaseModel):
                 f"--model {self.model} does not exist; pass a local Hugging Face model directory, "
                 "or leave --model out to use the embedded default"
             )
+        if self.reference is not None and not self.reference.exists():
+            raise ValueError(f"--reference {self.reference} does not exist; pass a local Hugging Face model directory")
+        if self.reference is not None and self.kl_coef == 0:
+            raise ValueError("--reference is only used by the KL penalty: set --kl-coef above 0 (e.g. 0.01)")
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
             raise ValueError("API keys must be at least 8 characters long")
         if not is_loopback(self.host) and not self.auth_enabled and not self.insecure:

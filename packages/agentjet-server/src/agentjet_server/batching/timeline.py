@@ -30,6 +30,7 @@ class Timeline:
     tokens: list[int] = field(default_factory=list)
     trained: list[int] = field(default_factory=list)  # positions in ``tokens`` of sampled tokens
     old_logprobs: list[float] = field(default_factory=list)  # behaviour log-prob of each trained token
+    versions: list[int] = field(default_factory=list)  # policy version that sampled each trained token
     turn_of: list[int] = field(default_factory=list)  # the turn each trained token came from
     turns: list[int] = field(default_factory=list)  # indices of the turns merged here, in order
 
@@ -54,6 +55,7 @@ def build_timelines(turns: Sequence[Turn]) -> list[Timeline]:
         timeline.tokens.extend(turn.completion_token_ids)
         timeline.trained.extend(range(start, len(timeline.tokens)))
         timeline.old_logprobs.extend(turn.completion_logprobs)
+        timeline.versions.extend(turn.completion_versions or [turn.policy_version] * len(turn.completion_token_ids))
         timeline.turn_of.extend([index] * len(turn.completion_token_ids))
         timeline.turns.append(index)
     return timelines

@@ -9,7 +9,8 @@ engine. When rank 0 has a batch it broadcasts it; each rank trains on its share 
 sequences (balanced by tokens), gradients are averaged across ranks by FSDP's reduce-scatter (each
 rank scales its loss by the world size, so the average is the whole batch's gradient), and
 one optimizer step follows on every shard. The full weights are gathered once per step, to
-rank 0 only, for the engine. Ranks other than 0 run ``worker_loop`` and nothing else.
+rank 0 only, for the engine. Ranks other than 0 run ``loop.worker_loop`` and nothing else.
+This module is a leaf: torch collectives and sharding, no knowledge of the learner.
 
 With one process (no ``WORLD_SIZE`` in the environment, or ``WORLD_SIZE=1``) no process
 group is created and none of this costs anything.
@@ -22,14 +23,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 
 from agentjet_server.errors import ConfigError
-
-if TYPE_CHECKING:
-    from agentjet_server.learner.trainer import Learner
 
 T = TypeVar("T")
 
@@ -151,31 +149,6 @@ def broadcast(ctx: DistContext, message: object) -> object:
     box = [message if ctx.is_main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def worker_loop(learner: Learner, ctx: DistContext) -> None:
-    """Ranks other than 0: take part in every step rank 0 starts, until it says stop."""
-    from agentjet_server.learner.trainer import Batch
-
-    logger.info("learner rank %d waiting for batches", ctx.rank)
-    while True:
-        message = broadcast(ctx, None)
-        if message == STOP:
-            logger.info("learner rank %d stopping", ctx.rank)
-            return
-        if message == IDLE:
-            continue
-        if message == CHECKPOINT:
-            learner.training_state()  # gathers this rank's shards to rank 0
-            continue
-        if isinstance(message, Reconfigure):
-            learner.reconfigure(message.config)  # type: ignore[arg-type]
-            logger.info("learner rank %d takes new settings (lr %s)", ctx.rank, learner.config.lr)
-            continue
-        if not isinstance(message, Batch):
-            raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
-        learner.step(message)
-        learner.full_state_dict()
 
 
 def shutdown(ctx: DistContext, wait_for_others: bool = True) -> None:

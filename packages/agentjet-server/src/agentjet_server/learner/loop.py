@@ -3,7 +3,11 @@
 Serving never waits for this loop: it runs in its own thread with its own copy of the model,
 and hands finished weights to the engine, which swaps them in between two decode steps. Under
 torchrun this thread on rank 0 also drives the other learner ranks: it broadcasts each batch
-(and a heartbeat while idle, and ``stop`` at the end) to ``distributed.worker_loop``.
+(and a heartbeat while idle, and ``stop`` at the end) to ``worker_loop``, which the other ranks
+run instead.
+
+Staleness is measured again when a batch is built (``batching.batch.build_batch``): a group that
+waited for slow siblings may have aged past ``max_staleness`` since it was accepted.
 """
 
 from __future__ import annotations
@@ -12,16 +16,19 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from agentjet_client.protocol import Trajectory
+from agentjet_server.batching.batch import Batch, StalePolicy, build_batch
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
-from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats, build_batch
+from agentjet_server.learner.distributed import DistContext
+from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
 from agentjet_server.metrics import StepRecord, batch_figures
 
 logger = logging.getLogger(__name__)
@@ -40,6 +47,8 @@ class TrainingLoop:
         save: Callable[[dict[str, Any]], Any] | None = None,
         checkpoint_every: int = 0,
         on_step: Callable[[StepRecord, Any], None] | None = None,
+        max_staleness: int | None = None,
+        stale_policy: StalePolicy = "drop",
     ) -> None:
         self.learner = learner
         self.buffer = buffer
@@ -51,6 +60,13 @@ class TrainingLoop:
         self.last: StepStats | None = None
         self.skipped_batches = 0
         self.error: str | None = None
+        # staleness at training time: the bound (changed live through the admin API) and what
+        # happens to an episode past it; counts of what it did, and the lag of every trained token
+        self.max_staleness = max_staleness
+        self.stale_policy: StalePolicy = stale_policy
+        self.stale_at_training = 0
+        self.downweighted_tokens = 0
+        self.trained_lag: Counter[int] = Counter()
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
         self._save = save
@@ -210,7 +226,19 @@ class TrainingLoop:
                 self.error = None
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
-        batch = build_batch(groups, keep_flat=self.learner.config.entropy_coef > 0)
+        config = self.learner.config
+        batch = build_batch(
+            groups,
+            keep_flat=config.entropy_coef > 0,
+            algorithm=config.algorithm,
+            version=self.version,
+            max_staleness=self.max_staleness,
+            stale_policy=self.stale_policy,
+        )
+        self.stale_at_training += batch.stale
+        self.downweighted_tokens += batch.downweighted
+        if batch.stale:
+            logger.info("%d episodes aged past the staleness bound while they waited: not trained", batch.stale)
         if not batch.sequences:
             self.skipped_batches += 1
             self.buffer.commit()
@@ -218,6 +246,7 @@ class TrainingLoop:
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
         by_tag, by_agent, lag = batch_figures(groups, batch.included, self.version)
+        self.trained_lag.update(lag)
         batch.included = []  # the other ranks need the sequences only
         if self.learner.ctx.enabled:
             distributed.broadcast(self.learner.ctx, batch)
@@ -251,6 +280,14 @@ class TrainingLoop:
             reward_by_agent=by_agent,
             lag_mean=sum(k * n for k, n in lag.items()) / lagged if lagged else None,
             lag_max=max(lag) if lag else None,
+            is_weight_mean=stats.extra.get("is_weight_mean"),
+            is_truncated_fraction=stats.extra.get("is_truncated_fraction"),
+            behaviour_kl=stats.extra.get("behaviour_kl"),
+            kl_reference=stats.extra.get("kl_reference"),
+            value_error=stats.extra.get("value_error"),
+            value_mean=stats.extra.get("value_mean"),
+            stale_dropped=batch.stale,
+            prepare_seconds=stats.prepare_seconds,
         )
         try:
             self._on_step(record, lag)
@@ -274,3 +311,26 @@ class TrainingLoop:
 def _differences(old: LearnerConfig, new: LearnerConfig) -> str:
     before, after = dataclasses.asdict(old), dataclasses.asdict(new)
     return ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before[k] != after[k])
+
+
+def worker_loop(learner: Learner, ctx: DistContext) -> None:
+    """Ranks other than 0: take part in every step rank 0 starts, until it says stop."""
+    logger.info("learner rank %d waiting for batches", ctx.rank)
+    while True:
+        message = distributed.broadcast(ctx, None)
+        if message == distributed.STOP:
+            logger.info("learner rank %d stopping", ctx.rank)
+            return
+        if message == distributed.IDLE:
+            continue
+        if message == distributed.CHECKPOINT:
+            learner.training_state()  # gathers this rank's shards to rank 0
+            continue
+        if isinstance(message, distributed.Reconfigure):
+            learner.reconfigure(message.config)  # type: ignore[arg-type]
+            logger.info("learner rank %d takes new settings (lr %s)", ctx.rank, learner.config.lr)
+            continue
+        if not isinstance(message, Batch):
+            raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
+        learner.step(message)
+        learner.full_state_dict()

@@ -1,11 +1,27 @@
 """Pure loss functions of the learner: no state, no I/O, tensors in and tensors out.
 
+Advantages
 * ``group_advantages`` — GRPO: each episode's reward normalised within its group of siblings
   that share a task (same prompt), so the group mean is the baseline.
-* ``clipped_policy_loss`` — the PPO-style clipped surrogate against the *behaviour*
-  log-probabilities the engine recorded when it sampled. The ratio ``pi_theta / pi_behaviour``
-  is the importance-sampling correction for turns sampled by an older policy version; clipping
-  bounds how far a stale turn can push the update. Token-mean over all trained tokens.
+* ``gae`` — PPO: generalised advantage estimation over one timeline's trained tokens, from the
+  critic's values and per-token rewards (the learner whitens them over the batch).
+
+Policy objectives (per trained token, weighted, summed and divided by ``normaliser``)
+* ``clipped_policy_loss`` — PPO's clipped surrogate against the *behaviour* log-probs the engine
+  recorded when it sampled (``--off-policy none``). At high staleness the behaviour policy is
+  many versions old, and one clip around it both corrects for staleness and bounds the update:
+  the AReaL paper's "naive PPO", which degrades as staleness grows.
+* ``decoupled_policy_loss`` — AReaL's decoupled objective (``--off-policy decoupled``): the clip
+  is taken around a *proximal* policy (the weights about to be updated) and the staleness is
+  corrected separately by the importance weight ``pi_prox / pi_behaviour``, truncated at a cap.
+* ``tis_policy_loss`` — truncated importance sampling on the plain policy gradient (``tis``):
+  each token's gradient ``A * grad log pi`` weighted by ``min(pi / pi_behaviour, cap)``, no clip.
+
+Regularisers
+* ``k3_kl`` — Schulman's k3 estimator of KL(pi || pi_ref) per token, ``exp(d) - d - 1`` with
+  ``d = log pi_ref - log pi``: non-negative, unbiased, low variance.
+* ``clipped_value_loss`` — the critic's squared error to its returns, clipped around the values
+  it had when the batch was built (PPO's value clip).
 """
 
 from __future__ import annotations
@@ -21,6 +37,34 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return centred / (rewards.std(unbiased=False) + eps)
 
 
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns of one timeline's trained tokens, in order (1-D tensors).
+
+    ``values[t]`` is the critic's estimate before token t is sampled, ``rewards[t]`` what arrives
+    with it (a turn's reward at its last token, the episode's at the timeline's last). The state
+    after the last token is terminal (value 0). ``returns = advantages + values``.
+    """
+    if rewards.shape != values.shape or rewards.ndim != 1:
+        raise ValueError("rewards and values must be 1-D tensors of the same length")
+    advantages = torch.zeros_like(values)
+    running = values.new_zeros(())
+    for t in range(values.numel() - 1, -1, -1):
+        next_value = values[t + 1] if t + 1 < values.numel() else values.new_zeros(())
+        delta = rewards[t] + gamma * next_value - values[t]
+        running = delta + gamma * lam * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def _reduce(per_token: torch.Tensor, weights: torch.Tensor, normaliser: float | None) -> torch.Tensor:
+    denominator = normaliser if normaliser is not None else float(weights.sum().clamp(min=1.0))
+    return (per_token * weights).sum() / denominator
+
+
+def _count(weights: torch.Tensor) -> float:
+    return float((weights != 0).sum().clamp(min=1))
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -30,23 +74,134 @@ def clipped_policy_loss(
     clip_high: float = 0.28,
     normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate, summed over masked tokens and divided by ``normaliser``.
+    """Clipped surrogate, weighted by ``mask`` (1 trains a token, 0 leaves it out, a fraction
+    down-weights it), summed and divided by ``normaliser``.
 
-    ``normaliser`` defaults to the number of masked tokens; pass the whole batch's token count
-    when the batch is split into micro-batches so that gradients add up to the token mean.
+    ``normaliser`` defaults to the sum of ``mask``; pass the whole batch's token count when the
+    batch is split into micro-batches so that gradients add up to the token mean.
     """
-    mask = mask.to(logprobs.dtype)
+    weights = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    denominator = normaliser if normaliser is not None else float(mask.sum().clamp(min=1.0))
-    loss = (per_token * mask).sum() / denominator
+    loss = _reduce(per_token, weights, normaliser)
     with torch.no_grad():
-        count = float(mask.sum().clamp(min=1.0))
+        present = (weights != 0).to(weights.dtype)
+        count = _count(weights)
         stats = {
-            "clip_fraction": float(((unclipped != clipped).to(mask.dtype) * mask).sum() / count),
-            "ratio_mean": float((ratio * mask).sum() / count),
-            "approx_kl": float((((ratio - 1) - (logprobs - old_logprobs)) * mask).sum() / count),
+            "clip_fraction": float(((unclipped != clipped).to(weights.dtype) * present).sum() / count),
+            "ratio_mean": float((ratio * present).sum() / count),
+            "approx_kl": float((((ratio - 1) - (logprobs - old_logprobs)) * present).sum() / count),
+        }
+    return loss, stats
+
+
+def decoupled_policy_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    is_cap: float = 2.0,
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """AReaL's decoupled PPO objective, per token::
+
+        w = min(pi_prox / pi_behaviour, is_cap)          (no gradient)
+        r = pi_theta / pi_prox
+        loss = -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
+
+    The clip keeps the update near the proximal policy (the weights being updated), whatever the
+    staleness; the truncated weight corrects for the turn having been sampled by an older one.
+    """
+    weights = mask.to(logprobs.dtype)
+    with torch.no_grad():
+        raw = torch.exp(proximal_logprobs - behaviour_logprobs)
+        is_weight = torch.clamp(raw, max=is_cap)
+    ratio = torch.exp(logprobs - proximal_logprobs)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -is_weight * torch.minimum(unclipped, clipped)
+    loss = _reduce(per_token, weights, normaliser)
+    with torch.no_grad():
+        present = (weights != 0).to(weights.dtype)
+        count = _count(weights)
+        stats = {
+            "clip_fraction": float(((unclipped != clipped).to(weights.dtype) * present).sum() / count),
+            "ratio_mean": float((ratio * present).sum() / count),
+            "approx_kl": float((((ratio - 1) - (logprobs - proximal_logprobs)) * present).sum() / count),
+            "is_weight_mean": float((is_weight * present).sum() / count),
+            "is_truncated_fraction": float(((raw > is_cap).to(weights.dtype) * present).sum() / count),
+            "behaviour_kl": float((((raw - 1) - (proximal_logprobs - behaviour_logprobs)) * present).sum() / count),
+        }
+    return loss, stats
+
+
+def tis_policy_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    is_cap: float = 2.0,
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance sampling on the plain policy gradient, per token::
+
+        w = min(pi_theta / pi_behaviour, is_cap)          (no gradient)
+        gradient = -w * A * grad log pi_theta
+
+    written as ``-w * A * exp(log pi - sg(log pi))``, whose value is ``-w * A``.
+    """
+    weights = mask.to(logprobs.dtype)
+    with torch.no_grad():
+        raw = torch.exp(logprobs - behaviour_logprobs)
+        is_weight = torch.clamp(raw, max=is_cap)
+    score = torch.exp(logprobs - logprobs.detach())  # 1, with the gradient of log pi
+    per_token = -is_weight * advantages * score
+    loss = _reduce(per_token, weights, normaliser)
+    with torch.no_grad():
+        present = (weights != 0).to(weights.dtype)
+        count = _count(weights)
+        stats = {
+            "ratio_mean": float((raw * present).sum() / count),
+            "approx_kl": float((((raw - 1) - (logprobs - behaviour_logprobs)) * present).sum() / count),
+            "is_weight_mean": float((is_weight * present).sum() / count),
+            "is_truncated_fraction": float(((raw > is_cap).to(weights.dtype) * present).sum() / count),
+        }
+    return loss, stats
+
+
+def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref) at tokens sampled from pi: ``exp(d) - d - 1``,
+    ``d = log pi_ref - log pi``."""
+    d = reference_logprobs - logprobs
+    return torch.exp(d) - d - 1.0
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)`` per token."""
+    weights = mask.to(values.dtype)
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    unclipped_error = (values - returns) ** 2
+    clipped_error = (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(unclipped_error, clipped_error)
+    loss = _reduce(per_token, weights, normaliser)
+    with torch.no_grad():
+        present = (weights != 0).to(weights.dtype)
+        count = _count(weights)
+        stats = {
+            "value_mean": float((values * present).sum() / count),
+            "value_error": float((unclipped_error * present).sum() / count),
+            "value_clip_fraction": float(((clipped_error > unclipped_error).to(weights.dtype) * present).sum() / count),
         }
     return loss, stats

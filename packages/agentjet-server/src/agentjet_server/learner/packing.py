@@ -31,32 +31,12 @@ they share).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from agentjet_server.batching.batch import Sequence
+
 DENSE_TREE_MAX = 2048  # nodes; above it a tree mask costs more than running its chains separately
-
-
-@dataclass
-class Sequence:
-    """A token sequence to train: ``tokens[p]`` is trained for each ``p`` in ``positions``
-    (predicted from ``tokens[:p]``), with its behaviour log-prob and advantage."""
-
-    tokens: list[int]
-    positions: list[int]
-    old_logprobs: list[float]
-    advantages: list[float]
-
-    @classmethod
-    def single(cls, tokens: list[int], completion_start: int, old_logprobs: list[float], advantage: float) -> Sequence:
-        """One call: prompt ``tokens[:completion_start]`` untrained, the rest trained."""
-        positions = list(range(completion_start, len(tokens)))
-        return cls(tokens, positions, list(old_logprobs), [advantage] * len(positions))
-
-    @property
-    def trained_tokens(self) -> int:
-        return len(self.positions)
 
 
 @dataclass
@@ -70,6 +50,10 @@ class Packed:
     entry_targets: list[int] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)  # each sequence's entries, in order
     sequences: int = 0
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
@@ -100,13 +84,18 @@ class Packed:
                 self.depth.append(0 if node < 0 else self.depth[node] + 1)
             nodes.append(child)
             node = child
-        for p, old, adv in zip(seq.positions, seq.old_logprobs, seq.advantages, strict=True):
+        first = len(self.entry_nodes)
+        for p in seq.positions:
             if p < 1:
                 raise ValueError("a sequence's first token cannot be trained: nothing predicts it")
             self.entry_nodes.append(nodes[p - 1])
             self.entry_targets.append(seq.tokens[p])
-            self.old_logprobs.append(old)
-            self.advantages.append(adv)
+        self.old_logprobs.extend(seq.old_logprobs)
+        self.advantages.extend(seq.advantages)
+        self.versions.extend(seq.versions)
+        self.rewards.extend(seq.rewards)
+        self.weights.extend(seq.weights)
+        self.spans.append((first, len(self.entry_nodes)))
         self.sequences += 1
 
     def segments(self) -> list[tuple[int, int, int]]:
@@ -149,22 +138,58 @@ class Packed:
         allowed = (idx[None, :] <= idx[:, None]) & (idx[:, None] < end[None, :])
         return allowed[None, None]
 
-    def tensors(self, device: torch.device, tree_attention: str = "auto") -> dict[str, Any]:
+    def tensors(self, device: torch.device | str, tree_attention: str = "auto") -> MicroBatch:
         """What the learner's forward pass takes. ``tree_attention``: ``dense``, ``segments`` or
         ``auto`` (dense up to ``DENSE_TREE_MAX`` nodes)."""
         mode = tree_attention if tree_attention != "auto" else ("dense" if self.size <= DENSE_TREE_MAX else "segments")
         mask = self.attention_mask() if mode == "dense" else None
         segments = self.segments() if mode == "segments" and not self.is_chain else None
-        return {
-            "input_ids": torch.tensor([self.tokens], device=device),
-            "position_ids": torch.tensor([self.depth], device=device),
-            "attention_mask": mask.to(device) if mask is not None else None,
-            "segments": segments,
-            "entry_nodes": torch.tensor(self.entry_nodes, dtype=torch.long, device=device),
-            "targets": torch.tensor(self.entry_targets, dtype=torch.long, device=device),
-            "old_logprobs": torch.tensor(self.old_logprobs, dtype=torch.float32, device=device),
-            "advantages": torch.tensor(self.advantages, dtype=torch.float32, device=device),
-        }
+
+        def floats(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        return MicroBatch(
+            input_ids=torch.tensor([self.tokens], device=device),
+            position_ids=torch.tensor([self.depth], device=device),
+            attention_mask=mask.to(device) if mask is not None else None,
+            segments=segments,
+            entry_nodes=torch.tensor(self.entry_nodes, dtype=torch.long, device=device),
+            targets=torch.tensor(self.entry_targets, dtype=torch.long, device=device),
+            old_logprobs=floats(self.old_logprobs),
+            advantages=floats(self.advantages),
+            versions=torch.tensor(self.versions, dtype=torch.long, device=device),
+            rewards=floats(self.rewards),
+            weights=floats(self.weights),
+            spans=list(self.spans),
+        )
+
+
+@dataclass
+class MicroBatch:
+    """One packed micro-batch as tensors: the tree's tokens (one row), its positions and attention
+    (a mask, chain segments, or neither for a plain chain), and one entry per trained token.
+    The learner fills the last four before its update (see ``Learner.prepare``)."""
+
+    input_ids: torch.Tensor  # [1, N]
+    position_ids: torch.Tensor  # [1, N]
+    attention_mask: torch.Tensor | None  # [1, 1, N, N] bool
+    segments: list[tuple[int, int, int]] | None
+    entry_nodes: torch.Tensor  # [E] the node whose output predicts the entry's token
+    targets: torch.Tensor  # [E]
+    old_logprobs: torch.Tensor  # [E] behaviour log-probs (what the engine sampled with)
+    advantages: torch.Tensor  # [E]
+    versions: torch.Tensor  # [E] policy version that sampled each entry, -1 unknown
+    rewards: torch.Tensor  # [E] rewards arriving with each entry (PPO)
+    weights: torch.Tensor  # [E] loss weight (staleness down-weighting)
+    spans: list[tuple[int, int]]  # each sequence's entries, in order
+    proximal_logprobs: torch.Tensor | None = None
+    reference_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    @property
+    def entries(self) -> int:
+        return int(self.targets.numel())
 
 
 def pack(sequences: list[Sequence], budget: int) -> list[Packed]:

@@ -1,14 +1,16 @@
-"""One GRPO step over a batch of trajectory groups, top to bottom.
+"""One policy update over a batch of trajectory groups (``batching.batch.build_batch``), top to bottom.
 
-1. ``build_batch`` — for each group, normalise rewards among its complete episodes
-   (``group_advantages``); skip groups with no signal (all rewards equal). Each remaining
-   episode's turns are merged into timelines (``batching.timeline``: a turn that extends an
-   earlier one token for token continues it), and each timeline becomes one sequence whose
-   sampled tokens are trained, each with its behaviour log-probability and the episode's advantage.
-2. ``Learner.step`` — pack the sequences into prefix trees (``learner.packing``: shared prefixes
-   such as a group's prompt are computed once), forward each micro-batch with a tree attention
-   mask, compute ``clipped_policy_loss`` over the trained tokens normalised by the batch's total,
-   accumulate gradients, clip the gradient norm, one AdamW step.
+1. ``Learner.step`` packs the batch's sequences into prefix trees (``learner.packing``: shared
+   prefixes such as a group's prompt are computed once), split into ``mini_batches`` (one
+   optimizer step each) and, under torchrun, between ranks.
+2. ``Learner.prepare`` — one forward pass without gradient, before any weight changes, where the
+   objective needs it: the *proximal* log-probs of the weights about to be updated (decoupled
+   objective; the sampled log-probs are reused for tokens the current version sampled), the
+   critic's values (PPO, then GAE per timeline and advantage whitening over the batch), and the
+   frozen reference model's log-probs (KL penalty).
+3. For each epoch and mini-batch: forward each micro-batch with a tree attention mask, the policy
+   objective of ``--off-policy`` (``learner.losses``) plus the KL, value and entropy terms,
+   normalised by the mini-batch's trained tokens; gradients accumulate; clip; one AdamW step.
 
 The server runs this in a background thread (``learner.loop``); it runs on its own, too:
 
@@ -18,17 +20,15 @@ The server runs this in a background thread (``learner.loop``); it runs on its o
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from agentjet_client.protocol import Trajectory
-from agentjet_server.batching.timeline import build_timelines, call_tokens
+from agentjet_server.batching.batch import Batch, Sequence
 from agentjet_server.learner.distributed import (
     DistContext,
     decoder_layers,
@@ -36,8 +36,18 @@ from agentjet_server.learner.distributed import (
     partition,
     shard_model,
 )
-from agentjet_server.learner.losses import clipped_policy_loss, group_advantages
-from agentjet_server.learner.packing import Packed, Sequence, pack
+from agentjet_server.learner.losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    decoupled_policy_loss,
+    gae,
+    k3_kl,
+    tis_policy_loss,
+)
+from agentjet_server.learner.packing import MicroBatch, Packed, pack
+from agentjet_server.learner.policy import PolicyModel
+
+OffPolicy = Literal["decoupled", "tis", "none"]
 
 
 @dataclass(frozen=True)
@@ -48,25 +58,18 @@ class LearnerConfig:
     clip_high: float = 0.28
     max_grad_norm: float = 1.0
     entropy_coef: float = 0.0  # bonus on the policy's entropy at trained positions
-    epochs: int = 1  # optimizer steps per batch; past the first, the clip keeps updates near the behaviour policy
+    epochs: int = 1  # passes over each batch; past the first, the clip keeps updates near the proximal policy
+    mini_batches: int = 1  # optimizer steps per pass, each on its share of the batch's sequences
     micro_batch_tokens: int = 8192  # prefix-tree nodes per micro-batch
     tree_attention: str = "auto"  # dense | segments | auto (see learner.packing)
-
-
-@dataclass
-class Batch:
-    sequences: list[Sequence]
-    rewards: list[float]
-    groups: int
-    skipped_groups: int
-    trajectories: int
-
-    call_tokens: int = 0  # what training one sample per call would process
-    included: list[Trajectory] = field(default_factory=list)  # episodes whose sampled tokens are all trained
-
-    @property
-    def trained_tokens(self) -> int:
-        return sum(s.trained_tokens for s in self.sequences)
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    off_policy: OffPolicy = "decoupled"
+    is_cap: float = 2.0  # truncation of the behaviour importance weight (decoupled, tis)
+    kl_coef: float = 0.0  # k3 KL to the reference model; needs a reference
+    gamma: float = 1.0  # PPO: discount per trained token
+    lam: float = 0.95  # PPO: GAE lambda
+    vf_coef: float = 0.5  # PPO: weight of the value loss
+    value_clip: float = 0.2  # PPO: how far a value may move from its pre-update estimate
 
 
 @dataclass
@@ -80,179 +83,71 @@ class StepStats:
     extra: dict[str, float] = field(default_factory=dict)
     processed_tokens: int = 0  # prefix-tree nodes the forward passes ran over
     micro_batches: int = 0
+    prepare_seconds: float = 0.0  # the no-gradient pass (proximal, reference, values)
 
 
-def build_batch(groups: list[list[Trajectory]], keep_flat: bool = False) -> Batch:
-    """Turn groups of trajectories into trainable sequences with GRPO advantages.
+@dataclass
+class MiniBatch:
+    """One optimizer step's share of the batch on this rank: its micro-batches (``None`` where
+    this rank only joins the other ranks' collectives) and every rank's trained tokens together."""
 
-    Rewards are normalised within each group of siblings: the episode's reward for every timeline,
-    or, in a multi-agent episode with ``agent_rewards``, each agent's own reward for that agent's
-    timelines (normalised among the same agent of the siblings). A group whose rewards are all
-    equal has no policy-gradient signal and is counted as skipped; with ``keep_flat`` its
-    sequences still come along (advantage 0) so that an entropy bonus can keep a prompt that the
-    policy has collapsed on from staying collapsed.
-    """
-    sequences: list[Sequence] = []
-    rewards: list[float] = []
-    skipped = 0
-    count = 0
-    call_count = 0
-    included: list[Trajectory] = []
-    for group in groups:
-        complete = [t for t in group if t.status == "complete" and t.turns]
-        count += len(group)
-        rewards.extend(t.reward for t in complete)
-        if len(complete) < 2:
-            skipped += 1
-            continue
-        advantages = _group_advantages(complete)
-        if all(a == 0.0 for per_agent in advantages for a in per_agent.values()):
-            skipped += 1
-            if not keep_flat:
-                continue
-        for trajectory, per_agent in zip(complete, advantages, strict=True):
-            call_count += call_tokens(trajectory.turns)
-            included.append(trajectory)
-            for timeline in build_timelines(trajectory.turns):
-                advantage = per_agent.get(timeline.agent, per_agent[""])
-                sequences.append(
-                    Sequence(
-                        tokens=timeline.tokens,
-                        positions=timeline.trained,
-                        old_logprobs=timeline.old_logprobs,
-                        advantages=[advantage] * len(timeline.trained),
-                    )
-                )
-    return Batch(sequences, rewards, len(groups), skipped, count, call_count, included)
-
-
-def _group_advantages(complete: list[Trajectory]) -> list[dict[str, float]]:
-    """Per trajectory: ``{"": episode advantage, agent: that agent's advantage, ...}``."""
-
-    def normalised(values: list[float]) -> list[float]:
-        return group_advantages(torch.tensor(values, dtype=torch.float64)).tolist()
-
-    out: list[dict[str, float]] = [{"": a} for a in normalised([t.reward for t in complete])]
-    agents = sorted({name for t in complete for name in (t.agent_rewards or {})})
-    for name in agents:
-        values = [(t.agent_rewards or {}).get(name, t.reward) for t in complete]
-        for per_agent, advantage in zip(out, normalised(values), strict=True):
-            per_agent[name] = advantage
-    return out
-
-
-def _cache_kwarg(module: Any) -> str:
-    """transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-class PolicyLogits(torch.nn.Module):
-    """Wraps a causal LM: logits ``[E, V]`` at the E nodes whose next token is trained.
-
-    Runs on a packed micro-batch (one row, ``position_ids`` and an optional tree mask, see
-    ``learner.packing``). The output head runs only at trained entries: prompts, tool results and
-    shared prefixes make up most of a batch and need no logits, so the head (vocab x hidden, the
-    largest matrix of a small model) costs in proportion to sampled tokens, not to context. Being
-    one module with one ``forward`` also makes it the FSDP root, so a sharded model's embeddings,
-    final norm and head are gathered around exactly this computation.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.lm = model
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        nodes: torch.Tensor,
-        segments: list[tuple[int, int, int]] | None = None,
-    ) -> torch.Tensor:
-        model: Any = self.lm
-        decoder: Any = getattr(model, "get_decoder", lambda: None)()
-        head: Any = getattr(model, "get_output_embeddings", lambda: None)()
-        if segments is not None and decoder is not None and head is not None:
-            return head(self._segment_hidden(decoder, input_ids, position_ids, segments)[nodes])  # type: ignore[no-any-return]
-        if segments is not None:
-            raise ValueError("segment-wise tree attention needs a Hugging Face causal LM (get_decoder)")
-        inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
-        if decoder is None or head is None:  # not a standard HF causal LM: full logits
-            return model(**inputs).logits[0, nodes]  # type: ignore[no-any-return]
-        hidden = decoder(**inputs).last_hidden_state
-        return head(hidden[0, nodes])  # type: ignore[no-any-return]
-
-    def _segment_hidden(
-        self, decoder: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: list[tuple[int, int, int]]
-    ) -> torch.Tensor:
-        """Hidden states ``[N, H]`` of a tree run chain by chain, each continuing from its
-        ancestors' keys and values (kept in the graph: the prefix gets every branch's gradient)."""
-        from transformers import DynamicCache
-
-        config = getattr(self.lm, "config", None)
-        cache_kwarg = _cache_kwarg(decoder)
-        kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        hidden = []
-        for start, end, parent in segments:
-            chain = []
-            while parent >= 0:
-                chain.append(parent)
-                parent = segments[parent][2]
-            cache: Any = DynamicCache(config=config)
-            if chain:
-                chain.reverse()
-                for layer in range(len(kv[chain[0]])):
-                    keys = torch.cat([kv[s][layer][0] for s in chain], dim=2)
-                    values = torch.cat([kv[s][layer][1] for s in chain], dim=2)
-                    cache.update(keys, values, layer)
-            out = decoder(
-                input_ids=input_ids[:, start:end],
-                position_ids=position_ids[:, start:end],
-                use_cache=True,
-                **{cache_kwarg: cache},
-            )
-            n = end - start
-            kv.append([(layer.keys[:, :, -n:], layer.values[:, :, -n:]) for layer in cache.layers])
-            hidden.append(out.last_hidden_state[0])
-        return torch.cat(hidden)
+    micro: list[MicroBatch | None]
+    tokens: float
 
 
 class Learner:
-    """Holds the trainable model and its optimizer; ``step`` is one policy update.
+    """Holds the trainable model (and the value head, for PPO), its optimizer and the frozen
+    reference model (for a KL penalty); ``step`` is one policy update.
 
     With a ``DistContext`` of several ranks (see ``learner.distributed``) the model is sharded
     with FSDP2 and every rank must call ``step`` and ``full_state_dict`` on the same batches.
     """
 
     def __init__(
-        self, model: torch.nn.Module, config: LearnerConfig, pad_id: int, ctx: DistContext | None = None
+        self,
+        model: torch.nn.Module,
+        config: LearnerConfig,
+        pad_id: int,
+        ctx: DistContext | None = None,
+        reference: torch.nn.Module | None = None,
     ) -> None:
+        if config.kl_coef > 0 and reference is None:
+            raise ValueError("a KL penalty (kl_coef > 0) needs a reference model")
         self.model = model
         self.config = config
         self.pad_id = pad_id
         self.ctx = ctx or DistContext(device=str(next(model.parameters()).device))
         self.device = next(model.parameters()).device
-        self.policy = PolicyLogits(model)
+        self.policy = PolicyModel(model, value_head=config.algorithm == "ppo")
         shard_model(self.policy, decoder_layers(model), self.ctx)
+        # the value head learns from scratch while the policy is fine-tuned: it gets its own gradient
+        # clipping (the policy's gradient norm, often far above the bound, would scale it away)
+        self._head = list(self.policy.value_head.parameters()) if self.policy.value_head is not None else []
+        head_ids = {id(p) for p in self._head}
+        self._trunk = [p for p in self.policy.parameters() if id(p) not in head_ids]
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.reference: PolicyModel | None = None
+        if reference is not None:
+            reference.requires_grad_(False)
+            reference.eval()
+            self.reference = PolicyModel(reference)
         self.steps = 0
 
     def reconfigure(self, config: LearnerConfig) -> None:
         """Take new settings between steps: the learning rate goes to the optimizer at once."""
+        if config.algorithm != self.config.algorithm:
+            raise ValueError("the algorithm of a learner cannot change (it decides whether there is a critic)")
+        if config.kl_coef > 0 and self.reference is None:
+            raise ValueError("a KL penalty needs a reference model: start the server with --kl-coef above 0")
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr
             group["weight_decay"] = config.weight_decay
         self.config = config
 
-    def sequence_logprobs(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def sequence_logprobs(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of each trained entry's token, and the policy's entropy there, ``[E]``."""
-        logits = self.policy(
-            batch["input_ids"], batch["position_ids"], batch["attention_mask"], batch["entry_nodes"], batch["segments"]
-        )
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        values = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return values, entropy
+        logprobs, entropy, _values = self.policy.run(batch)
+        return logprobs, entropy
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0)."""
@@ -260,22 +155,26 @@ class Learner:
 
     def training_state(self) -> dict[str, Any]:
         """Everything a resumed learner needs, whole, on rank 0 (collective under FSDP; ``{}``
-        elsewhere): model weights (HF names), optimizer state (by parameter name, so it loads into
-        any world size), step count and RNG state."""
+        elsewhere): model weights (HF names), the critic's value head, optimizer state (by
+        parameter name, so it loads into any world size), step count and RNG state."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         optimizer = get_optimizer_state_dict(self.policy, self.optimizer, options=options)
         weights = self.full_state_dict()
+        critic = full_state_dict(self.policy.value_head, self.ctx) if self.policy.value_head is not None else None
         if not self.ctx.is_main:
             return {}
-        return {
+        state = {
             "weights": weights,
             "optimizer": optimizer,
             "steps": self.steps,
             "rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
         }
+        if critic is not None:
+            state["critic"] = critic
+        return state
 
     def load_training_state(self, state: dict[str, Any] | None) -> None:
         """Inverse of ``training_state``: rank 0 passes the state, the others ``None`` (collective)."""
@@ -289,6 +188,13 @@ class Learner:
         weights: dict[str, Any] = (
             {f"lm.{k}": v for k, v in self._complete_tied(state["weights"]).items()} if state else {}
         )
+        if state and self.policy.value_head is not None:
+            if "critic" not in state:
+                raise ValueError(
+                    "the checkpoint has no critic (it was trained with --algorithm grpo); resume it with "
+                    "--algorithm grpo, or start PPO from its model dir with --model"
+                )
+            weights.update({f"value_head.{k}": v for k, v in state["critic"].items()})
         set_model_state_dict(self.policy, weights, options=options)
         set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"] if state else {}, options=options)
         steps = state["steps"] if state else 0
@@ -323,66 +229,144 @@ class Learner:
             raise ValueError(f"the checkpoint has no weights for {', '.join(sorted(missing)[:5])}")
         return out
 
-    def _plan(self, sequences: list[Sequence]) -> tuple[list[dict[str, Any] | None], int]:
-        """This rank's packed micro-batches, padded with ``None`` to the largest count of any
-        rank (FSDP gathers weights collectively, so every rank runs the same number of passes),
-        and the tokens all ranks process."""
-        packed = pack(sequences, self.config.micro_batch_tokens)
-        shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
-        mine = shares[self.ctx.rank]
+    # -- planning ---------------------------------------------------------------------------------
+
+    def _plan(self, sequences: list[Sequence]) -> tuple[list[MiniBatch], int]:
+        """This rank's mini-batches of packed micro-batches, each padded with ``None`` to the largest
+        count of any rank (FSDP gathers weights collectively, so every rank runs the same number of
+        passes), and the tokens all ranks process."""
         # segment-wise trees run a varying number of decoder passes per micro-batch; FSDP gathers
         # each layer once per pass, collectively, so sharded ranks must all use one pass (dense)
         mode = "dense" if self.ctx.enabled else self.config.tree_attention
-        tensors: list[dict[str, Any] | None] = [p.tensors(self.device, mode) for p in mine]
-        return tensors + [None] * (max(len(s) for s in shares) - len(mine)), sum(p.size for p in packed)
+        out: list[MiniBatch] = []
+        processed = 0
+        for chunk in _split(sequences, self.config.mini_batches):
+            packed = pack(chunk, self.config.micro_batch_tokens)
+            processed += sum(p.size for p in packed)
+            shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
+            mine: list[MicroBatch | None] = [p.tensors(self.device, mode) for p in shares[self.ctx.rank]]
+            mine += [None] * (max(len(s) for s in shares) - len(mine))
+            out.append(MiniBatch(mine, float(sum(s.trained_tokens for s in chunk))))
+        return out, processed
 
-    def _idle_pass(self) -> dict[str, Any]:
+    def _idle_pass(self) -> MicroBatch:
         """A one-token stand-in micro-batch for a rank with no sequences left; its loss is scaled by 0."""
         stand_in = Packed()
         stand_in.insert(Sequence([self.pad_id, self.pad_id], [1], [0.0], [0.0]))
-        return stand_in.tensors(self.device)
+        micro = stand_in.tensors(self.device)
+        micro.proximal_logprobs = micro.reference_logprobs = micro.old_logprobs
+        micro.old_values = micro.returns = torch.zeros_like(micro.old_logprobs)
+        return micro
+
+    # -- the no-gradient pass ---------------------------------------------------------------------
+
+    def prepare(self, plan: list[MiniBatch], version: int | None) -> None:
+        """Fill every micro-batch's proximal and reference log-probs and, for PPO, its values,
+        GAE returns and whitened advantages, before the first update (see the module docstring)."""
+        config = self.config
+        micro = [m for mini in plan for m in mini.micro]
+        real = [m for m in micro if m is not None]
+        all_current = version is not None and all(bool((m.versions == version).all()) for m in real)
+        # the same on every rank: each holds the whole batch's versions only for its share, so agree
+        need_prox = config.off_policy == "decoupled" and not self._all_ranks(all_current)
+        need_values = config.algorithm == "ppo"
+        if need_prox or need_values:
+            with torch.no_grad():
+                for m in micro:
+                    part = m if m is not None else self._idle_pass()
+                    logprobs, _entropy, values = self.policy.run(part)
+                    if m is None:
+                        continue
+                    if need_prox:
+                        current = (
+                            m.versions == version
+                            if version is not None
+                            else torch.zeros_like(m.weights, dtype=torch.bool)
+                        )
+                        m.proximal_logprobs = torch.where(current, m.old_logprobs, logprobs)
+                    if values is not None:
+                        m.old_values = values.float()
+        for m in real:
+            if m.proximal_logprobs is None:
+                m.proximal_logprobs = m.old_logprobs
+        if self.reference is not None and config.kl_coef > 0:
+            with torch.no_grad():
+                for m in real:
+                    m.reference_logprobs = self.reference.run(m)[0]
+        if need_values:
+            self._advantages(real)
+
+    def _advantages(self, micro: list[MicroBatch]) -> None:
+        """GAE over each sequence's trained tokens, then whitening over the whole batch (all ranks)."""
+        config = self.config
+        for m in micro:
+            assert m.old_values is not None
+            advantages = torch.zeros_like(m.old_values)
+            returns = torch.zeros_like(m.old_values)
+            for start, end in m.spans:
+                a, r = gae(m.rewards[start:end], m.old_values[start:end], config.gamma, config.lam)
+                advantages[start:end], returns[start:end] = a, r
+            m.advantages, m.returns = advantages, returns
+        sums = torch.zeros(3, dtype=torch.float64)
+        for m in micro:
+            w = m.weights.double()
+            a = m.advantages.double()
+            sums += torch.stack([(w * a).sum(), (w * a * a).sum(), w.sum()]).cpu()
+        if self.ctx.enabled:
+            import torch.distributed as dist
+
+            dist.all_reduce(sums)
+        total = float(sums[2]) or 1.0
+        mean = float(sums[0]) / total
+        std = math.sqrt(max(float(sums[1]) / total - mean * mean, 0.0))
+        for m in micro:
+            m.advantages = (m.advantages - mean) / (std + 1e-8)
+
+    def _all_ranks(self, flag: bool) -> bool:
+        if not self.ctx.enabled:
+            return flag
+        import torch.distributed as dist
+
+        value = torch.tensor([1 if flag else 0], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return bool(value.item())
+
+    # -- the update -------------------------------------------------------------------------------
 
     def step(self, batch: Batch) -> StepStats:
         if not batch.sequences:
             raise ValueError("the batch has no trainable sequence (every group had equal rewards)")
         started = time.perf_counter()
-        self.policy.train()
-        total = float(batch.trained_tokens)
         plan, processed = self._plan(batch.sequences)
+        self.policy.eval()
+        self.prepare(plan, batch.version)
+        prepare_seconds = time.perf_counter() - started
+        self.policy.train()
+        idle = self._idle_pass()
+        batch_tokens = float(batch.trained_tokens)
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
         for _epoch in range(self.config.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
             extra = {}
-            for planned in plan:
-                part = planned if planned is not None else self._idle_pass()
-                logprobs, entropy = self.sequence_logprobs(part)
-                mask = torch.ones_like(logprobs)
-                loss, stats = clipped_policy_loss(
-                    logprobs,
-                    part["old_logprobs"],
-                    part["advantages"],
-                    mask,
-                    self.config.clip_low,
-                    self.config.clip_high,
-                    normaliser=total,
-                )
-                if self.config.entropy_coef:
-                    loss = loss - self.config.entropy_coef * entropy.sum() / total
-                with torch.no_grad():
-                    stats["entropy"] = float(entropy.mean())
-                weight = float(logprobs.numel()) / total
-                if planned is None:
-                    loss, weight = loss * 0.0, 0.0
-                # FSDP averages gradients over ranks; each rank's loss is its share of the batch's sum
-                (loss * self.ctx.world_size).backward()  # type: ignore[no-untyped-call]
-                loss_sum += float(loss.detach())
-                for key, value in stats.items():
-                    extra[key] = extra.get(key, 0.0) + value * weight
-            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.max_grad_norm)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            self.optimizer.step()
+            for mini in plan:
+                self.optimizer.zero_grad(set_to_none=True)
+                for planned in mini.micro:
+                    part = planned if planned is not None else idle
+                    loss, stats = self._loss(part, mini.tokens)
+                    weight = float(part.entries) / batch_tokens
+                    if planned is None:
+                        loss, weight = loss * 0.0, 0.0
+                    # FSDP averages gradients over ranks; each rank's loss is its share of the sum
+                    (loss * self.ctx.world_size).backward()  # type: ignore[no-untyped-call]
+                    loss_sum += float(loss.detach()) * mini.tokens / batch_tokens
+                    for key, value in stats.items():
+                        extra[key] = extra.get(key, 0.0) + value * weight
+                norm = torch.nn.utils.clip_grad_norm_(self._trunk, self.config.max_grad_norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                if self._head:
+                    torch.nn.utils.clip_grad_norm_(self._head, self.config.max_grad_norm)
+                self.optimizer.step()
         loss_sum, extra = self._sum_over_ranks(loss_sum, extra)
         self.policy.eval()
         self.steps += 1
@@ -396,8 +380,60 @@ class Learner:
             seconds=time.perf_counter() - started,
             extra=extra,
             processed_tokens=processed,
-            micro_batches=len(plan),
+            micro_batches=sum(len(m.micro) for m in plan),
+            prepare_seconds=prepare_seconds,
         )
+
+    def _loss(self, part: MicroBatch, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """This micro-batch's share of its mini-batch's loss (normalised by the mini-batch's
+        ``tokens``) and its figures (means over its entries)."""
+        config = self.config
+        logprobs, entropy, values = self.policy.run(part)
+        weights = part.weights
+        if config.off_policy == "decoupled":
+            assert part.proximal_logprobs is not None
+            loss, stats = decoupled_policy_loss(
+                logprobs,
+                part.proximal_logprobs,
+                part.old_logprobs,
+                part.advantages,
+                weights,
+                config.clip_low,
+                config.clip_high,
+                config.is_cap,
+                normaliser=tokens,
+            )
+        elif config.off_policy == "tis":
+            loss, stats = tis_policy_loss(
+                logprobs, part.old_logprobs, part.advantages, weights, config.is_cap, normaliser=tokens
+            )
+        else:
+            loss, stats = clipped_policy_loss(
+                logprobs,
+                part.old_logprobs,
+                part.advantages,
+                weights,
+                config.clip_low,
+                config.clip_high,
+                normaliser=tokens,
+            )
+        if config.kl_coef > 0:
+            assert part.reference_logprobs is not None
+            kl = k3_kl(logprobs, part.reference_logprobs)
+            loss = loss + config.kl_coef * (kl * weights).sum() / tokens
+            stats["kl_reference"] = float(kl.detach().mean())
+        if values is not None:
+            assert part.old_values is not None and part.returns is not None
+            value_loss, value_stats = clipped_value_loss(
+                values, part.old_values, part.returns, weights, config.value_clip, normaliser=tokens
+            )
+            loss = loss + config.vf_coef * value_loss
+            stats.update(value_stats)
+        if config.entropy_coef:
+            loss = loss - config.entropy_coef * (entropy * weights).sum() / tokens
+        with torch.no_grad():
+            stats["entropy"] = float(entropy.mean())
+        return loss, stats
 
     def _sum_over_ranks(self, loss: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:
         if not self.ctx.enabled:
@@ -408,3 +444,18 @@ class Learner:
         values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(values)
         return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))
+
+
+def _split(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
+    """``sequences`` in order, cut into at most ``parts`` runs of about equal trained tokens."""
+    if parts <= 1 or len(sequences) <= 1:
+        return [sequences]
+    total = sum(s.trained_tokens for s in sequences)
+    out: list[list[Sequence]] = [[]]
+    done = 0
+    for seq in sequences:
+        if out[-1] and len(out) < parts and done >= total * len(out) / parts:
+            out.append([])
+        out[-1].append(seq)
+        done += seq.trained_tokens
+    return out

@@ -1,0 +1,193 @@
+"""From groups of trajectories to a batch of trainable sequences.
+
+``build_batch`` takes the groups the buffer hands the learner and
+
+1. measures staleness again, now, against the version the learner is about to update: a group
+   that waited for slow siblings may have aged past ``max_staleness`` since it was accepted.
+   ``drop`` leaves such an episode out (``Batch.stale``); ``downweight`` keeps it and halves the
+   weight of each of its tokens for every version past the bound (``Batch.downweighted``);
+2. for GRPO, normalises rewards among each group's complete episodes (``group_advantages``)
+   and skips groups with no signal (all rewards equal); for PPO, keeps every complete episode
+   and places its rewards on tokens (a turn's ``reward`` at the turn's last sampled token, the
+   episode's at each timeline's last one) for the learner's GAE;
+3. merges each episode's turns into timelines (``batching.timeline``), each of which becomes one
+   ``Sequence`` whose sampled tokens are trained, each with its behaviour log-prob and version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from agentjet_client.protocol import Trajectory
+from agentjet_server.batching.timeline import Timeline, build_timelines, call_tokens
+from agentjet_server.learner.losses import group_advantages
+
+Algorithm = Literal["grpo", "ppo"]
+StalePolicy = Literal["drop", "downweight"]
+
+
+@dataclass
+class Sequence:
+    """A token sequence to train: ``tokens[p]`` is trained for each ``p`` in ``positions``
+    (predicted from ``tokens[:p]``), with its behaviour log-prob and advantage. Optional, one per
+    position: the policy ``versions`` that sampled them (-1: unknown), the ``rewards`` that arrive
+    with them (PPO) and the loss ``weights`` (1 unless down-weighted for staleness)."""
+
+    tokens: list[int]
+    positions: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]
+    versions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.positions)
+        self.versions = self.versions or [-1] * n
+        self.rewards = self.rewards or [0.0] * n
+        self.weights = self.weights or [1.0] * n
+        lengths = {
+            len(self.old_logprobs),
+            len(self.advantages),
+            len(self.versions),
+            len(self.rewards),
+            len(self.weights),
+        }
+        if lengths != {n}:
+            raise ValueError(
+                "a sequence needs one log-prob, advantage, version, reward and weight per trained position"
+            )
+
+    @classmethod
+    def single(cls, tokens: list[int], completion_start: int, old_logprobs: list[float], advantage: float) -> Sequence:
+        """One call: prompt ``tokens[:completion_start]`` untrained, the rest trained."""
+        positions = list(range(completion_start, len(tokens)))
+        return cls(tokens, positions, list(old_logprobs), [advantage] * len(positions))
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.positions)
+
+
+@dataclass
+class Batch:
+    sequences: list[Sequence]
+    rewards: list[float]
+    groups: int
+    skipped_groups: int
+    trajectories: int
+
+    call_tokens: int = 0  # what training one sample per call would process
+    included: list[Trajectory] = field(default_factory=list)  # episodes whose sampled tokens are all trained
+    version: int | None = None  # the policy version the step updates (None: not known)
+    stale: int = 0  # episodes left out: older than the staleness bound by the time they were trained
+    downweighted: int = 0  # tokens trained with less weight for the same reason
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(s.trained_tokens for s in self.sequences)
+
+
+def build_batch(
+    groups: list[list[Trajectory]],
+    keep_flat: bool = False,
+    *,
+    algorithm: Algorithm = "grpo",
+    version: int | None = None,
+    max_staleness: int | None = None,
+    stale_policy: StalePolicy = "drop",
+) -> Batch:
+    """Turn groups of trajectories into trainable sequences (see the module docstring).
+
+    GRPO normalises rewards within each group of siblings: the episode's reward for every
+    timeline, or, in a multi-agent episode with ``agent_rewards``, each agent's own reward for
+    that agent's timelines (normalised among the same agent of the siblings). A group whose
+    rewards are all equal has no policy-gradient signal and is counted as skipped; with
+    ``keep_flat`` its sequences still come along (advantage 0) so that an entropy bonus can keep
+    a prompt that the policy has collapsed on from staying collapsed.
+    """
+    if algorithm not in ("grpo", "ppo"):
+        raise ValueError(f"unknown algorithm {algorithm!r}: grpo or ppo")
+    batch = Batch([], [], len(groups), 0, 0, version=version)
+    check = version is not None and max_staleness is not None
+    for group in groups:
+        batch.trajectories += len(group)
+        complete = [t for t in group if t.status == "complete" and t.turns]
+        if check and stale_policy == "drop":
+            fresh = [t for t in complete if _lag(t, version) <= max_staleness]  # type: ignore[arg-type,operator]
+            batch.stale += len(complete) - len(fresh)
+            complete = fresh
+        batch.rewards.extend(t.reward for t in complete)
+        if algorithm == "ppo":
+            advantages: list[dict[str, float]] = [{"": 0.0} for _ in complete]
+        else:
+            if len(complete) < 2:
+                batch.skipped_groups += 1
+                continue
+            advantages = _group_advantages(complete)
+            if all(a == 0.0 for per_agent in advantages for a in per_agent.values()):
+                batch.skipped_groups += 1
+                if not keep_flat:
+                    continue
+        for trajectory, per_agent in zip(complete, advantages, strict=True):
+            batch.call_tokens += call_tokens(trajectory.turns)
+            batch.included.append(trajectory)
+            for timeline in build_timelines(trajectory.turns):
+                advantage = per_agent.get(timeline.agent, per_agent[""])
+                weights = _stale_weights(timeline, version, max_staleness) if check else []
+                batch.downweighted += sum(1 for w in weights if w < 1.0)
+                batch.sequences.append(
+                    Sequence(
+                        tokens=timeline.tokens,
+                        positions=timeline.trained,
+                        old_logprobs=timeline.old_logprobs,
+                        advantages=[advantage] * len(timeline.trained),
+                        versions=timeline.versions,
+                        rewards=_token_rewards(trajectory, timeline) if algorithm == "ppo" else [],
+                        weights=weights,
+                    )
+                )
+    return batch
+
+
+def _lag(trajectory: Trajectory, version: int) -> int:
+    oldest = trajectory.oldest_version
+    return 0 if oldest is None else version - oldest
+
+
+def _stale_weights(timeline: Timeline, version: int | None, bound: int | None) -> list[float]:
+    """1 for each token within the bound, halved for every version past it."""
+    assert version is not None and bound is not None
+    return [0.5 ** max(0, version - v - bound) for v in timeline.versions]
+
+
+def _token_rewards(trajectory: Trajectory, timeline: Timeline) -> list[float]:
+    """Rewards per trained token: each turn's own ``reward`` at its last sampled token, and the
+    episode's (or this agent's, from ``agent_rewards``) at the timeline's last one."""
+    rewards = [0.0] * len(timeline.trained)
+    for i, turn_index in enumerate(timeline.turn_of):
+        last_of_turn = i + 1 == len(timeline.turn_of) or timeline.turn_of[i + 1] != turn_index
+        turn_reward = trajectory.turns[turn_index].reward
+        if last_of_turn and turn_reward is not None:
+            rewards[i] += turn_reward
+    if rewards:
+        rewards[-1] += (trajectory.agent_rewards or {}).get(timeline.agent, trajectory.reward)
+    return rewards
+
+
+def _group_advantages(complete: list[Trajectory]) -> list[dict[str, float]]:
+    """Per trajectory: ``{"": episode advantage, agent: that agent's advantage, ...}``."""
+
+    def normalised(values: list[float]) -> list[float]:
+        return group_advantages(torch.tensor(values, dtype=torch.float64)).tolist()
+
+    out: list[dict[str, float]] = [{"": a} for a in normalised([t.reward for t in complete])]
+    agents = sorted({name for t in complete for name in (t.agent_rewards or {})})
+    for name in agents:
+        values = [(t.agent_rewards or {}).get(name, t.reward) for t in complete]
+        for per_agent, advantage in zip(out, normalised(values), strict=True):
+            per_agent[name] = advantage
+    return out

@@ -1,0 +1,113 @@
+"""The Hugging Face causal LM as the learner sees it: log-prob logits at trained tokens, and the
+critic's values there when PPO trains one.
+
+``PolicyModel`` wraps the model so that the output head runs only where a token is trained (see
+its docstring) and, for ``--algorithm ppo``, holds the value head: one linear layer on the
+policy's last hidden state, which the critic's loss trains together with the shared trunk.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from agentjet_server.learner.packing import MicroBatch
+
+
+def _cache_kwarg(module: Any) -> str:
+    """transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+class PolicyModel(torch.nn.Module):
+    """Wraps a causal LM: logits ``[E, V]`` at the E nodes whose next token is trained (and, with
+    a value head, the critic's values ``[E]`` there).
+
+    Runs on a packed micro-batch (one row, ``position_ids`` and an optional tree mask, see
+    ``learner.packing``). The output head runs only at trained entries: prompts, tool results and
+    shared prefixes make up most of a batch and need no logits, so the head (vocab x hidden, the
+    largest matrix of a small model) costs in proportion to sampled tokens, not to context. Being
+    one module with one ``forward`` also makes it the FSDP root, so a sharded model's embeddings,
+    final norm and head are gathered around exactly this computation.
+    """
+
+    def __init__(self, model: torch.nn.Module, value_head: bool = False) -> None:
+        super().__init__()
+        self.lm = model
+        self.value_head: torch.nn.Linear | None = None
+        if value_head:
+            hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
+            self.value_head = torch.nn.Linear(hidden, 1, device=next(model.parameters()).device)
+            torch.nn.init.zeros_(self.value_head.weight)  # the critic starts at V = 0 everywhere
+            torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        nodes: torch.Tensor,
+        segments: list[tuple[int, int, int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        model: Any = self.lm
+        decoder: Any = getattr(model, "get_decoder", lambda: None)()
+        head: Any = getattr(model, "get_output_embeddings", lambda: None)()
+        if segments is not None and (decoder is None or head is None):
+            raise ValueError("segment-wise tree attention needs a Hugging Face causal LM (get_decoder)")
+        inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
+        if decoder is None or head is None:  # not a standard HF causal LM: full logits
+            if self.value_head is not None:
+                raise ValueError("a value head needs a Hugging Face causal LM (get_decoder)")
+            return model(**inputs).logits[0, nodes], None
+        if segments is not None:
+            hidden = self._segment_hidden(decoder, input_ids, position_ids, segments)[nodes]
+        else:
+            hidden = decoder(**inputs).last_hidden_state[0, nodes]
+        values = self.value_head(hidden.float()).squeeze(-1) if self.value_head is not None else None
+        return head(hidden), values
+
+    def run(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Log-prob of each trained entry's token, the policy's entropy there, and the values ``[E]``."""
+        logits, values = self(
+            batch.input_ids, batch.position_ids, batch.attention_mask, batch.entry_nodes, batch.segments
+        )
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return chosen, entropy, values
+
+    def _segment_hidden(
+        self, decoder: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: list[tuple[int, int, int]]
+    ) -> torch.Tensor:
+        """Hidden states ``[N, H]`` of a tree run chain by chain, each continuing from its
+        ancestors' keys and values (kept in the graph: the prefix gets every branch's gradient)."""
+        from transformers import DynamicCache
+
+        config = getattr(self.lm, "config", None)
+        cache_kwarg = _cache_kwarg(decoder)
+        kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        hidden = []
+        for start, end, parent in segments:
+            chain = []
+            while parent >= 0:
+                chain.append(parent)
+                parent = segments[parent][2]
+            cache: Any = DynamicCache(config=config)
+            if chain:
+                chain.reverse()
+                for layer in range(len(kv[chain[0]])):
+                    keys = torch.cat([kv[s][layer][0] for s in chain], dim=2)
+                    values = torch.cat([kv[s][layer][1] for s in chain], dim=2)
+                    cache.update(keys, values, layer)
+            out = decoder(
+                input_ids=input_ids[:, start:end],
+                position_ids=position_ids[:, start:end],
+                use_cache=True,
+                **{cache_kwarg: cache},
+            )
+            n = end - start
+            kv.append([(layer.keys[:, :, -n:], layer.values[:, :, -n:]) for layer in cache.layers])
+            hidden.append(out.last_hidden_state[0])
+        return torch.cat(hidden)
