@@ -38,7 +38,8 @@ class PolicyModel(torch.nn.Module):
         self.lm = model
         self.value_head: torch.nn.Linear | None = None
         if value_head:
-            hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
+            config: Any = model.config
+            hidden = int(config.hidden_size)
             self.value_head = torch.nn.Linear(hidden, 1, device=next(model.parameters()).device)
             torch.nn.init.zeros_(self.value_head.weight)  # the critic starts at V = 0 everywhere
             torch.nn.init.zeros_(self.value_head.bias)
