@@ -195,3 +195,33 @@ def test_a_repeated_call_is_continued_from_the_answer_that_came_back(client, str
     turns = episode.recorder.turns
     sampled = [*turns[index].prompt_token_ids, *turns[index].completion_token_ids]
     assert turns[-1].prompt_token_ids[: len(sampled)] == sampled
+
+
+def test_turn_rewards_land_on_the_newest_call_in_process_and_through_the_proxy(client):
+    """``episode.reward_turn``: in the runner's process, and from a worker process's episode (the
+    capture proxy's ``turn_reward`` route); the server accepts the turns' rewards with the trajectory."""
+    from agentjet_client.isolation import ProxyEpisode
+
+    episode = client.episode("task-rewards")
+    with pytest.raises(ValueError, match="no LLM call"):
+        episode.reward_turn(1.0)
+    episode.openai(agent="a").chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
+    episode.openai(agent="b").chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
+    episode.reward_turn(0.5)  # the newest call: agent b's
+    episode.reward_turn(0.25, agent="a")
+    episode.reward_turn(0.25, agent="a")  # rewards of one turn add up
+    with pytest.raises(ValueError, match="finite number"):
+        episode.reward_turn(float("nan"))
+    worker_side = ProxyEpisode(episode.id, episode.task_id, episode.url_for("a").split("/episodes/")[0], "k")
+    worker_side.openai(agent="c").chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
+    worker_side.reward_turn(-1.0)
+    with pytest.raises(ValueError, match="of agent 'nobody'"):
+        worker_side.reward_turn(1.0, agent="nobody")
+    episode.close()
+    traj = episode.to_trajectory(1.0)
+    assert [(t.agent, t.reward) for t in traj.turns] == [("a", 0.5), ("b", 0.5), ("c", -1.0)]
+    assert client.submit([traj]).results[0].status == "accepted"
+    from agentjet_client import isolation
+
+    isolation._shared_http().close()  # the worker-side pool, here in the test's own process
+    isolation._HTTP = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -30,13 +31,31 @@ class EpisodeRecorder:
         # (n > 1 choices, a framework asking again) by which answer came back
         self._answers: list[Answer | None] = []
         self._lock = threading.Lock()
+        self._rewards: dict[int, float] = {}  # turn index -> its own reward (``reward_turn``)
         self.failures = 0
         self.last_failure: str | None = None
 
     @property
     def turns(self) -> list[Turn]:
         with self._lock:
-            return list(self._turns)
+            turns = list(self._turns)
+            rewards = dict(self._rewards)
+        return [t.model_copy(update={"reward": rewards[i]}) if i in rewards else t for i, t in enumerate(turns)]
+
+    def reward_turn(self, reward: float, agent: str | None = None) -> None:
+        """Add ``reward`` to the newest captured call (of ``agent``, if given): a reward that arrives
+        with that turn (PPO places it at the turn's last token), on top of the episode's."""
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise ValueError(f"a turn reward must be a finite number, not {reward!r}")
+        with self._lock:
+            index = next(
+                (i for i in range(len(self._turns) - 1, -1, -1) if agent is None or self._turns[i].agent == agent),
+                None,
+            )
+            if index is None:
+                who = f" of agent '{agent}'" if agent is not None else ""
+                raise ValueError(f"no LLM call{who} has finished in this episode yet: reward a turn after its call")
+            self._rewards[index] = self._rewards.get(index, 0.0) + float(reward)
 
     def fail(self, reason: str) -> None:
         with self._lock:

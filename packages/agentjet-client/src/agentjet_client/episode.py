@@ -114,6 +114,12 @@ class Episode:
         http = self._async_http(agent)
         return openai.AsyncOpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
 
+    def reward_turn(self, reward: float, agent: str | None = None) -> None:
+        """Give the newest finished LLM call (of ``agent``, if given) its own reward, e.g. for a tool
+        call that worked. The episode's reward (what the agent returns) still counts; with
+        ``--algorithm ppo`` each turn's reward arrives at its last sampled token (GRPO ignores them)."""
+        self.recorder.reward_turn(reward, agent)
+
     def to_trajectory(
         self,
         reward: float,

@@ -94,6 +94,14 @@ class ProxyEpisode:
         kwargs.setdefault("max_retries", LLM_RETRIES)
         return openai.AsyncOpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
 
+    def reward_turn(self, reward: float, agent: str | None = None) -> None:
+        """``Episode.reward_turn``, told to the runner's capture proxy (which holds the turns)."""
+        answer = _shared_http().post(
+            f"{self._proxy_base}/episodes/{self.id}/turn_reward", json={"reward": reward, "agent": agent}
+        )
+        if answer.status_code != 200:
+            raise ValueError(answer.json().get("error", {}).get("message", answer.text))
+
 
 _HTTP: Any = None
 

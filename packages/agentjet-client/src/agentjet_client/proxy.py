@@ -64,7 +64,10 @@ class CaptureProxy:
         self._thread: threading.Thread | None = None
         self.port = 0
         self.app = Starlette(
-            routes=[Route("/episodes/{episode}/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"])],
+            routes=[
+                Route("/episodes/{episode}/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"]),
+                Route("/episodes/{episode}/turn_reward", self._turn_reward, methods=["POST"]),
+            ],
             lifespan=self._lifespan,
         )
 
@@ -109,6 +112,20 @@ class CaptureProxy:
         if self._client is None:
             self._client = httpx2.AsyncClient(transport=self._transport, timeout=httpx2.Timeout(600.0, connect=10.0))
         return self._client
+
+    async def _turn_reward(self, request: Request) -> Response:
+        """``{"reward": x, "agent": name or null}``: ``Episode.reward_turn`` for an agent in a worker process."""
+        recorder = self.lookup(request.path_params["episode"])
+        if recorder is None:
+            return _error(404, f"episode '{request.path_params['episode']}' is not open in this client")
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict) or "reward" not in body:
+                raise ValueError('send {"reward": <number>, "agent": <name or null>}')
+            recorder.reward_turn(body["reward"], body.get("agent"))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"ok": True})
 
     async def _forward(self, request: Request) -> Response:
         episode = request.path_params["episode"]
