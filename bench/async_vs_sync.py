@@ -17,8 +17,10 @@ seconds, sigma ``--env-sigma``: with sigma 1, one episode in 90 takes over 10x t
 Reported per configuration, mean over seeds (min-max in brackets where it matters): learner steps
 per minute and the ratio to sync, the learner's idle fraction (1 - time in steps and weight
 updates / wall clock), episodes per second, the mean version lag of trained tokens, the reward over
-the last 20% of episodes, and the reward against episodes and against wall clock (means over
-quarters of each). ``--json FILE`` keeps every run's figures.
+the last 20% of episodes, the reward over the first N episodes of every run (N: the fewest any run
+finished, so every configuration is compared on the same episodes), and the reward against
+episodes and against wall clock (means over quarters of each). ``--json FILE`` keeps every run's
+figures.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -67,7 +70,7 @@ def one_run(
 ) -> dict:
     agent = make_agent([int(d) for d in args.digits.split(",")], args.env_median, args.env_sigma, seed)
     common = ["--batch-groups", str(args.batch_groups), "--group-size", str(args.group_size), "--seed", str(seed)]
-    common += ["--lr", str(args.lr), "--checkpoint-every", "0"]
+    common += ["--lr", str(args.lr), "--checkpoint-every", "0", *shlex.split(args.server_extra)]
     with served(model_dir, *common, *server_args) as url, SwarmClient(url) as client:
         finished: list[tuple[float, float]] = []  # (seconds since start, reward) of complete episodes
         started = time.monotonic()
@@ -109,9 +112,10 @@ def one_run(
         "reward_by_episodes": quarters(rewards),
         "reward_by_time": [
             statistics.fmean([r for t, r in finished if lo <= t < hi] or [math.nan])
-            for lo, hi in ((q * elapsed / 4, (q + 1) * elapsed / 4) for q in range(4))
+            for lo, hi in ((q * args.seconds / 4, (q + 1) * args.seconds / 4) for q in range(4))
         ],
         "episodes": len(rewards),
+        "rewards": rewards,
     }
 
 
@@ -149,6 +153,7 @@ def main() -> None:
     parser.add_argument("--env-median", type=float, default=0.3, help="median seconds in the environment")
     parser.add_argument("--env-sigma", type=float, default=1.0, help="log-normal sigma of the environment time")
     parser.add_argument("--no-sync", action="store_true", help="leave out the synchronous baseline")
+    parser.add_argument("--server-extra", default="", help="more agentjet-server flags for every run (quoted)")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
     args = parser.parse_args()
     from agentjet_server.embedded import ensure_embedded_model
@@ -175,18 +180,22 @@ def main() -> None:
                 file=sys.stderr,
             )
             runs.append(run)
+    n = min(run["episodes"] for run in runs)
+    for run in runs:
+        run["reward_first_n"] = statistics.fmean(run["rewards"][:n]) if n else math.nan
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
     print(
         f"\n{len(seeds)} seeds x {args.seconds:g} s per run; digits {args.digits}; {args.batch_groups} groups x "
         f"{args.group_size} per step; concurrency {args.concurrency}; environment log-normal, median "
-        f"{args.env_median:g} s, sigma {args.env_sigma:g}; {os.cpu_count()} CPUs\n"
+        f"{args.env_median:g} s, sigma {args.env_sigma:g}; {os.cpu_count()} CPUs; "
+        f"server flags: {args.server_extra or '(defaults)'}\n"
     )
     print(
         "| configuration | learner steps/min | vs sync | learner idle | episodes/s | trained-token lag (mean / max) "
-        "| reward, last 20% | reward by episode quarter | reward by wall-clock quarter |"
+        f"| reward, last 20% | reward, first {n} episodes | reward by episode quarter | reward by wall-clock quarter |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     by_name: dict[str, list[dict]] = {}
     for run in runs:
         by_name.setdefault(run["name"], []).append(run)
@@ -196,6 +205,7 @@ def main() -> None:
             f"| {name} | {spread(rows, 'steps_per_min', '.1f')} | {mean(rows, 'steps_per_min') / sync_rate:.2f}x | "
             f"{mean(rows, 'idle'):.2f} | {mean(rows, 'episodes_per_s'):.1f} | {mean(rows, 'lag_mean'):.2f} / "
             f"{max(r['lag_max'] for r in rows)} | {spread(rows, 'reward_last20', '.3f')} | "
+            f"{spread(rows, 'reward_first_n', '.3f')} | "
             f"{curve(rows, 'reward_by_episodes')} | {curve(rows, 'reward_by_time')} |"
         )
 

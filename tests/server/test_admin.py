@@ -217,3 +217,22 @@ def test_an_evaluation_episode_never_reaches_the_learner(model_dir, tmp_path):
         assert push(resumed.url, evals[1:2]) == ["duplicate"]
     finally:
         resumed.stop()
+
+
+def test_the_objective_changes_live_and_a_kl_penalty_needs_a_reference_from_the_start(model_dir):
+    server = LiveServer(model_dir, batch_groups=1, group_size=2)
+    try:
+        loop = server.runtime.loop
+        r = admin(server.url, "PATCH", "/v1/admin/config", {"off_policy": "tis", "stale_policy": "downweight"})
+        assert r.status_code == 200, r.text
+        assert loop.stale_policy == "downweight"  # at once: the next batch is built with it
+        push(server.url, group(server.url, "t0"))
+        wait_for(lambda: loop.learner.steps == 1)
+        assert loop.learner.config.off_policy == "tis"
+        r = admin(server.url, "PATCH", "/v1/admin/config", {"kl_coef": 0.1})
+        assert r.status_code == 400 and "no reference model" in r.json()["error"]["message"], r.text
+        r = admin(server.url, "PATCH", "/v1/admin/config", {"off_policy": "naive"})
+        assert r.status_code == 400 and "off_policy" in r.json()["error"]["message"], r.text
+        assert admin(server.url, "GET", "/v1/admin/config").json()["config"]["kl_coef"] == 0.0
+    finally:
+        server.stop()

@@ -62,6 +62,9 @@ def up(
     batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 10,
     group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 16,
     max_staleness: Annotated[int, typer.Option(help="reject trajectories more than this many versions old")] = 4,
+    admission_batches: Annotated[
+        int, typer.Option(help="batches' worth of episodes clients may run ahead of the learner")
+    ] = 2,
     stale_policy: Annotated[
         str, typer.Option(help="an episode past --max-staleness by the time it is trained: drop or downweight")
     ] = "drop",

@@ -23,7 +23,7 @@ from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.checkpoint import METRICS_FILE, StateDir
 from agentjet_server.control import Controller, learner_config, public_settings
 from agentjet_server.engine.base import Engine
-from agentjet_server.errors import PayloadTooLargeError, RateLimitError
+from agentjet_server.errors import ConfigError, PayloadTooLargeError, RateLimitError
 from agentjet_server.inspection import RecentTrajectories
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
@@ -67,6 +67,11 @@ def build_learner(
     config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     # the KL's frozen reference: the run's initial weights (the model dir, also when resuming) or --reference
     reference = trainable_copy(str(settings.reference or model_path), ctx.device) if settings.kl_coef > 0 else None
+    if reference is not None and _vocab(reference) != _vocab(model):
+        raise ConfigError(
+            f"--reference {settings.reference} has a vocabulary of {_vocab(reference)} tokens and the model "
+            f"{_vocab(model)}: the KL needs the same tokenizer; pass a checkpoint of this model"
+        )
     learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx, reference=reference)
     resuming = resume_from is not None
     if ctx.enabled:
@@ -75,6 +80,11 @@ def build_learner(
         learner.load_training_state(resume_from)
         learner.reconfigure(config)  # this run's settings, not the optimizer state's saved ones
     return learner
+
+
+def _vocab(model: torch.nn.Module) -> int:
+    config: Any = getattr(model, "config", None)
+    return int(getattr(config, "vocab_size", 0) or 0)
 
 
 class SwarmRuntime:

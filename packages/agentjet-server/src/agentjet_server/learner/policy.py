@@ -3,7 +3,9 @@ critic's values there when PPO trains one.
 
 ``PolicyModel`` wraps the model so that the output head runs only where a token is trained (see
 its docstring) and, for ``--algorithm ppo``, holds the value head: one linear layer on the
-policy's last hidden state, which the critic's loss trains together with the shared trunk.
+policy's last hidden state, detached, so the critic's loss trains the head and never moves the
+policy's own weights (on the demo, letting it train the shared trunk slowed learning: the reward
+reached 0.5 after 20,718 episodes instead of 9,669).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class PolicyModel(torch.nn.Module):
             hidden = self._segment_hidden(decoder, input_ids, position_ids, segments)[nodes]
         else:
             hidden = decoder(**inputs).last_hidden_state[0, nodes]
-        values = self.value_head(hidden.float()).squeeze(-1) if self.value_head is not None else None
+        values = self.value_head(hidden.detach().float()).squeeze(-1) if self.value_head is not None else None
         return head(hidden), values
 
     def run(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
