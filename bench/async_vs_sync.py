@@ -93,6 +93,10 @@ def one_run(
         status = client.status()
         lines = httpx2.get(url + "/v1/metrics/history", params={"kind": "step", "limit": 100000}).json()["lines"]
     busy = sum(line["step_seconds"] + line["weight_update_seconds"] for line in lines)
+    stepping = sum(line["step_seconds"] for line in lines)
+    preparing = sum(line.get("prepare_seconds") or 0.0 for line in lines)
+    weights = [line["is_weight_mean"] for line in lines if line.get("is_weight_mean") is not None]
+    truncated = [line["is_truncated_fraction"] for line in lines if line.get("is_truncated_fraction") is not None]
     lag = {int(k): n for k, n in status.learner.trained_token_lag.items()}
     rewards = [r for _, r in finished]
     tail = rewards[int(0.8 * len(rewards)) :]
@@ -104,6 +108,9 @@ def one_run(
         "steps_per_min": 60.0 * status.learner.step / elapsed,
         "idle": max(0.0, 1.0 - busy / elapsed),
         "episodes_per_s": report.finished / elapsed,
+        "prepare_share": preparing / stepping if stepping else 0.0,
+        "is_truncated": statistics.fmean(truncated) if truncated else 0.0,
+        "is_weight": statistics.fmean(weights) if weights else 1.0,
         "lag_mean": sum(k * n for k, n in lag.items()) / max(1, sum(lag.values())),
         "lag_max": max(lag) if lag else 0,
         "stale_at_training": status.learner.stale_at_training,
@@ -193,9 +200,10 @@ def main() -> None:
     )
     print(
         "| configuration | learner steps/min | vs sync | learner idle | episodes/s | trained-token lag (mean / max) "
+        "| IS weight mean / truncated | no-grad pass, share of step "
         f"| reward, last 20% | reward, first {n} episodes | reward by episode quarter | reward by wall-clock quarter |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     by_name: dict[str, list[dict]] = {}
     for run in runs:
         by_name.setdefault(run["name"], []).append(run)
@@ -204,7 +212,8 @@ def main() -> None:
         print(
             f"| {name} | {spread(rows, 'steps_per_min', '.1f')} | {mean(rows, 'steps_per_min') / sync_rate:.2f}x | "
             f"{mean(rows, 'idle'):.2f} | {mean(rows, 'episodes_per_s'):.1f} | {mean(rows, 'lag_mean'):.2f} / "
-            f"{max(r['lag_max'] for r in rows)} | {spread(rows, 'reward_last20', '.3f')} | "
+            f"{max(r['lag_max'] for r in rows)} | {mean(rows, 'is_weight'):.3f} / {mean(rows, 'is_truncated'):.4f} | "
+            f"{mean(rows, 'prepare_share'):.2f} | {spread(rows, 'reward_last20', '.3f')} | "
             f"{spread(rows, 'reward_first_n', '.3f')} | "
             f"{curve(rows, 'reward_by_episodes')} | {curve(rows, 'reward_by_time')} |"
         )
