@@ -6,7 +6,8 @@ Each run is the demo (``scripts/dev.py demo``): a fresh server with the embedded
 defaults (10 groups x 16 episodes per step, lr 1e-3) plus the run's extra flags, and
 ``examples/digits`` driven by the runner with the demo's concurrency and seed. Reported per run:
 mean reward over the first 10% and the last 20% of episodes (finishing order), the first episode
-at which the mean of the preceding 1,000 reached 0.5 and 0.8, wall clock and policy versions.
+at which the mean of the preceding 1,000 reached 0.5 and 0.8, wall clock, policy versions, and the
+final policy's accuracy on each prompt (32 samples each).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def one_run(model_dir: Path, extra: list[str], episodes: int) -> dict[str, float
         report = asyncio.run(Runner(client, agent, config, code_version=version, on_progress=progress).run())
         seconds = time.monotonic() - started
         versions = client.status().policy_version
+        per_digit = final_accuracy(url)
     rewards = report.rewards
     return {
         "first10": report.mean(0.0, 0.1),
@@ -63,7 +65,31 @@ def one_run(model_dir: Path, extra: list[str], episodes: int) -> dict[str, float
         "to08": reached(rewards, 0.8),
         "seconds": seconds,
         "versions": versions,
+        "per_digit": per_digit,
     }
+
+
+def final_accuracy(url: str, samples: int = 32) -> str:
+    """The final policy's accuracy on each of the ten prompts (``samples`` draws each, temperature 1)."""
+    import httpx2
+
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    out = []
+    for digit, word in enumerate(words):
+        answer = httpx2.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": "agentjet-tiny",
+                "messages": [{"role": "user", "content": f"Write {word} as a digit."}],
+                "max_tokens": 4,
+                "temperature": 1.0,
+                "n": samples,
+            },
+            timeout=120,
+        ).json()
+        right = sum((c["message"]["content"] or "").strip() == str(digit) for c in answer["choices"])
+        out.append(f"{right / samples:.2f}")
+    return " ".join(out)
 
 
 def main() -> None:
@@ -82,14 +108,17 @@ def main() -> None:
         print(f"{name}: agentjet-server up {flags} ...", file=sys.stderr, flush=True)
         rows.append((name, flags, one_run(model_dir, shlex.split(flags), args.episodes)))
     print(f"\n{args.episodes} episodes per run, demo settings; first episode where the last {WINDOW} reach a mean")
-    print("| run | server flags | first 10% | last 20% | reaches 0.5 at | reaches 0.8 at | wall clock | versions |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| run | server flags | first 10% | last 20% | reaches 0.5 at | reaches 0.8 at | wall clock | versions "
+        "| final accuracy per prompt (0..9) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for name, flags, r in rows:
         to05 = f"{r['to05']:,}" if r["to05"] else "never"
         to08 = f"{r['to08']:,}" if r["to08"] else "never"
         print(
             f"| {name} | `{flags or '(defaults)'}` | {r['first10']:.3f} | {r['last20']:.3f} | {to05} | {to08} | "
-            f"{r['seconds']:.0f} s | {r['versions']} |"
+            f"{r['seconds']:.0f} s | {r['versions']} | {r['per_digit']} |"
         )
 
 
