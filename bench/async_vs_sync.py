@@ -80,7 +80,12 @@ def one_run(
                 finished.append((time.monotonic() - started, report.rewards[len(finished)]))
 
         config = RunConfig(
-            episodes=0, group_size=args.group_size, concurrency=args.concurrency, timeout=120, seed=seed, sync=sync
+            episodes=0,
+            group_size=args.group_size,
+            concurrency=args.concurrency,
+            timeout=args.episode_timeout,
+            seed=seed,
+            sync=sync,
         )
         runner = Runner(client, agent, config, on_progress=progress)
 
@@ -159,6 +164,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--env-median", type=float, default=0.3, help="median seconds in the environment")
     parser.add_argument("--env-sigma", type=float, default=1.0, help="log-normal sigma of the environment time")
+    parser.add_argument(
+        "--episode-timeout",
+        type=float,
+        default=60.0,
+        help="an episode still running after this fails (bounds the drain)",
+    )
     parser.add_argument("--no-sync", action="store_true", help="leave out the synchronous baseline")
     parser.add_argument("--server-extra", default="", help="more agentjet-server flags for every run (quoted)")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
