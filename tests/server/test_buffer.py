@@ -55,6 +55,49 @@ def test_an_incomplete_group_is_trained_as_a_smaller_one_after_its_timeout():
     assert buffer.snapshot().open == [[2], [3]]
 
 
+def test_a_rejected_sibling_counts_towards_its_group_instead_of_holding_it_open():
+    buffer = GroupBuffer(group_size=3, batch_groups=1, group_timeout=600.0)
+    buffer.add(traj(0, "a"), lsn=0)
+    buffer.add_absent("a")  # rejected as stale: it will never arrive
+    assert buffer.take_batch(timeout=0) is None
+    buffer.add(traj(1, "a"), lsn=1)
+    batch = buffer.take_batch(timeout=0)  # two members and one absent: complete, no timeout needed
+    assert batch is not None and [t.id for t in batch[0]] == ["t0", "t1"] and buffer.aged_out == 0
+    buffer.commit()
+    # absent before any sibling arrived; and a group whose every member was rejected trains nothing
+    buffer.add_absent("b")
+    assert buffer.snapshot().open == []  # nothing of "b" to checkpoint
+    buffer.add(traj(2, "b"), lsn=2)
+    buffer.add_absent("b")
+    again = buffer.take_batch(timeout=0)
+    assert again is not None and [t.id for t in again[0]] == ["t2"]
+    buffer.commit()
+    for _ in range(3):
+        buffer.add_absent("c")
+    assert buffer.take_batch(timeout=0) is None and buffer.groups == (0, 0) and buffer.buffered == 0
+
+
+def test_the_runtime_closes_a_group_whose_sibling_was_rejected(model_dir, tmp_path):
+    """A stale sibling is rejected at push; its group trains at once, not after group_timeout."""
+    import json
+
+    from tests.server.test_checkpoint import make_trajectories, push, runtime, wait_for
+
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    first, second = make_trajectories(vocab, 1)[:4], make_trajectories(vocab, 1, seed=1)[:4]
+    rt = runtime(model_dir, tmp_path / "state", checkpoint_every=0, max_staleness=0, batch_groups=1)
+    try:
+        assert push(rt, first) == ["accepted"] * 4  # one group of 4 at version 0: one step
+        wait_for(lambda: rt.version == 1, "the first step")
+        late = [t.model_copy(update={"task_id": "late", "id": f"late-{i}"}) for i, t in enumerate(second)]
+        fresh = [t.model_copy(update={"turns": [t.turns[0].model_copy(update={"policy_version": 1})]}) for t in late]
+        assert push(rt, fresh[:3] + late[3:]) == ["accepted"] * 3 + ["rejected"]  # the last one is stale
+        wait_for(lambda: rt.version == 2, "the group with a rejected sibling trained")
+        assert rt.buffer.aged_out == 0
+    finally:
+        rt.close()
+
+
 def test_the_buffer_counts_the_memory_it_holds():
     buffer = GroupBuffer(group_size=2, batch_groups=1)
     assert buffer.bytes == 0

@@ -136,6 +136,7 @@ class SwarmRuntime:
             self.signer,
             require_signed=settings.signatures_required,
             room=self._room,
+            absent=self.buffer.add_absent,
         )
         resumed = state.resumed if state is not None else None
         self.recovery = (

@@ -30,7 +30,10 @@ class TrajectoryStore:
         signer: SampleSigner | None = None,
         require_signed: bool = False,
         room: Callable[[int, int], None] | None = None,
+        absent: Callable[[str], None] | None = None,
     ) -> None:
+        # ``absent(task_id)``: a training trajectory of that group was rejected and will never
+        # arrive, so its group must not wait for it (``GroupBuffer.add_absent``)
         # ``room(count, bytes)`` raises (RateLimitError) when the buffer can't take that many more
         self._room = room or (lambda count, size: None)
         self.vocab_size = vocab_size
@@ -41,6 +44,7 @@ class TrajectoryStore:
         self.unsigned_turns = 0
         self.max_staleness = max_staleness
         self._sink = sink
+        self._absent = absent or (lambda task_id: None)
         self.log = log
         self._lock = threading.Lock()
         self._seen: set[str] = set()
@@ -128,6 +132,7 @@ class TrajectoryStore:
             accepted: list[tuple[Trajectory, int]] = []
             evaluated = 0
             rejected: list[str] = []
+            missing: list[str] = []  # task ids of rejected training trajectories
             batch_ids: set[str] = set()
             batch_signatures: set[str] = set()
             signed = turns = 0
@@ -150,6 +155,8 @@ class TrajectoryStore:
                     rejected.append(code)
                     records.append(Rejected(trajectory.id, code))
                     results.append(TrajectoryResult(id=trajectory.id, status="rejected", reason=message))
+                    if trajectory.purpose == "train":
+                        missing.append(trajectory.task_id)
                     continue
                 signatures = tuple(turn.signature for turn in trajectory.turns if turn.signature)
                 batch_signatures.update(signatures)
@@ -180,6 +187,8 @@ class TrajectoryStore:
             self.unsigned_turns += turns - checked
             for trajectory, lsn in accepted:  # under the lock: buffer order == log order
                 self._sink(trajectory, lsn)
+            for task_id in missing:
+                self._absent(task_id)
         return results
 
     def admit(self, trajectory: Trajectory, version: int) -> TrajectoryResult:

@@ -9,6 +9,9 @@ A group whose siblings never all arrive (a client that stopped, a task id used o
 ``group_timeout`` seconds after it opened and trained as a smaller group: its members were
 acknowledged, so they are trained, not dropped; GRPO's group-normalised advantage is defined for
 any group of two or more (a group of one carries no signal and is consumed without a gradient).
+A sibling the server rejected (stale, invalid) will never arrive either: ``add_absent`` counts it
+towards its group's completion, so at high staleness a group closes when its last sibling is
+answered instead of waiting ``group_timeout``.
 ``aged_out`` counts such groups. The buffer's size (``buffered`` trajectories, ``bytes`` of their
 approximate memory) is what the store's admission limit checks before acknowledging more.
 """
@@ -47,6 +50,7 @@ class GroupBuffer:
         self.group_timeout = group_timeout
         self._clock = clock
         self._opened: dict[str, float] = {}  # when each open group got its first trajectory
+        self._absent: dict[str, int] = {}  # siblings of an open group that were rejected
         self.aged_out = 0
         self.bytes = 0
         # each entry is (log sequence number, trajectory); the numbers let a checkpoint name them
@@ -62,12 +66,26 @@ class GroupBuffer:
             group = self._open.setdefault(trajectory.task_id, [])
             group.append((lsn, trajectory))
             self.bytes += footprint(trajectory)
-            if len(group) >= self.group_size:
+            if len(group) + self._absent.get(trajectory.task_id, 0) >= self.group_size:
                 self._close(trajectory.task_id)
 
+    def add_absent(self, task_id: str) -> None:
+        """A trajectory of group ``task_id`` was rejected: count it towards the group's completion."""
+        with self._cond:
+            if task_id not in self._open:
+                self._opened[task_id] = self._clock()
+                self._open[task_id] = []
+            self._absent[task_id] = self._absent.get(task_id, 0) + 1
+            if len(self._open[task_id]) + self._absent[task_id] >= self.group_size:
+                self._close(task_id)
+
     def _close(self, task_id: str) -> None:
-        self._ready.append(self._open.pop(task_id))
+        group = self._open.pop(task_id)
         del self._opened[task_id]
+        self._absent.pop(task_id, None)
+        if not group:  # every sibling was rejected: nothing to train
+            return
+        self._ready.append(group)
         if len(self._ready) >= self.batch_groups:
             self._cond.notify_all()
 
@@ -107,7 +125,7 @@ class GroupBuffer:
         with self._cond:
             return BufferSnapshot(
                 ready=[[n for n, _ in group] for group in (*self._taken, *self._ready)],
-                open=[[n for n, _ in group] for group in self._open.values()],
+                open=[[n for n, _ in group] for group in self._open.values() if group],
             )
 
     def resize(self, group_size: int, batch_groups: int, group_timeout: float) -> None:
@@ -117,7 +135,7 @@ class GroupBuffer:
             raise ValueError("group_size and batch_groups must be at least 1")
         with self._cond:
             self.group_size, self.batch_groups, self.group_timeout = group_size, batch_groups, group_timeout
-            for task_id in [t for t, g in self._open.items() if len(g) >= group_size]:
+            for task_id in [t for t, g in self._open.items() if len(g) + self._absent.get(t, 0) >= group_size]:
                 self._close(task_id)
             self._cond.notify_all()
 
