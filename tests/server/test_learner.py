@@ -1,5 +1,6 @@
 """A real GRPO step on the tiny model: parameters change, the loss moves, the right answer gains."""
 
+import pytest
 import torch
 
 from agentjet_client.protocol import Trajectory, Turn
@@ -42,12 +43,14 @@ def test_build_batch_skips_groups_without_signal_and_failed_episodes(model_dir):
     assert batch.skipped_groups == 1 and batch.trajectories == 10
 
 
-def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_dir):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_dir, algorithm):
+    """GRPO and PPO (critic, GAE, whitening) both raise the rewarded answer on the same groups."""
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    learner = Learner(model, LearnerConfig(lr=2e-3), pad_id=tok.pad_token_id)
+    learner = Learner(model, LearnerConfig(lr=2e-3, algorithm=algorithm), pad_id=tok.pad_token_id)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seven = tok.convert_tokens_to_ids("7")
     losses, probs = [], []
@@ -55,7 +58,7 @@ def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_
         ids, group = make_group(tok, model, "What is 3 + 4?", 7, step)
         with torch.no_grad():
             probs.append(float(torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)[seven]))
-        stats = learner.step(build_batch([group]))
+        stats = learner.step(build_batch([group], algorithm=algorithm))
         losses.append(stats.loss)
         assert stats.trained_tokens == 20 and stats.grad_norm > 0
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
