@@ -242,18 +242,9 @@ class Runner:
                 await self._wait_for_admission(g)
                 if self._stop.is_set():
                     break
-                if self.config.eval_every and (
-                    self._last_eval is None or self._version >= self._last_eval + self.config.eval_every
-                ):
+                if self._eval_due():
                     self._start_eval(sem, episodes)
-                task_id, task = next(tasks)
-                group_tag = f"{task_id}@{self.client.client_id}:{groups}"
-                for _ in range(g):
-                    self._pending += 1
-                    self.report.started += 1
-                    job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
-                    episodes.add(job)
-                    job.add_done_callback(episodes.discard)
+                self._start_group(sem, episodes, next(tasks), str(groups), g)
                 groups += 1
             if episodes:
                 await asyncio.gather(*episodes)
@@ -292,21 +283,12 @@ class Runner:
         logger.info("synchronous rounds of %d groups x %d episodes", batch_groups, g)
         while not self._stop.is_set() and (rounds is None or self.report.rounds < rounds):
             await self._wait_for_spool_room()
-            if self.config.eval_every and (
-                self._last_eval is None or self._version >= self._last_eval + self.config.eval_every
-            ):
+            if self._eval_due():
                 self._start_eval(sem, episodes)
             trained_before = status.trajectories.trained
             accepted_before = self.report.accepted
             for k in range(batch_groups):
-                task_id, task = next(tasks)
-                group_tag = f"{task_id}@{self.client.client_id}:r{self.report.rounds}:{k}"
-                for _ in range(g):
-                    self._pending += 1
-                    self.report.started += 1
-                    job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
-                    episodes.add(job)
-                    job.add_done_callback(episodes.discard)
+                self._start_group(sem, episodes, next(tasks), f"r{self.report.rounds}:{k}", g)
             if episodes:
                 await asyncio.gather(*episodes)
             await self._drained(sender)
@@ -323,6 +305,24 @@ class Runner:
             self.report.waiting_for_learner_s += time.monotonic() - waiting
             self._version = max(self._version, status.policy_version)
             self.report.rounds += 1
+
+    def _eval_due(self) -> bool:
+        """Whether an evaluation round should start now (``eval_every`` versions since the last)."""
+        every = self.config.eval_every
+        return bool(every) and (self._last_eval is None or self._version >= self._last_eval + every)
+
+    def _start_group(
+        self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]], item: tuple[str, Task], label: str, size: int
+    ) -> None:
+        """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""
+        task_id, task = item
+        group_tag = f"{task_id}@{self.client.client_id}:{label}"
+        for _ in range(size):
+            self._pending += 1
+            self.report.started += 1
+            job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
+            running.add(job)
+            job.add_done_callback(running.discard)
 
     async def _status_when_up(self) -> Any:
         """The server's status, waiting (with backoff) while it does not answer; None if stopped."""

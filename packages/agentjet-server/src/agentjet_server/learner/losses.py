@@ -65,6 +65,20 @@ def _count(weights: torch.Tensor) -> float:
     return float((weights != 0).sum().clamp(min=1))
 
 
+def _clip_stats(
+    ratio: torch.Tensor, unclipped: torch.Tensor, clipped: torch.Tensor, log_ratio: torch.Tensor, weights: torch.Tensor
+) -> dict[str, float]:
+    """Means over the tokens present: how many the clip held, the ratio, and KL's k3 estimate."""
+    with torch.no_grad():
+        present = (weights != 0).to(weights.dtype)
+        count = _count(weights)
+        return {
+            "clip_fraction": float(((unclipped != clipped).to(weights.dtype) * present).sum() / count),
+            "ratio_mean": float((ratio * present).sum() / count),
+            "approx_kl": float((((ratio - 1) - log_ratio) * present).sum() / count),
+        }
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -85,16 +99,8 @@ def clipped_policy_loss(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    loss = _reduce(per_token, weights, normaliser)
-    with torch.no_grad():
-        present = (weights != 0).to(weights.dtype)
-        count = _count(weights)
-        stats = {
-            "clip_fraction": float(((unclipped != clipped).to(weights.dtype) * present).sum() / count),
-            "ratio_mean": float((ratio * present).sum() / count),
-            "approx_kl": float((((ratio - 1) - (logprobs - old_logprobs)) * present).sum() / count),
-        }
-    return loss, stats
+    stats = _clip_stats(ratio, unclipped, clipped, logprobs - old_logprobs, weights)
+    return _reduce(per_token, weights, normaliser), stats
 
 
 def decoupled_policy_loss(
@@ -125,19 +131,15 @@ def decoupled_policy_loss(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -is_weight * torch.minimum(unclipped, clipped)
-    loss = _reduce(per_token, weights, normaliser)
+    stats = _clip_stats(ratio, unclipped, clipped, logprobs - proximal_logprobs, weights)
     with torch.no_grad():
         present = (weights != 0).to(weights.dtype)
         count = _count(weights)
-        stats = {
-            "clip_fraction": float(((unclipped != clipped).to(weights.dtype) * present).sum() / count),
-            "ratio_mean": float((ratio * present).sum() / count),
-            "approx_kl": float((((ratio - 1) - (logprobs - proximal_logprobs)) * present).sum() / count),
-            "is_weight_mean": float((is_weight * present).sum() / count),
-            "is_truncated_fraction": float(((raw > is_cap).to(weights.dtype) * present).sum() / count),
-            "behaviour_kl": float((((raw - 1) - (proximal_logprobs - behaviour_logprobs)) * present).sum() / count),
-        }
-    return loss, stats
+        stats["is_weight_mean"] = float((is_weight * present).sum() / count)
+        stats["is_truncated_fraction"] = float(((raw > is_cap).to(weights.dtype) * present).sum() / count)
+        behaviour_log_ratio = proximal_logprobs - behaviour_logprobs
+        stats["behaviour_kl"] = float((((raw - 1) - behaviour_log_ratio) * present).sum() / count)
+    return _reduce(per_token, weights, normaliser), stats
 
 
 def tis_policy_loss(
