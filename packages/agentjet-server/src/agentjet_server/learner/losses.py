@@ -79,6 +79,19 @@ def _clip_stats(
         }
 
 
+def _weight_stats(raw: torch.Tensor, cap: float, log_ratio: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
+    """Means over the tokens present of an importance weight ``raw`` (= exp(log_ratio)) truncated at
+    ``cap``: the weight, the fraction truncated, and the k3 KL estimate ("kl") it implies."""
+    with torch.no_grad():
+        present = (weights != 0).to(weights.dtype)
+        count = _count(weights)
+        return {
+            "is_weight_mean": float((torch.clamp(raw, max=cap) * present).sum() / count),
+            "is_truncated_fraction": float(((raw > cap).to(weights.dtype) * present).sum() / count),
+            "kl": float((((raw - 1) - log_ratio) * present).sum() / count),
+        }
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -132,13 +145,8 @@ def decoupled_policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     per_token = -is_weight * torch.minimum(unclipped, clipped)
     stats = _clip_stats(ratio, unclipped, clipped, logprobs - proximal_logprobs, weights)
-    with torch.no_grad():
-        present = (weights != 0).to(weights.dtype)
-        count = _count(weights)
-        stats["is_weight_mean"] = float((is_weight * present).sum() / count)
-        stats["is_truncated_fraction"] = float(((raw > is_cap).to(weights.dtype) * present).sum() / count)
-        behaviour_log_ratio = proximal_logprobs - behaviour_logprobs
-        stats["behaviour_kl"] = float((((raw - 1) - behaviour_log_ratio) * present).sum() / count)
+    weight_stats = _weight_stats(raw, is_cap, proximal_logprobs - behaviour_logprobs, weights)
+    stats.update(weight_stats, behaviour_kl=weight_stats.pop("kl"))
     return _reduce(per_token, weights, normaliser), stats
 
 
@@ -163,17 +171,11 @@ def tis_policy_loss(
         is_weight = torch.clamp(raw, max=is_cap)
     score = torch.exp(logprobs - logprobs.detach())  # 1, with the gradient of log pi
     per_token = -is_weight * advantages * score
-    loss = _reduce(per_token, weights, normaliser)
+    stats = _weight_stats(raw, is_cap, logprobs - behaviour_logprobs, weights)
+    stats["approx_kl"] = stats.pop("kl")
     with torch.no_grad():
-        present = (weights != 0).to(weights.dtype)
-        count = _count(weights)
-        stats = {
-            "ratio_mean": float((raw * present).sum() / count),
-            "approx_kl": float((((raw - 1) - (logprobs - behaviour_logprobs)) * present).sum() / count),
-            "is_weight_mean": float((is_weight * present).sum() / count),
-            "is_truncated_fraction": float(((raw > is_cap).to(weights.dtype) * present).sum() / count),
-        }
-    return loss, stats
+        stats["ratio_mean"] = float((raw * (weights != 0).to(weights.dtype)).sum() / _count(weights))
+    return _reduce(per_token, weights, normaliser), stats
 
 
 def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
