@@ -132,6 +132,18 @@ class ServerProcess:
 
         return httpx2.get(self.url + "/v1/status").json()  # type: ignore[no-any-return]
 
+    def wait_trained(self, limit: float = 180) -> dict:  # type: ignore[type-arg]
+        """The status once every accepted trajectory went through a step. The trained count moves
+        after a step's weights are live, so the version read then is the last step's."""
+        deadline = time.monotonic() + limit
+        while True:
+            status = self.status()
+            counts = status["trajectories"]
+            if counts["trained"] == counts["accepted"]:
+                return status
+            assert time.monotonic() < deadline, f"learner still busy after {limit}s: {counts}"
+            time.sleep(0.3)
+
     def kill(self) -> None:
         """SIGKILL: no shutdown path runs (no final checkpoint, no flush)."""
         self.proc.kill()

@@ -50,15 +50,14 @@ def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_tok
     server = ServerProcess(args, tmp_path / "s.log", env={"AGENTJET_DIGITS": "3,8"})
     try:
         run_digits_client(server.url, 96, 8, "--eval-every", "4", "--eval-episodes", "8")
-        deadline = time.monotonic() + 120  # the learner takes the last batches after the client is done
-        while (status := server.status())["trajectories"]["trained"] < 96 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        status = server.wait_trained()  # the learner takes the last batches after the client is done
         assert status["learner"]["step"] >= 3
 
         def expected_points() -> list[tuple[int, float]]:
             history = [json.loads(x) for x in (state / "metrics.jsonl").read_text().splitlines()]
             return [(x["policy_version"], x["mean_reward"]) for x in history if x["kind"] == "step"]
 
+        deadline = time.monotonic() + 30
         while len(expected := expected_points()) < status["learner"]["step"] and time.monotonic() < deadline:
             time.sleep(0.1)  # a step's history line is written just after it is counted
         assert len(expected) == status["learner"]["step"]

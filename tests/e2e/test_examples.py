@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +88,7 @@ def test_example_runs_and_does_not_drift(example, tmp_path, model_dir):
         env = {**os.environ, "AGENTJET_DIGITS": "3,8"}
         run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        deadline = time.monotonic() + 120
-        while (status := server.status())["trajectories"]["trained"] < episodes and time.monotonic() < deadline:
-            time.sleep(0.2)  # the learner takes the last batches after the client is done
+        status = server.wait_trained()  # the learner takes the last batches after the client is done
         records = list(read_records(state / "log"))  # before the shutdown checkpoint compacts the log
     finally:
         server.stop()

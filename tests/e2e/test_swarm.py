@@ -54,9 +54,7 @@ def test_server_and_client_processes_train_the_model(model_dir, tmp_path):
             time.sleep(2.0)
         stdout, stderr = client.communicate(timeout=600)
         assert client.returncode == 0, stdout + stderr
-        deadline = time.monotonic() + 60  # the learner takes the last batches after the client is done
-        while (status := server.status())["trajectories"]["trained"] < 1600 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        status = server.wait_trained()  # the learner takes the last batches after the client is done
         final = scrape(url)
     finally:
         server.stop()
@@ -116,9 +114,7 @@ def test_learner_under_torchrun_with_two_ranks_trains_from_a_client_run(model_di
         r = httpx2.patch(server.url + "/v1/admin/config", json={"lr": 5e-4})
         assert r.status_code == 200, r.text
         run_digits_client(server.url, 160, 8)
-        deadline = time.monotonic() + 120  # the learner takes the last batches after the client is done
-        while (status := server.status())["trajectories"]["trained"] < 320 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        status = server.wait_trained()  # the learner takes the last batches after the client is done
         assert status["trajectories"]["accepted"] == 320 and status["trajectories"]["trained"] == 320
         assert status["learner"]["step"] >= 3 and status["policy_version"] >= 3
         assert status["learner"]["last_error"] is None

@@ -244,14 +244,12 @@ def test_torchrun_learner_ranks_with_vllm_in_its_own_process(model_dir, tmp_path
     server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
     try:
         run_digits_client(server.url, 160, 8)
-        status = server.status()
+        status = server.wait_trained()  # the last batches may still be training when the client ends
         assert status["trajectories"]["accepted"] == 160
         assert status["policy_version"] >= 3 and status["learner"]["last_error"] is None
         with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as sdk:
             reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4)
-        assert set(reply.choices[0].model_extra["agentjet"]["completion_versions"]) == {
-            server.status()["policy_version"]
-        }
+        assert set(reply.choices[0].model_extra["agentjet"]["completion_versions"]) == {status["policy_version"]}
     finally:
         server.stop()
     log = (tmp_path / "server.log").read_text()
