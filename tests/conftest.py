@@ -59,17 +59,24 @@ def chatty_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 class LiveServer:
     """A real uvicorn server running ``create_app`` on a loopback port, in a thread."""
 
-    def __init__(self, model_dir: Path, engine: object = None, **settings: object) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        engine: object = None,
+        port: int | None = None,
+        name: str = "agentjet-tiny",
+        **settings: object,
+    ) -> None:
         import uvicorn
 
         from agentjet_server.app import create_app
         from agentjet_server.engine.hf import TransformersEngine
         from agentjet_server.settings import ServerSettings
 
-        self.port = free_port()
+        self.port = port or free_port()
         settings.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="agentjet-state-")))
         self.settings = ServerSettings(port=self.port, **settings)  # type: ignore[arg-type]
-        self.engine = engine or TransformersEngine(model_dir, model_name="agentjet-tiny")
+        self.engine = engine or TransformersEngine(model_dir, model_name=name)
         self.app = create_app(self.engine, self.settings, model_path=str(model_dir))
         self.runtime = self.app.state.runtime
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))

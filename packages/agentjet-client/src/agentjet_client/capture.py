@@ -109,9 +109,11 @@ class EpisodeRecorder:
         started: float,
         answer: Answer | None = None,
     ) -> None:
+        asked = request.get("model")
         turn = Turn(
             agent=agent,
             model=model,
+            requested_model=asked[:256] if isinstance(asked, str) and asked != model else None,
             policy_version=ext.policy_version,
             request_messages=list(request.get("messages") or []),
             prompt_token_ids=ext.prompt_token_ids,

@@ -19,7 +19,7 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories."
 )
 console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (grep-able)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line
 
 
 def _fail(message: str) -> None:
@@ -40,7 +40,13 @@ def _logging(log_level: str, console: Console) -> None:
 @app.command()
 def run(
     code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent")],
-    server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
+    server: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="AgentJet server base URL for every agent; NAME=URL (repeatable) sends agent NAME's calls to "
+            "another server [default: http://127.0.0.1:8000]"
+        ),
+    ] = None,
     api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="episodes running at once")] = 32,
     group_size: Annotated[int, typer.Option(min=1, help="episodes per task (one GRPO group)")] = 16,
@@ -78,6 +84,10 @@ def run(
 
     The synchronous baseline (rollout, then train, then rollout; one client per server):
     agentjet-client run --code-dir examples/digits --episodes 6400 --sync
+
+    A team on two servers (the executor agent's model on its own server; the others on the first):
+    agentjet-client run --code-dir examples/planner_executor --server http://127.0.0.1:8001
+      --server executor=http://127.0.0.1:8002
     """
     config = RunConfig(
         episodes=episodes,
@@ -89,7 +99,7 @@ def run(
         eval_episodes=eval_episodes,
         sync=sync,
     )
-    _run_agent(code_dir, server, api_key, config, spool_dir, spool_max, watch, isolate, log_level)
+    _run_agent(code_dir, server or [], api_key, config, spool_dir, spool_max, watch, isolate, log_level)
 
 
 @app.command(name="eval")
@@ -110,12 +120,32 @@ def evaluate(
     agentjet-client eval --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 64
     """
     config = RunConfig(concurrency=concurrency, timeout=timeout, eval_only=True, eval_episodes=episodes)
-    _run_agent(code_dir, server, api_key, config, spool_dir, 100_000, False, True, log_level)
+    _run_agent(code_dir, [server], api_key, config, spool_dir, 100_000, False, True, log_level)
+
+
+def parse_servers(values: list[str]) -> tuple[str, dict[str, str]]:
+    """``--server`` values: one plain URL (every agent's server; the default if none) and any
+    number of ``NAME=URL`` (agent NAME's server)."""
+    default: str | None = None
+    agents: dict[str, str] = {}
+    for value in values:
+        name, sep, url = value.partition("=")
+        if sep and "/" not in name and ":" not in name:  # NAME=URL (a URL's own '=' comes after its '://')
+            if name in agents:
+                raise ValueError(f"--server {value}: agent '{name}' already has a server ({agents[name]})")
+            agents[name] = url
+        elif default is not None:
+            raise ValueError(
+                f"--server {value}: the default server is already {default}; give other agents' servers as NAME=URL"
+            )
+        else:
+            default = value
+    return default or "http://127.0.0.1:8000", agents
 
 
 def _run_agent(
     code_dir: Path,
-    server: str,
+    servers: list[str],
     api_key: str | None,
     config: RunConfig,
     spool_dir: Path | None,
@@ -136,16 +166,21 @@ def _run_agent(
         agent, version = load_agent(code_dir)
         if config.eval_only or config.eval_every:
             agent.load_tasks(evaluation=True)  # no eval_tasks: say so now, not at the first round
-        client = SwarmClient(server, api_key=api_key)
-        client.status()
-        spool = Spool(_spool_path(spool_dir, client.server_url), max_items=spool_max)
+        default, agents = parse_servers(servers)
+        client = SwarmClient(default, api_key=api_key, agents=agents)
+        if config.sync and len(client.servers) > 1:
+            raise ValueError("--sync drives one server; leave out the NAME=URL servers")
+        for url in client.servers:
+            client.status(url)
+        spools = {url: Spool(_spool_path(spool_dir, url), max_items=spool_max) for url in client.servers}
     except (AgentJetError, ValueError) as exc:
         _fail(str(exc))
-    left = spool.depth
+    left = sum(spool.depth for spool in spools.values())
     if left:
         console.print(f"[cyan]agentjet-client[/cyan] {left} trajectories left by an earlier run are sent first")
     what = "evaluating" if config.eval_only else "agent"
-    console.print(f"[green]agentjet-client[/green] {what} [bold]{agent.name}[/bold] (code {version}) -> {server}")
+    routes = client.server_url + "".join(f", {name} -> {url}" for name, url in client.agent_servers.items())
+    console.print(f"[green]agentjet-client[/green] {what} [bold]{agent.name}[/bold] (code {version}) -> {routes}")
 
     def reloaded(new_version: str, error: str | None) -> None:
         if error is None:
@@ -158,7 +193,7 @@ def _run_agent(
         agent,
         config,
         code_version=version,
-        spool=spool,
+        spools=spools,
         watcher=CodeWatcher(code_dir, version) if watch else None,
         on_reload=reloaded,
         workers=WorkerPool(code_dir, config.concurrency) if isolate and not agent.is_async else None,
@@ -196,7 +231,8 @@ def _run_agent(
         err.print("interrupted")
     finally:
         client.close()
-        spool.close()
+        for spool in spools.values():
+            spool.close()
     _summary(report, config)
 
 
@@ -217,6 +253,15 @@ def _summary(report: RunReport, config: RunConfig) -> None:
         console.print(f"episodes per code version: {dict(report.code_versions)}")
     if report.resent_leftovers:
         console.print(f"delivered {report.resent_leftovers} trajectories an earlier run had left in the spool")
+    if len(report.agent_rewards) > 1 or len(report.by_server) > 1:
+        for name in sorted(report.agent_rewards):
+            console.print(
+                f"agent {name}: {report.turns_by_agent[name]} turns, mean reward first 10% "
+                f"{report.mean(0.0, 0.1, name):.3f}  last 20% {report.mean(0.8, 1.0, name):.3f}"
+            )
+    if len(report.by_server) > 1:
+        for url, counts in report.by_server.items():
+            console.print(f"{url}: " + "  ".join(f"{k} {n}" for k, n in sorted(counts.items())))
     if report.reject_reasons:
         console.print(f"rejections: {dict(report.reject_reasons)}")
     if report.failure_reasons:

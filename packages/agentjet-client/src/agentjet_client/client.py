@@ -1,10 +1,19 @@
-"""``SwarmClient``: the client's connection to one AgentJet server.
+"""``SwarmClient``: the client's connections to the AgentJet servers its agents' models live on.
 
     client = SwarmClient("http://127.0.0.1:8000")
     with client.episode(task_id="t1") as episode:
         llm = episode.openai()
         ...                                   # the agent's own code
         result = client.submit([episode.to_trajectory(reward=1.0)])
+
+Every agent's calls go to the server given first, except the agents named in ``agents``:
+
+    client = SwarmClient("http://127.0.0.1:8001", agents={"executor": "http://127.0.0.1:8002"})
+
+``episode.openai(agent="executor")`` (and the other model handles, and the capture proxy's
+``/episodes/<id>/executor/v1``) then sample from the second server, whatever model name the
+agent's code asks for. ``split`` cuts a finished episode into one trajectory per server, with only
+the turns that server's model sampled; ``submit`` pushes each part to its own server.
 
 Its own HTTP calls (submit, status) go through ``transport`` (an httpx2 transport; tests hand
 in an in-process one) and are retried with exponential backoff and jitter on connection
@@ -16,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import httpx2
@@ -31,6 +40,7 @@ from agentjet_client.protocol import (
     Trajectory,
     TrajectoryBatch,
     TrajectoryBatchResult,
+    check_agent_name,
 )
 from agentjet_client.proxy import CaptureProxy
 
@@ -50,12 +60,16 @@ def normalise_server_url(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
+_OUTCOME_ORDER = {"accepted": 0, "duplicate": 1, "rejected": 2}
+
+
 class SwarmClient:
     def __init__(
         self,
         server_url: str,
         api_key: str | None = None,
         *,
+        agents: Mapping[str, str] | None = None,
         client_id: str | None = None,
         transport: httpx2.BaseTransport | None = None,
         async_transport_factory: Callable[[], httpx2.AsyncBaseTransport] | None = None,
@@ -64,6 +78,8 @@ class SwarmClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.server_url = normalise_server_url(server_url)
+        # agent name -> the server its model lives on (agents not named here use ``server_url``)
+        self.agent_servers = {check_agent_name(name): normalise_server_url(url) for name, url in (agents or {}).items()}
         self.api_key = api_key
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
         self._transport = transport
@@ -80,6 +96,29 @@ class SwarmClient:
     @property
     def api_base(self) -> str:
         return f"{self.server_url}/v1"
+
+    @property
+    def servers(self) -> list[str]:
+        """Every server this client's agents use, the default first."""
+        return list(dict.fromkeys([self.server_url, *self.agent_servers.values()]))
+
+    def server_for(self, agent: str) -> str:
+        return self.agent_servers.get(agent, self.server_url)
+
+    def api_base_for(self, agent: str) -> str:
+        return f"{self.server_for(agent)}/v1"
+
+    def split(self, trajectory: Trajectory) -> dict[str, Trajectory]:
+        """One trajectory per server: the turns its own model sampled, the episode's reward and the
+        per-agent rewards. A server none of whose agents made a call in the episode still gets its
+        part (no turns): its GRPO group then completes with the episode's siblings."""
+        if len(self.servers) == 1:
+            return {self.server_url: trajectory}
+        parts = {}
+        for server in self.servers:
+            turns = [t for t in trajectory.turns if self.server_for(t.agent) == server]
+            parts[server] = trajectory.model_copy(update={"turns": turns})
+        return parts
 
     # ------------------------------------------------------------------ episodes and capture
 
@@ -111,7 +150,7 @@ class SwarmClient:
         with self._lock:
             if self._proxy is None:
                 transport = self._async_transport_factory() if self._async_transport_factory else None
-                proxy = CaptureProxy(self.server_url, self._lookup, api_key=self.api_key, transport=transport)
+                proxy = CaptureProxy(self.server_for, self._lookup, api_key=self.api_key, transport=transport)
                 proxy.start()
                 self._proxy = proxy
         return self._proxy.url_for(episode_id, agent)
@@ -151,15 +190,15 @@ class SwarmClient:
     def _headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _request(self, method: str, path: str, json_body: Any = None) -> Any:
+    def _request(self, method: str, path: str, json_body: Any = None, server: str | None = None) -> Any:
+        url = server or self.server_url
+
         def once() -> Any:
             try:
-                response = self._http.request(
-                    method, f"{self.server_url}{path}", json=json_body, headers=self._headers()
-                )
+                response = self._http.request(method, f"{url}{path}", json=json_body, headers=self._headers())
             except httpx2.HTTPError as exc:
                 raise ServerUnreachable(
-                    f"cannot reach the AgentJet server at {self.server_url} ({type(exc).__name__}: {exc}); "
+                    f"cannot reach the AgentJet server at {url} ({type(exc).__name__}: {exc}); "
                     "is `agentjet-server up` running there?"
                 ) from exc
             if response.status_code >= 400:
@@ -183,22 +222,43 @@ class SwarmClient:
 
     def submit(self, trajectories: Iterable[Trajectory], report: ClientReport | None = None) -> TrajectoryBatchResult:
         """Push trajectories (idempotent by id: a resend is answered ``duplicate``); ``report``
-        tells the server about this client run (its dashboard and ``/v1/admin/clients``)."""
+        tells the server about this client run (its dashboard and ``/v1/admin/clients``). With
+        agents on several servers each trajectory is split (``split``) and each part pushed to its
+        server; a trajectory's result is then the worst of its parts' (rejected, duplicate,
+        accepted), and the policy version is the default server's."""
         items = list(trajectories)
         if not items:
             raise ValueError("submit() needs at least one trajectory")
+        if len(self.servers) == 1:
+            return self.submit_to(self.server_url, items, report)
+        answers = {
+            server: self.submit_to(server, [self.split(t)[server] for t in items], report) for server in self.servers
+        }
+        results = [
+            max(parts, key=lambda r: _OUTCOME_ORDER.get(r.status, 3))
+            for parts in zip(*(a.results for a in answers.values()), strict=True)
+        ]
+        return TrajectoryBatchResult(results=results, policy_version=answers[self.server_url].policy_version)
+
+    def submit_to(
+        self, server: str, trajectories: list[Trajectory], report: ClientReport | None = None
+    ) -> TrajectoryBatchResult:
+        """Push trajectories, as they are, to one of this client's servers."""
+        if not trajectories:
+            raise ValueError("submit() needs at least one trajectory")
         results = []
         version = 0
-        for start in range(0, len(items), MAX_SUBMIT_BATCH):
-            batch = TrajectoryBatch(trajectories=items[start : start + MAX_SUBMIT_BATCH], client=report)
-            data = self._request("POST", "/v1/trajectories", batch.model_dump(mode="json"))
+        for start in range(0, len(trajectories), MAX_SUBMIT_BATCH):
+            batch = TrajectoryBatch(trajectories=trajectories[start : start + MAX_SUBMIT_BATCH], client=report)
+            data = self._request("POST", "/v1/trajectories", batch.model_dump(mode="json"), server)
             answer = TrajectoryBatchResult.model_validate(data)
             results.extend(answer.results)
             version = answer.policy_version
         return TrajectoryBatchResult(results=results, policy_version=version)
 
-    def status(self) -> ServerStatus:
-        return ServerStatus.model_validate(self._request("GET", "/v1/status"))
+    def status(self, server: str | None = None) -> ServerStatus:
+        """The status of the default server (or of ``server``, one of ``servers``)."""
+        return ServerStatus.model_validate(self._request("GET", "/v1/status", server=server))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx2
 
 from agentjet_client.capture import EpisodeRecorder
-from agentjet_client.protocol import Trajectory, TrajectoryStatus
+from agentjet_client.protocol import Trajectory, TrajectoryStatus, check_agent_name
 from agentjet_client.transport import AsyncCaptureTransport, CaptureTransport
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ class Episode:
         return self.url_for("default")
 
     def url_for(self, agent: str) -> str:
-        return self.client.proxy_url(self.id, agent)
+        """The capture proxy's base URL for ``agent``: its calls go to the agent's server."""
+        return self.client.proxy_url(self.id, check_agent_name(agent))
 
     def _sync_http(self, agent: str) -> httpx2.Client:
         """An HTTP client that records chat completions as ``agent``; closed with the episode."""
@@ -84,7 +85,7 @@ class Episode:
 
         kwargs.setdefault("max_retries", LLM_RETRIES)
         http = self._sync_http(agent)
-        return openai.OpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
+        return openai.OpenAI(base_url=self.client.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs)
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
         """A LangChain chat model (``ChatOpenAI``) recorded as ``agent``; ``kwargs`` go to ``ChatOpenAI``.
@@ -95,7 +96,7 @@ class Episode:
         # and never closed: one leaked connection pool per episode)
         kwargs.setdefault("http_client", self._sync_http(agent))
         kwargs.setdefault("http_async_client", self._async_http(agent))
-        return chat_model(self.client.api_base, self.api_key, LLM_RETRIES, **kwargs)
+        return chat_model(self.client.api_base_for(agent), self.api_key, LLM_RETRIES, **kwargs)
 
     def agentscope(self, agent: str = "default", **kwargs: Any) -> Any:
         """An AgentScope 2.x ``OpenAIChatModel`` recorded as ``agent`` (``max_tokens``, ``temperature``,
@@ -104,7 +105,9 @@ class Episode:
         from agentjet_client.adapters.agentscope import chat_model
 
         client_kwargs = {"http_client": self._async_http(agent), **kwargs.pop("client_kwargs", {})}
-        return chat_model(self.client.api_base, self.api_key, LLM_RETRIES, client_kwargs=client_kwargs, **kwargs)
+        return chat_model(
+            self.client.api_base_for(agent), self.api_key, LLM_RETRIES, client_kwargs=client_kwargs, **kwargs
+        )
 
     def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
@@ -112,7 +115,9 @@ class Episode:
 
         kwargs.setdefault("max_retries", LLM_RETRIES)
         http = self._async_http(agent)
-        return openai.AsyncOpenAI(base_url=self.client.api_base, api_key=self.api_key, http_client=http, **kwargs)
+        return openai.AsyncOpenAI(
+            base_url=self.client.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
+        )
 
     def reward_turn(self, reward: float, agent: str | None = None) -> None:
         """Give the newest finished LLM call (of ``agent``, if given) its own reward, e.g. for a tool

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -388,11 +389,26 @@ MAX_TURNS = 512
 MAX_BATCH_TRAJECTORIES = 1024
 
 
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def check_agent_name(name: str) -> str:
+    """An agent name as it appears in turns and in the capture proxy's URL path."""
+    if not isinstance(name, str) or not AGENT_NAME.match(name):
+        raise ValueError(
+            f"agent name {name!r} must be 1-128 letters, digits, '_', '.' or '-' (it is part of a URL path)"
+        )
+    return name
+
+
 class Turn(_Strict):
     """One sampled completion: the exact tokens the policy saw and produced."""
 
     agent: str = Field(default="default", min_length=1, max_length=128)
-    model: str | None = Field(default=None, max_length=256)
+    model: str | None = Field(default=None, max_length=256, description="the model the server served")
+    requested_model: str | None = Field(
+        default=None, max_length=256, description="the model name the agent's code asked for, when it differs"
+    )
     policy_version: Version
     request_messages: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_MESSAGES)
     prompt_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_SEQUENCE_TOKENS)

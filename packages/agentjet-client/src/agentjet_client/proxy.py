@@ -1,7 +1,8 @@
 """The loopback capture proxy: a base URL any program in any language can call.
 
-``http://127.0.0.1:PORT/episodes/<episode id>/<agent>/v1`` forwards every request to the
-server's ``/v1`` and records chat completions into that episode as that agent. It runs on its
+``http://127.0.0.1:PORT/episodes/<episode id>/<agent>/v1`` forwards every request to the ``/v1``
+of the agent's server (``SwarmClient.server_for``) and records chat completions into that
+episode as that agent. It runs on its
 own thread and event loop, started on first use by ``SwarmClient``.
 """
 
@@ -46,16 +47,17 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 class CaptureProxy:
-    """Forwards ``/episodes/{id}/{agent}/v1/...`` to ``upstream`` and records chat calls."""
+    """Forwards ``/episodes/{id}/{agent}/v1/...`` to the agent's server (``upstream(agent)``, a
+    base URL) and records chat calls."""
 
     def __init__(
         self,
-        upstream: str,
+        upstream: Callable[[str], str],
         lookup: Callable[[str], EpisodeRecorder | None],
         api_key: str | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
-        self.upstream = upstream.rstrip("/")
+        self.upstream = upstream
         self.lookup = lookup
         self.api_key = api_key
         self._transport = transport
@@ -139,7 +141,8 @@ class CaptureProxy:
             headers["authorization"] = f"Bearer {self.api_key}"
         elif "authorization" in request.headers:
             headers["authorization"] = request.headers["authorization"]
-        url = f"{self.upstream}/v1/{request.path_params['path']}"
+        server = self.upstream(agent)
+        url = f"{server}/v1/{request.path_params['path']}"
         capture = is_chat_request(request.method, url)
         started = time.time()
         sent = with_claim(body, recorder.extension(agent, parse_request_body(body))) if capture else body
@@ -150,7 +153,7 @@ class CaptureProxy:
         try:
             upstream = await self._http().send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
-            return _error(502, f"could not reach the AgentJet server at {self.upstream}: {exc}")
+            return _error(502, f"could not reach the AgentJet server of agent '{agent}' at {server}: {exc}")
         out_headers = {
             k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}
         }

@@ -6,11 +6,11 @@ while the server's admission budget (``/v1/status``) has room for it, so rollout
 training by a bounded amount and land within the staleness bound. An agent's exception or
 timeout fails that episode only.
 
-Every finished trajectory is committed to the durable spool (``spool.Spool``) before the runner
-moves on; a background sender pushes the oldest spooled items in batches, with exponential
-backoff and jitter while the server is unreachable, and removes each item only once the server
-has answered for it. Items left by an earlier run (a crash, a kill) are sent first. A run ends
-when its own episodes are finished and answered.
+Every finished trajectory is committed to the durable spool of its server before the runner
+moves on, and delivered from there by that server's ``delivery.Sender``; with agents on several
+servers (``SwarmClient(agents=...)``, ``--server NAME=URL``) each server gets its own part of the
+episode (``SwarmClient.split``), its own spool and its own sender. Groups start when every server
+has room (``admission.Admission``). A run ends when its own episodes are finished and answered.
 
 ``sync`` runs the classic synchronous loop instead, the baseline that asynchronous training is
 measured against: start one batch of groups (the server's ``batch_groups`` x ``group_size``),
@@ -34,13 +34,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentjet_client.admission import Admission
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
-from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
+from agentjet_client.delivery import Sender
 from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
-from agentjet_client.protocol import ClientReport, Trajectory, TrajectoryStatus
-from agentjet_client.spool import GroupCommit, Spool, SpoolError, default_spool_dir, spool_key
+from agentjet_client.protocol import ClientReport, TrajectoryStatus
+from agentjet_client.spool import Spool, default_spool_dir, spool_key
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +70,12 @@ class RunReport:
     started: int = 0
     finished: int = 0
     failed: int = 0
-    accepted: int = 0
+    accepted: int = 0  # answers from the servers (with agents on several, one per server per episode)
     duplicate: int = 0
     rejected: int = 0
     reject_reasons: Counter[str] = field(default_factory=Counter)
     failure_reasons: Counter[str] = field(default_factory=Counter)
+    by_server: dict[str, Counter[str]] = field(default_factory=dict)  # server -> answers to training episodes
     first_version: int | None = None
     last_version: int | None = None
     elapsed_s: float = 0.0
@@ -82,6 +84,8 @@ class RunReport:
     spool_errors: int = 0  # failed spool writes (retried: the trajectory waits in memory)
     code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
     rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
+    agent_rewards: dict[str, list[float]] = field(default_factory=dict)  # each agent's, complete episodes only
+    turns_by_agent: Counter[str] = field(default_factory=Counter)  # captured calls of training episodes
     reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
     reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
     eval_rewards: dict[int, list[float]] = field(default_factory=dict)  # policy version -> eval rewards
@@ -89,10 +93,12 @@ class RunReport:
     rounds: int = 0  # --sync: batches rolled out and trained
     waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
 
-    def mean(self, lo: float, hi: float) -> float:
-        """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order."""
-        n = len(self.rewards)
-        part = self.rewards[int(n * lo) : max(int(n * lo) + 1, math.ceil(n * hi))]
+    def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
+        """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of
+        ``agent``'s own rewards, if given)."""
+        rewards = self.rewards if agent is None else self.agent_rewards.get(agent, [])
+        n = len(rewards)
+        part = rewards[int(n * lo) : max(int(n * lo) + 1, math.ceil(n * hi))]
         return sum(part) / len(part) if part else math.nan
 
     def recent_mean(self, window: int) -> float:
@@ -132,6 +138,7 @@ class Runner:
         code_version: str | None = None,
         on_progress: Callable[[RunReport], None] | None = None,
         spool: Spool | None = None,
+        spools: dict[str, Spool] | None = None,
         watcher: CodeWatcher | None = None,
         on_reload: Callable[[str, str | None], None] | None = None,
         workers: WorkerPool | None = None,
@@ -141,20 +148,36 @@ class Runner:
         self.config = config
         self.code_version = code_version
         self.report = RunReport()
-        self.spool = spool or Spool(default_spool_dir() / spool_key(client.server_url))
+        # one spool and sender per server: ``spool`` is the default server's, ``spools`` any server's
+        given = {**({client.server_url: spool} if spool is not None else {}), **(spools or {})}
+        self.senders = {
+            server: Sender(
+                client,
+                server,
+                given.get(server) or Spool(default_spool_dir() / spool_key(server)),
+                self.report,
+                self._client_report,
+                batch=config.send_batch,
+                backoff_max=config.backoff_max,
+            )
+            for server in client.servers
+        }
+        self.spool = self.senders[client.server_url].spool
+        self.admission = Admission(
+            client,
+            self.senders,
+            self.report,
+            self._stop_requested,
+            enabled=config.admission,
+            poll_interval=config.poll_interval,
+            backoff_max=config.backoff_max,
+        )
         self._on_progress = on_progress or (lambda report: None)
         self.watcher = watcher
         self.workers = workers  # sync agents run here (killable) instead of in threads
         self._on_reload = on_reload or (lambda version, error: None)
-        self._pending = 0  # training episodes started and not yet answered by the server
-        self._eval_ids: set[str] = set()  # evaluation episodes spooled, not yet answered
-        self._version = 0  # the newest policy version the server told us of
         self._last_eval: int | None = None
         self._eval_rounds = 0
-        self._mine: set[str] = set()  # this run's spooled ids not yet answered
-        self._commits = GroupCommit(self.spool)
-        self._spool_failing = False
-        self._spooled = asyncio.Event()
         self._warned_full = False
         self._stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=max(1, config.concurrency), thread_name_prefix="agentjet-agent")
@@ -162,10 +185,18 @@ class Runner:
     def stop(self) -> None:
         self._stop.set()
 
+    def _stop_requested(self) -> bool:
+        return self._stop.is_set()
+
     @property
     def unanswered(self) -> int:
-        """Trajectories of this run spooled and not yet answered by the server."""
-        return len(self._mine)
+        """Trajectories of this run spooled and not yet answered by their servers."""
+        return sum(len(sender.mine) for sender in self.senders.values())
+
+    @property
+    def _version(self) -> int:
+        """The newest policy version the default server told us of."""
+        return self.senders[self.client.server_url].version
 
     def _task_stream(self) -> Iterator[tuple[str, Task]]:
         rng = random.Random(self.config.seed)
@@ -175,14 +206,20 @@ class Runner:
             yield from tasks
 
     async def _wait_for_spool_room(self) -> None:
-        while not self._stop.is_set() and self._spool_failing:  # no new work while finished work can't be kept
+        senders = list(self.senders.values())
+        # no new work while finished work can't be kept
+        while not self._stop.is_set() and any(sender.failing for sender in senders):
             await asyncio.sleep(self.config.poll_interval * 5)
-        while not self._stop.is_set() and await asyncio.to_thread(lambda: self.spool.full):
+        while not self._stop.is_set():
+            full = await asyncio.to_thread(lambda: [s for s in senders if s.spool.full])
+            if not full:
+                break
             if not self._warned_full:
                 logger.warning(
-                    "the spool holds %d trajectories (its bound); no new episodes start until the server "
+                    "the spool of %s holds %d trajectories (its bound); no new episodes start until the server "
                     "has taken some (nothing is dropped)",
-                    self.spool.max_items,
+                    full[0].server,
+                    full[0].spool.max_items,
                 )
                 self._warned_full = True
             await asyncio.sleep(self.config.poll_interval * 5)
@@ -190,40 +227,13 @@ class Runner:
 
     async def _wait_for_admission(self, need: int) -> None:
         await self._wait_for_spool_room()
-        if not self.config.admission:
-            return
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                status = await asyncio.to_thread(self.client.status)
-            except (ServerUnreachable, ServerError) as exc:
-                if isinstance(exc, RejectedRequest):  # it answers, but not as an agentjet server would
-                    logger.warning("could not read server status for admission (%s); starting anyway", exc)
-                    return
-                # down or restarting: an episode started now could only fail; finished ones wait in the spool
-                if failures == 0:
-                    logger.warning("server unavailable (%s); new episodes wait until it answers", exc)
-                failures += 1
-                self.report.waits_for_server += 1
-                await asyncio.sleep(min(self.config.backoff_max, 0.25 * 2 ** min(failures, 8)) * random.uniform(0.5, 1))
-                continue
-            except AgentJetError as exc:
-                logger.warning("could not read server status for admission (%s); starting anyway", exc)
-                return
-            if failures:
-                logger.warning("server is back (policy v%d); starting episodes again", status.policy_version)
-                failures = 0
-            if self.report.first_version is None:
-                self.report.first_version = status.policy_version
-            self._version = max(self._version, status.policy_version)
-            if status.admission_budget - self._pending >= need or (self._pending == 0 and status.admission_budget > 0):
-                return
-            await asyncio.sleep(self.config.poll_interval)
+        await self.admission.wait(need)
 
     async def run(self) -> RunReport:
         started = time.monotonic()
-        self._spooled = asyncio.Event()
-        sender = asyncio.create_task(self._send_loop())
+        if self.config.sync and len(self.senders) > 1:
+            raise ValueError("--sync drives one server; run the agents of other servers without --sync")
+        senders = [asyncio.create_task(sender.run()) for sender in self.senders.values()]
         watching = asyncio.create_task(self._watch_loop()) if self.watcher is not None else None
         sem = asyncio.Semaphore(self.config.concurrency)
         episodes: set[asyncio.Task[None]] = set()
@@ -236,7 +246,7 @@ class Runner:
                 self._start_eval(sem, episodes)
                 total_groups = 0
             if self.config.sync and not self.config.eval_only:
-                await self._run_sync(sem, episodes, sender, tasks)
+                await self._run_sync(sem, episodes, senders, tasks)
                 total_groups = 0
             while not self._stop.is_set() and (total_groups is None or groups < total_groups):
                 await self._wait_for_admission(g)
@@ -248,13 +258,14 @@ class Runner:
                 groups += 1
             if episodes:
                 await asyncio.gather(*episodes)
-            await self._drained(sender)
+            await self._drained(senders)
             if self.config.eval_every and not self._stop.is_set() and self._version != self._last_eval:
                 self._start_eval(sem, episodes)  # the policy the run ends with
                 await asyncio.gather(*episodes)
-                await self._drained(sender)
+                await self._drained(senders)
         finally:
-            sender.cancel()
+            for task in senders:
+                task.cancel()
             if watching is not None:
                 watching.cancel()
             if self.workers is not None:
@@ -268,11 +279,11 @@ class Runner:
         self,
         sem: asyncio.Semaphore,
         episodes: set[asyncio.Task[None]],
-        sender: asyncio.Task[None],
+        senders: list[asyncio.Task[None]],
         tasks: Iterator[tuple[str, Task]],
     ) -> None:
         """The synchronous loop (``RunConfig.sync``): a batch, all of it answered, the step, again."""
-        status = await self._status_when_up()
+        status = await self.admission.status(self.client.server_url)
         if status is None:
             return
         batch_groups, g = status.learner.batch_groups, status.learner.group_size
@@ -291,11 +302,11 @@ class Runner:
                 self._start_group(sem, episodes, next(tasks), f"r{self.report.rounds}:{k}", g)
             if episodes:
                 await asyncio.gather(*episodes)
-            await self._drained(sender)
+            await self._drained(senders)
             waiting = time.monotonic()
             target = trained_before + (self.report.accepted - accepted_before)
             while not self._stop.is_set():  # the server counts them trained once the step's weights are live
-                polled = await self._status_when_up()
+                polled = await self.admission.status(self.client.server_url)
                 if polled is None:
                     return
                 status = polled
@@ -303,7 +314,6 @@ class Runner:
                     break
                 await asyncio.sleep(self.config.poll_interval)
             self.report.waiting_for_learner_s += time.monotonic() - waiting
-            self._version = max(self._version, status.policy_version)
             self.report.rounds += 1
 
     def _eval_due(self) -> bool:
@@ -318,31 +328,12 @@ class Runner:
         task_id, task = item
         group_tag = f"{task_id}@{self.client.client_id}:{label}"
         for _ in range(size):
-            self._pending += 1
+            for sender in self.senders.values():
+                sender.pending += 1
             self.report.started += 1
             job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
             running.add(job)
             job.add_done_callback(running.discard)
-
-    async def _status_when_up(self) -> Any:
-        """The server's status, waiting (with backoff) while it does not answer; None if stopped."""
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                status = await asyncio.to_thread(self.client.status)
-            except (ServerUnreachable, ServerError) as exc:
-                if isinstance(exc, RejectedRequest):
-                    raise
-                failures += 1
-                self.report.waits_for_server += 1
-                if failures == 1:
-                    logger.warning("server unavailable (%s); the synchronous loop waits until it answers", exc)
-                await asyncio.sleep(min(self.config.backoff_max, 0.25 * 2 ** min(failures, 8)))
-                continue
-            if self.report.first_version is None:
-                self.report.first_version = status.policy_version
-            return status
-        return None
 
     def _start_eval(self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]]) -> None:
         """Start a round of evaluation episodes over the eval tasks, in order."""
@@ -374,16 +365,18 @@ class Runner:
                 self.report.reload_errors.append(self.watcher.last_error)
                 self._on_reload(self.watcher.version, self.watcher.last_error)
 
-    async def _drained(self, sender: asyncio.Task[None]) -> None:
-        """Wait until the server has answered every trajectory this run produced."""
+    async def _drained(self, senders: list[asyncio.Task[None]]) -> None:
+        """Wait until the servers have answered every trajectory this run produced."""
         announced = False
-        while self._mine and not self._stop.is_set():
-            if sender.done():  # the sender died: say why instead of waiting forever (the spool keeps the items)
-                sender.result()
+        while self.unanswered and not self._stop.is_set():
+            for task in senders:
+                if task.done():  # a sender died: say why instead of waiting forever (the spool keeps the items)
+                    task.result()
             if not announced:
-                logger.info("waiting for the server to answer %d spooled trajectories", len(self._mine))
+                logger.info("waiting for the servers to answer %d spooled trajectories", self.unanswered)
                 announced = True
-            self._spooled.set()
+            for sender in self.senders.values():
+                sender.wake()
             await asyncio.sleep(0.05)
 
     async def _episode(
@@ -438,111 +431,26 @@ class Runner:
             else:
                 self.report.finished += 1
                 self.report.code_versions[code_version or "-"] += 1
+                self.report.turns_by_agent.update(t.agent for t in trajectory.turns)
                 if trajectory.status == "complete":
                     self.report.rewards.append(reward)
                     self.report.rewards_by_version.setdefault(code_version or "-", []).append(reward)
+                    for name, value in (agent_rewards or {}).items():
+                        self.report.agent_rewards.setdefault(name, []).append(value)
             if trajectory.status != "complete":
                 self.report.failed += 1
                 self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
-            if await self._spool(trajectory):  # on disk before we go on
-                self._mine.add(trajectory.id)
-                if evaluation is not None:
-                    self._eval_ids.add(trajectory.id)
-            elif evaluation is None:  # the id is already spooled (cannot happen with fresh episode ids)
-                self._pending -= 1
-            self._spooled.set()
+            for server, part in self.client.split(trajectory).items():  # on disk before we go on
+                await self.senders[server].put(part, evaluation is not None)
             self._on_progress(self.report)
 
-    async def _spool(self, trajectory: Trajectory) -> bool:
-        """Commit ``trajectory``; while the spool cannot be written (disk full, read-only), keep it
-        in memory and retry with backoff, and start no new episodes (logged once per outage)."""
-        failures = 0
-        while True:
-            try:
-                inserted = await self._commits.put(trajectory)
-            except SpoolError as exc:
-                failures += 1
-                self.report.spool_errors += 1
-                if not self._spool_failing:
-                    logger.error(
-                        "cannot write the spool (%s); finished trajectories wait in memory and are retried, "
-                        "new episodes wait until it works again (free disk space or fix --spool-dir)",
-                        exc,
-                    )
-                self._spool_failing = True
-                await asyncio.sleep(min(self.config.backoff_max, 0.25 * 2 ** min(failures, 8)))
-                continue
-            if self._spool_failing:
-                logger.warning("the spool is writable again; episodes resume")
-            self._spool_failing = False
-            return inserted
-
-    async def _send_loop(self) -> None:
-        failures = 0
-        while True:
-            batch = await asyncio.to_thread(self.spool.peek, self.config.send_batch)
-            if not batch:
-                self._spooled.clear()
-                await self._spooled.wait()
-                await asyncio.sleep(0.05)  # let siblings that finish together travel together
-                continue
-            ids = [item_id for item_id, _ in batch]
-            await asyncio.to_thread(self.spool.mark_sent, ids)
-            try:
-                answer = await asyncio.to_thread(self._submit, [t for _, t in batch])
-            except RejectedRequest as exc:  # the server refused the request itself: resending cannot help
-                logger.error("server refused a batch of %d trajectories: %s", len(batch), exc.message)
-                self.report.reject_reasons[exc.message[:80]] += len(batch)
-                await self._settle({item_id: "rejected" for item_id in ids})
-                await asyncio.to_thread(self.spool.note_error, exc.message[:500])
-                continue
-            except AgentJetError as exc:
-                failures += 1
-                delay = min(self.config.backoff_max, 0.5 * 2 ** min(failures, 10)) * random.uniform(0.5, 1.0)
-                logger.warning("submit failed (%s); %d stay spooled, retrying in %.1fs", exc, len(batch), delay)
-                await asyncio.to_thread(self.spool.note_error, str(exc)[:500])
-                await asyncio.sleep(delay)
-                continue
-            failures = 0
-            self.report.last_version = answer.policy_version
-            self._version = max(self._version, answer.policy_version)
-            answers: dict[str, str] = {}
-            for item_id, result in zip(ids, answer.results, strict=True):
-                answers[item_id] = result.status
-                if result.status == "rejected":
-                    self.report.reject_reasons[(result.reason or "")[:60]] += 1
-            await self._settle(answers)
-
-    def _submit(self, trajectories: list[Trajectory]) -> Any:
-        """Push with this run's report (which counts the spool: a query, so in the sender's thread)."""
-        return self.client.submit(trajectories, self._client_report(sending=len(trajectories)))
-
-    def _client_report(self, sending: int = 0) -> ClientReport:
-        """What this run tells the server about itself with each push (the spool's depth behind the
-        ``sending`` trajectories of this push)."""
+    def _client_report(self, spool: Spool, sending: int = 0) -> ClientReport:
+        """What this run tells a server about itself with each push (the depth of that server's
+        spool behind the ``sending`` trajectories of this push)."""
         return ClientReport(
             id=self.client.client_id,
-            spool_depth=max(0, self.spool.depth - sending),
+            spool_depth=max(0, spool.depth - sending),
             episodes=self.report.finished,
             running=max(0, self.report.started - self.report.finished),
             code_version=self.code_version,
         )
-
-    async def _settle(self, answers: dict[str, str]) -> None:
-        await asyncio.to_thread(self.spool.settle, answers)
-        for item_id, status in answers.items():
-            if status == "accepted":
-                if item_id not in self._eval_ids:  # evaluation episodes are counted apart (``evaluated``)
-                    self.report.accepted += 1
-            elif status == "duplicate":
-                self.report.duplicate += 1
-            else:
-                self.report.rejected += 1
-            if item_id in self._mine:
-                self._mine.discard(item_id)
-                if item_id in self._eval_ids:
-                    self._eval_ids.discard(item_id)
-                else:
-                    self._pending -= 1
-            else:
-                self.report.resent_leftovers += 1

@@ -189,7 +189,10 @@ def create_app(
         body = await read_model(
             request, ChatCompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s, gate, large
         )
-        if body.model not in (None, "", rt.engine.model_name, "default"):
+        # a call that comes through an AgentJet client's capture (it carries the ``agentjet``
+        # extension) was routed here for its agent: agent code written for another model name
+        # (``gpt-4o-mini``) trains unchanged, and its turn records both names
+        if body.agentjet is None and body.model not in (None, "", rt.engine.model_name, "default"):
             raise InvalidRequestError(
                 f"model '{body.model}' is not served here; this server serves '{rt.engine.model_name}' "
                 "(see GET /v1/models)",

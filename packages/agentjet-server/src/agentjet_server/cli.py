@@ -46,6 +46,9 @@ def up(
         Path | None, typer.Option(help="local Hugging Face model dir (default: embedded tiny model)")
     ] = None,
     model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
+    model_size: Annotated[
+        str, typer.Option(help="embedded model size when no --model is given: tiny (0.5M parameters) or small (1.7M)")
+    ] = "tiny",
     state_dir: Annotated[Path, typer.Option(help="trajectory log and checkpoints; one server per directory")] = Path(
         ".agentjet/server"
     ),
@@ -255,12 +258,13 @@ def _model_path(settings: Any, ctx: Any) -> Path:
 
     if settings.model is not None:
         return Path(settings.model)
+    size = settings.model_size
     if ctx.enabled and not ctx.is_main:
         import torch.distributed as dist
 
         dist.barrier()
-        return ensure_embedded_model()
-    path = ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"))
+        return ensure_embedded_model(size=size)
+    path = ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"), size=size)
     if ctx.enabled:
         import torch.distributed as dist
 
@@ -278,13 +282,16 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
 
     from agentjet_server.app import create_app
     from agentjet_server.checkpoint import StateDir
+    from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
     from agentjet_server.runtime import SwarmRuntime
 
     state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
     try:
         checkpoint = state.resumed
-        name = settings.model_name or ("agentjet-tiny" if settings.model is None else path.name)
+        name = settings.model_name or (
+            EMBEDDED_SPECS[settings.model_size].name if settings.model is None else path.name
+        )
         options: dict[str, Any] = {
             "model_name": name,
             "device": ctx.device,

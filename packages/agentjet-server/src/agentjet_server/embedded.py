@@ -6,7 +6,8 @@ setting below, so a change rebuilds it):
 
 1. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, ChatML special tokens, tool-call tags)
    trained on a small generated corpus, with the ChatML chat template that supports tools;
-2. a ``Qwen2ForCausalLM`` of about half a million parameters from a fresh config;
+2. a ``Qwen2ForCausalLM`` of about half a million parameters (``--model-size small``: 1.7M) from a
+   fresh config;
 3. a short supervised warm-up on *formats*: demo prompts with random digits as targets (the
    model learns to answer with one digit and stop, not which digit: that is left to RL), and
    requests with tools answered by a well-formed ``<tool_call>``.
@@ -60,11 +61,23 @@ class EmbeddedSpec:
     warmup_lr: float = 3e-3
     tool_every: int = 3  # every n-th warm-up step is a batch of tool-call examples
     seed: int = 1234
-    task: str = "words"
+    tasks: tuple[str, ...] = ("words",)  # demo prompt kinds whose answer *format* the warm-up teaches
     format_version: int = 6
 
 
 EMBEDDED_SPEC = EmbeddedSpec()
+# the sizes ``agentjet-server up --model-size`` offers: ``small`` (about 3x the parameters) also
+# knows the format of ``Repeat the digit 3.``, the executor's prompt in examples/planner_executor
+EMBEDDED_SPECS = {
+    "tiny": EMBEDDED_SPEC,
+    "small": EmbeddedSpec(
+        name="agentjet-small",
+        hidden_size=192,
+        intermediate_size=576,
+        num_hidden_layers=3,
+        tasks=("words", "copy"),
+    ),
+}
 
 _WORDS = (
     "the a an of to and in is it that for on with as was at by be this from or have not are "
@@ -199,7 +212,8 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
         prompt: tok.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        for prompt, _ in demo_tasks(spec.task)
+        for kind in spec.tasks
+        for prompt, _ in demo_tasks(kind)
     }
     tool_pool = []  # rendered once: chat-template rendering costs more than a training step
     for _ in range(256):
@@ -252,10 +266,15 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
-def ensure_embedded_model(cache_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> Path:
-    """Return the directory of the embedded model, building and caching it on first use."""
+def ensure_embedded_model(
+    cache_dir: Path | None = None, progress: Callable[[str], None] | None = None, size: str = "tiny"
+) -> Path:
+    """Return the directory of the embedded model of ``size`` (a key of ``EMBEDDED_SPECS``),
+    building and caching it on first use."""
     say = progress or (lambda msg: logger.info("%s", msg))
-    spec = EMBEDDED_SPEC
+    if size not in EMBEDDED_SPECS:
+        raise ValueError(f"no embedded model of size '{size}'; choose one of {', '.join(EMBEDDED_SPECS)}")
+    spec = EMBEDDED_SPECS[size]
     target = (cache_dir or default_cache_dir()) / f"{spec.name}-{spec_hash(spec)}"
     if (target / "config.json").exists() and (target / "agentjet.json").exists():
         return target
@@ -281,7 +300,7 @@ def ensure_embedded_model(cache_dir: Path | None = None, progress: Callable[[str
     )
     model = Qwen2ForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
-    say(f"tiny Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+    say(f"{size} Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     loss = _warm_up(model, tokenizer, spec, say)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))

@@ -44,6 +44,9 @@ class ServerSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     model: Path | None = Field(default=None, description="local HF model dir; None = embedded default")
     model_name: str | None = None
+    model_size: Literal["tiny", "small"] = Field(
+        default="tiny", description="size of the embedded model when no --model is given"
+    )
     state_dir: Path = Path(".agentjet/server")
     resume: bool = Field(default=False, description="continue the run in state_dir from its newest checkpoint")
     fresh: bool = Field(default=False, description="discard an earlier run in state_dir")
@@ -115,6 +118,11 @@ class ServerSettings(BaseModel):
             raise ValueError(
                 f"--model {self.model} does not exist; pass a local Hugging Face model directory, "
                 "or leave --model out to use the embedded default"
+            )
+        if self.model is not None and self.model_size != "tiny":
+            raise ValueError(
+                f"--model-size {self.model_size} picks a size of the embedded model; it cannot go with --model "
+                "(leave one of them out)"
             )
         if self.reference is not None and not self.reference.exists():
             raise ValueError(f"--reference {self.reference} does not exist; pass a local Hugging Face model directory")

@@ -1,0 +1,110 @@
+"""Admission: start episodes only while every server the run uses has room for them.
+
+Each server says in ``/v1/status`` how many more episodes it can take before training catches up
+(``admission_budget``: what keeps rollouts within the staleness bound). A group of episodes
+starts when, on every one of the run's servers, the budget less this run's episodes still
+unanswered there covers the group (or nothing of this run is outstanding there and the budget is
+positive). While a server does not answer, new episodes wait (polled with exponential backoff and
+jitter): started now they could only fail. What already finished keeps going out (``delivery``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
+
+from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
+from agentjet_client.protocol import ServerStatus
+
+if TYPE_CHECKING:
+    from agentjet_client.client import SwarmClient
+    from agentjet_client.delivery import Sender
+    from agentjet_client.runner import RunReport
+
+logger = logging.getLogger(__name__)
+
+
+def _down(exc: BaseException) -> bool:
+    """The server is down or restarting (as opposed to answering, but not as an AgentJet server would)."""
+    return isinstance(exc, ServerUnreachable | ServerError) and not isinstance(exc, RejectedRequest)
+
+
+class Admission:
+    def __init__(
+        self,
+        client: SwarmClient,
+        senders: dict[str, Sender],
+        report: RunReport,
+        stopped: Callable[[], bool],
+        *,
+        enabled: bool = True,
+        poll_interval: float = 0.2,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.senders = senders
+        self.report = report
+        self.enabled = enabled
+        self._stopped = stopped
+        self._poll = poll_interval
+        self._backoff_max = backoff_max
+        self._down: set[str] = set()  # servers that did not answer the last poll (logged once per outage)
+
+    async def status(self, server: str) -> ServerStatus | None:
+        """The server's status, waiting (backoff with jitter) while it is down; None if the run
+        stops meanwhile. Raises what is not an outage (a 4xx: not an AgentJet server, a bad key)."""
+        retrying = AsyncRetrying(
+            wait=wait_random_exponential(multiplier=0.25, max=self._backoff_max),
+            retry=retry_if_exception(_down),
+            before_sleep=lambda state: self._waiting(server, state),
+            reraise=True,
+        )
+        status: ServerStatus | None = None
+        async for attempt in retrying:
+            with attempt:
+                if self._stopped():
+                    return None
+                status = await asyncio.to_thread(self.client.status, server)
+        assert status is not None
+        if server in self._down:
+            self._down.discard(server)
+            logger.warning("server %s is back (policy v%d); starting episodes again", server, status.policy_version)
+        if self.report.first_version is None and server == self.client.server_url:
+            self.report.first_version = status.policy_version
+        sender = self.senders[server]
+        sender.version = max(sender.version, status.policy_version)
+        return status
+
+    def _waiting(self, server: str, state: RetryCallState) -> None:
+        self.report.waits_for_server += 1
+        if server not in self._down:
+            self._down.add(server)
+            exc = state.outcome.exception() if state.outcome else None
+            logger.warning("server %s unavailable (%s); new episodes wait until it answers", server, exc)
+
+    async def wait(self, need: int) -> None:
+        """Return once every server has room for ``need`` more episodes of this run (at once if
+        admission is off, or the run stops)."""
+        if not self.enabled:
+            return
+        while not self._stopped():
+            roomy = True
+            for server, sender in self.senders.items():
+                try:
+                    status = await self.status(server)
+                except AgentJetError as exc:  # it answers, but not as an AgentJet server would
+                    logger.warning("could not read the status of %s for admission (%s); starting anyway", server, exc)
+                    continue
+                if status is None:
+                    return
+                budget = status.admission_budget
+                if not (budget - sender.pending >= need or (sender.pending == 0 and budget > 0)):
+                    roomy = False
+                    break
+            if roomy:
+                return
+            await asyncio.sleep(self._poll)
