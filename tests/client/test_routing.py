@@ -66,6 +66,19 @@ def test_each_agent_samples_from_its_server_whatever_model_name_its_code_asks_fo
     assert reply.status_code == 400 and "not served here" in reply.text
 
 
+def test_both_episodes_an_agent_can_get_fulfil_the_episode_contract(pair):
+    from agentjet_client import EpisodeHandle
+    from agentjet_client.isolation import ProxyEpisode
+
+    with SwarmClient(pair[0].url) as client, client.episode("contract") as episode:
+        assert isinstance(episode, EpisodeHandle)
+        worker_side = ProxyEpisode(episode.id, "contract", episode.base_url.split("/episodes/")[0], "key")
+        assert isinstance(worker_side, EpisodeHandle)
+        assert worker_side.url_for("executor") == episode.url_for("executor")
+        with pytest.raises(ValueError, match="agent name"):
+            worker_side.url_for("a/b")
+
+
 def test_routes_are_checked():
     with pytest.raises(ValueError, match="agent name"):
         SwarmClient("http://127.0.0.1:1", agents={"bad/name": "http://127.0.0.1:2"})

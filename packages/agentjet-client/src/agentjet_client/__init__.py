@@ -3,7 +3,7 @@
 from agentjet_client.agent import SwarmAgent, swarm_agent
 from agentjet_client.capture import EpisodeRecorder
 from agentjet_client.client import SwarmClient
-from agentjet_client.episode import Episode
+from agentjet_client.episode import Episode, EpisodeHandle
 from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.runner import RunConfig, Runner, RunReport
 from agentjet_client.spool import Spool, SpoolError
@@ -14,6 +14,7 @@ __all__ = [
     "AgentJetError",
     "AgentLoadError",
     "Episode",
+    "EpisodeHandle",
     "EpisodeRecorder",
     "RejectedRequest",
     "RunConfig",

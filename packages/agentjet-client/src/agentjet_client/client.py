@@ -31,7 +31,7 @@ from typing import Any, Literal
 import httpx2
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from agentjet_client.episode import Episode
+from agentjet_client.episode import Episode, EpisodeContext
 from agentjet_client.errors import RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.protocol import (
     ClientReport,
@@ -132,10 +132,23 @@ class SwarmClient:
     ) -> Episode:
         """A new episode of task ``task_id`` (its GRPO group key); ``purpose="eval"`` makes it an
         evaluation episode, recorded by the server and never trained."""
-        ep = Episode(self, task_id, task_tag=task_tag, episode_id=episode_id, purpose=purpose)
+        ep = Episode(self.context, task_id, task_tag=task_tag, episode_id=episode_id, purpose=purpose)
         with self._lock:
             self._episodes[ep.id] = ep
         return ep
+
+    @property
+    def context(self) -> EpisodeContext:
+        """What this client's episodes need from it."""
+        return EpisodeContext(
+            client_id=self.client_id,
+            api_key=self.api_key,
+            api_base_for=self.api_base_for,
+            proxy_url=self.proxy_url,
+            sync_transport=self.shared_sync_transport,
+            async_transport=self.shared_async_transport,
+            forget=self.forget_episode,
+        )
 
     def forget_episode(self, episode_id: str) -> None:
         with self._lock:

@@ -8,12 +8,18 @@ Give the agent a captured model handle and it trains unchanged:
 * ``episode.api_key`` — a key to send with those requests.
 
 ``episode.to_trajectory(reward)`` turns the captured turns into what the server trains on.
+
+``EpisodeHandle`` is the contract of the agent's ``episode`` argument: ``Episode`` (in the runner's
+process) and ``isolation.ProxyEpisode`` (in a worker process) both fulfil it. An ``Episode`` gets
+what it needs from its client as one ``EpisodeContext``.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import httpx2
 
@@ -24,25 +30,64 @@ from agentjet_client.transport import AsyncCaptureTransport, CaptureTransport
 if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
 
-    from agentjet_client.client import SwarmClient
-
 
 # the OpenAI SDK's retries back off 0.5, 1, 2, 4, 8, 8 s: six ride out a server restart (--resume
 # takes a few seconds) instead of failing every episode that was waiting on the model
 LLM_RETRIES = 6
 
 
+@runtime_checkable
+class EpisodeHandle(Protocol):
+    """What an agent can do with its ``episode``: model handles whose calls are captured as
+    ``agent``'s turns (and go to that agent's server), the capture proxy's base URLs for any other
+    program, and a reward for the newest turn."""
+
+    id: str
+    task_id: str
+
+    @property
+    def api_key(self) -> str: ...
+
+    @property
+    def base_url(self) -> str: ...
+
+    def url_for(self, agent: str) -> str: ...
+
+    def openai(self, agent: str = "default", **kwargs: Any) -> Any: ...
+
+    def async_openai(self, agent: str = "default", **kwargs: Any) -> Any: ...
+
+    def langchain(self, agent: str = "default", **kwargs: Any) -> Any: ...
+
+    def agentscope(self, agent: str = "default", **kwargs: Any) -> Any: ...
+
+    def reward_turn(self, reward: float, agent: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What an episode needs from the client it belongs to (``SwarmClient.context``)."""
+
+    client_id: str
+    api_key: str | None
+    api_base_for: Callable[[str], str]  # agent -> the ``/v1`` base URL of its server
+    proxy_url: Callable[[str, str], str]  # (episode id, agent) -> the capture proxy's base URL
+    sync_transport: Callable[[], httpx2.BaseTransport]  # the shared connection pool
+    async_transport: Callable[[], httpx2.AsyncBaseTransport]  # the running event loop's pool
+    forget: Callable[[str], None]  # the episode closed: the proxy no longer records into it
+
+
 class Episode:
     def __init__(
         self,
-        client: SwarmClient,
+        context: EpisodeContext,
         task_id: str,
         *,
         task_tag: str | None = None,
         episode_id: str | None = None,
         purpose: Literal["train", "eval"] = "train",
     ) -> None:
-        self.client = client
+        self.context = context
         self.purpose: Literal["train", "eval"] = purpose
         self.id = episode_id or uuid.uuid4().hex
         self.task_id = task_id
@@ -53,7 +98,7 @@ class Episode:
 
     @property
     def api_key(self) -> str:
-        return self.client.api_key or "agentjet-no-key"
+        return self.context.api_key or "agentjet-no-key"
 
     @property
     def base_url(self) -> str:
@@ -62,11 +107,11 @@ class Episode:
 
     def url_for(self, agent: str) -> str:
         """The capture proxy's base URL for ``agent``: its calls go to the agent's server."""
-        return self.client.proxy_url(self.id, check_agent_name(agent))
+        return self.context.proxy_url(self.id, check_agent_name(agent))
 
     def _sync_http(self, agent: str) -> httpx2.Client:
         """An HTTP client that records chat completions as ``agent``; closed with the episode."""
-        inner = self.client.shared_sync_transport()
+        inner = self.context.sync_transport()
         http = httpx2.Client(
             transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
         )
@@ -74,7 +119,7 @@ class Episode:
         return http
 
     def _async_http(self, agent: str) -> httpx2.AsyncClient:
-        transport = AsyncCaptureTransport(self.recorder, agent, self.client.shared_async_transport)
+        transport = AsyncCaptureTransport(self.recorder, agent, self.context.async_transport)
         http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
         self._async_clients.append(http)
         return http
@@ -85,7 +130,9 @@ class Episode:
 
         kwargs.setdefault("max_retries", LLM_RETRIES)
         http = self._sync_http(agent)
-        return openai.OpenAI(base_url=self.client.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs)
+        return openai.OpenAI(
+            base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
+        )
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
         """A LangChain chat model (``ChatOpenAI``) recorded as ``agent``; ``kwargs`` go to ``ChatOpenAI``.
@@ -96,7 +143,7 @@ class Episode:
         # and never closed: one leaked connection pool per episode)
         kwargs.setdefault("http_client", self._sync_http(agent))
         kwargs.setdefault("http_async_client", self._async_http(agent))
-        return chat_model(self.client.api_base_for(agent), self.api_key, LLM_RETRIES, **kwargs)
+        return chat_model(self.context.api_base_for(agent), self.api_key, LLM_RETRIES, **kwargs)
 
     def agentscope(self, agent: str = "default", **kwargs: Any) -> Any:
         """An AgentScope 2.x ``OpenAIChatModel`` recorded as ``agent`` (``max_tokens``, ``temperature``,
@@ -106,7 +153,7 @@ class Episode:
 
         client_kwargs = {"http_client": self._async_http(agent), **kwargs.pop("client_kwargs", {})}
         return chat_model(
-            self.client.api_base_for(agent), self.api_key, LLM_RETRIES, client_kwargs=client_kwargs, **kwargs
+            self.context.api_base_for(agent), self.api_key, LLM_RETRIES, client_kwargs=client_kwargs, **kwargs
         )
 
     def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
@@ -116,7 +163,7 @@ class Episode:
         kwargs.setdefault("max_retries", LLM_RETRIES)
         http = self._async_http(agent)
         return openai.AsyncOpenAI(
-            base_url=self.client.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
+            base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
         )
 
     def reward_turn(self, reward: float, agent: str | None = None) -> None:
@@ -145,7 +192,7 @@ class Episode:
             id=self.id,
             task_id=self.task_id,
             task_tag=self.task_tag,
-            client_id=self.client.client_id,
+            client_id=self.context.client_id,
             code_version=code_version,
             status=status,
             turns=turns,
@@ -157,7 +204,7 @@ class Episode:
         )
 
     def close(self) -> None:
-        self.client.forget_episode(self.id)
+        self.context.forget(self.id)
         for http in self._closers:
             http.close()
         self._closers.clear()

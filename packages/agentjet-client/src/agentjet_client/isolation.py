@@ -29,6 +29,7 @@ from typing import Any
 
 from agentjet_client.episode import LLM_RETRIES
 from agentjet_client.errors import AgentJetError
+from agentjet_client.protocol import check_agent_name
 
 STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import the agent
 
@@ -55,7 +56,8 @@ class _Worker:
 
 
 class ProxyEpisode:
-    """What a sync agent in a worker process gets as ``episode``: model handles through the capture proxy."""
+    """What a sync agent in a worker process gets as ``episode`` (an ``EpisodeHandle``): model
+    handles through the capture proxy, which sends each agent's calls to that agent's server."""
 
     def __init__(self, episode_id: str, task_id: str, proxy_base: str, api_key: str) -> None:
         self.id = episode_id
@@ -64,7 +66,7 @@ class ProxyEpisode:
         self._proxy_base = proxy_base
 
     def url_for(self, agent: str) -> str:
-        return f"{self._proxy_base}/episodes/{self.id}/{agent}/v1"
+        return f"{self._proxy_base}/episodes/{self.id}/{check_agent_name(agent)}/v1"
 
     @property
     def base_url(self) -> str:
