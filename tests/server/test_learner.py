@@ -187,7 +187,8 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
 
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    learner = Learner(model, LearnerConfig(lr=5e-3, algorithm="ppo", off_policy="none"), pad_id=0)
+    config = LearnerConfig(lr=5e-3, algorithm="ppo", off_policy="none", advantage_norm="batch")
+    learner = Learner(model, config, pad_id=0)
     _, group = make_group(tok, model, "What is 3 + 4?", 7, 0)
     batch = build_batch([group], algorithm="ppo")
     errors = []
@@ -201,6 +202,61 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
         errors.append(stats.extra["value_error"])
     # the value head fits the returns, down to what the prompt alone cannot tell apart (~0.045)
     assert errors[-1] < 0.6 * errors[0], errors
+
+
+def _naive_gae(rewards, values, gamma, lam):
+    out, running = [0.0] * len(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        following = values[t + 1] if t + 1 < len(values) else 0.0
+        running = rewards[t] + gamma * following - values[t] + gamma * lam * running
+        out[t] = running
+    return out
+
+
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_ppo_advantages_are_whitened_per_group_or_over_the_batch(model_dir, norm):
+    """Against a per-token reference: GAE per sequence, then each group's (or the batch's) tokens
+    centred and divided by their spread (plus the floor, per group). Per group, a group whose
+    rewards are all equal carries no policy gradient; over the batch it is pushed down by the
+    others' mean."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.trainer import GROUP_STD_FLOOR
+
+    tok = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(lr=5e-3, algorithm="ppo", advantage_norm=norm), pad_id=0)
+    _, solved_once = make_group(tok, model, "What is 3 + 4?", 7, 0)
+    _, flat = make_group(tok, model, "What is 2 + 2?", -1, 1)  # no right answer among the ten
+    batch = build_batch([solved_once, flat], algorithm="ppo")
+    learner.step(batch)  # the critic moves off zero, so the values (and GAE) are not trivial
+    plan, _ = learner._plan(batch.sequences)
+    learner.prepare(plan, None)
+    micro = [m for mini in plan for m in mini.micro]
+    raw, got, groups, returns = [], [], [], {}
+    for m in micro:
+        for start, end in m.spans:
+            raw += _naive_gae(m.rewards[start:end].tolist(), m.old_values[start:end].tolist(), 1.0, 0.95)
+            returns.setdefault(int(m.groups[start]), set()).add(round(float(m.rewards[start:end].sum()), 9))
+        got += m.advantages.tolist()
+        groups += m.groups.tolist() if norm == "group" else [0] * m.entries
+    expected = []
+    for a, g in zip(raw, groups, strict=True):
+        mine = [x for x, h in zip(raw, groups, strict=True) if h == g]
+        mean = sum(mine) / len(mine)
+        std = (sum((x - mean) ** 2 for x in mine) / len(mine)) ** 0.5
+        flat = norm == "group" and len(returns[g]) == 1
+        expected.append(0.0 if flat else (a - mean) / (std + (GROUP_STD_FLOOR if norm == "group" else 1e-8)))
+    assert got == pytest.approx(expected, abs=1e-4)
+    batch_groups = [g for m in micro for g in m.groups.tolist()]
+    flat_advantages = [x for x, g in zip(got, batch_groups, strict=True) if g == 1]
+    flat_mean = sum(flat_advantages) / len(flat_advantages)
+    if norm == "group":  # what the critic got wrong about this prompt is not a signal
+        assert flat_advantages == [0.0] * len(flat_advantages)
+        solved = [x for x, g in zip(got, batch_groups, strict=True) if g == 0]
+        assert abs(sum(solved) / len(solved)) < 1e-4 and max(solved) > 1.0
+    else:  # the solved group's success raises the batch mean: every flat answer looks worse than average
+        assert flat_mean < -0.1
 
 
 def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training(model_dir):

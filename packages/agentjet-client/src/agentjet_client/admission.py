@@ -1,7 +1,9 @@
 """Admission: start episodes only while every server the run uses has room for them.
 
 Each server says in ``/v1/status`` how many more episodes it can take before training catches up
-(``admission_budget``: what keeps rollouts within the staleness bound). A group of episodes
+(``admission_budget``: what keeps rollouts within the staleness bound), and under a task mix
+(``agentjet-server up --mix math=3,tools=1``) how many of each task tag (``by_tag``): a run asks
+for the budget of its agent's tag. A group of episodes
 starts when, on every one of the run's servers, the budget less this run's episodes still
 unanswered there covers the group (or nothing of this run is outstanding there and the budget is
 positive). While a server does not answer, new episodes wait (polled with exponential backoff and
@@ -86,9 +88,9 @@ class Admission:
             exc = state.outcome.exception() if state.outcome else None
             logger.warning("server %s unavailable (%s); new episodes wait until it answers", server, exc)
 
-    async def wait(self, need: int) -> None:
-        """Return once every server has room for ``need`` more episodes of this run (at once if
-        admission is off, or the run stops)."""
+    async def wait(self, need: int, tag: str | None = None) -> None:
+        """Return once every server has room for ``need`` more episodes of this run, of task
+        ``tag`` (at once if admission is off, or the run stops)."""
         if not self.enabled:
             return
         while not self._stopped():
@@ -101,7 +103,7 @@ class Admission:
                     continue
                 if status is None:
                     return
-                budget = status.admission_budget
+                budget = status.budget_for(tag)
                 if not (budget - sender.pending >= need or (sender.pending == 0 and budget > 0)):
                     roomy = False
                     break

@@ -591,6 +591,18 @@ class ContextCounts(_Strict):
     drift_prevented: int = 0  # re-tokenising would have given other tokens than the model sampled
 
 
+class TagInfo(_Strict):
+    """One task tag's episodes on a server (``@swarm_agent(tag=...)``), since the server started."""
+
+    accepted: int = 0  # training episodes accepted
+    buffered: int = 0  # accepted and waiting to be trained
+    trained: int = 0  # taken into a learner step
+    mean_reward: float | None = None  # of the trained ones
+    mean_lag: float | None = None  # policy versions between sampling and training, per trained episode
+    share: float | None = None  # its share of admitted episodes under --mix (None: not in the mix)
+    admission_budget: int | None = None  # episodes of this tag a runner may start now (under --mix)
+
+
 class ServerStatus(_Strict):
     """``GET /v1/status``: what the server is doing, and how many episodes it wants now."""
 
@@ -604,6 +616,15 @@ class ServerStatus(_Strict):
     uptime_s: float
     context: ContextCounts = Field(default_factory=ContextCounts)
     paused: bool = False  # learning paused by the admin API (serving and ingestion go on)
+    by_tag: dict[str, TagInfo] = Field(default_factory=dict, description="per task tag ('' for untagged)")
+
+    def budget_for(self, tag: str | None) -> int:
+        """Episodes of task ``tag`` a runner may start now: the tag's own budget under ``--mix``,
+        else the server's."""
+        info = self.by_tag.get(tag or "")
+        if info is not None and info.admission_budget is not None:
+            return info.admission_budget
+        return self.admission_budget
 
     def summary(self) -> str:
         """One line for people: what ``agentjet-server status`` and ``agentjet-client status`` print."""

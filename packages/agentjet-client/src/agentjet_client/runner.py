@@ -227,7 +227,7 @@ class Runner:
 
     async def _wait_for_admission(self, need: int) -> None:
         await self._wait_for_spool_room()
-        await self.admission.wait(need)
+        await self.admission.wait(need, self.agent.tag)
 
     async def run(self) -> RunReport:
         started = time.monotonic()

@@ -83,6 +83,13 @@ def up(
     gamma: Annotated[float, typer.Option(help="PPO: discount per trained token")] = 1.0,
     gae_lambda: Annotated[float, typer.Option(help="PPO: GAE lambda")] = 0.95,
     vf_coef: Annotated[float, typer.Option(help="PPO: weight of the critic's loss")] = 0.5,
+    mix: Annotated[
+        str,
+        typer.Option(help="task mix: TAG=WEIGHT,... admits (and so trains) episodes of each tag in these proportions"),
+    ] = "",
+    advantage_norm: Annotated[
+        str, typer.Option(help="PPO: whiten advantages per group of sibling episodes (group) or over the batch")
+    ] = "group",
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-3,
     entropy_coef: Annotated[float, typer.Option(help="entropy bonus at trained tokens (0 = off)")] = 0.0,
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",

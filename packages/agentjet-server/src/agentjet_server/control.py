@@ -54,6 +54,7 @@ LIVE: dict[str, str] = {
     "admission_batches": "how many batches' worth of episodes runners are invited to start",
     "checkpoint_every": "steps between checkpoints",
     "default_max_tokens": "the completion limit of requests that set none",
+    "mix": "the task mix (tag -> weight) admission keeps trained episodes in, from the next status poll",
 }
 SECRET = ("api_keys", "admin_keys")
 
@@ -75,6 +76,7 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         gamma=settings.gamma,
         lam=settings.lam,
         vf_coef=settings.vf_coef,
+        advantage_norm=settings.advantage_norm,
     )
 
 

@@ -23,7 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from agentjet_server.metrics import Buckets, Snapshot, Telemetry
+from agentjet_server.metrics import MAX_LABELS, Buckets, Snapshot, Telemetry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -70,6 +70,19 @@ class RuntimeCollector(Collector):
         groups.add_metric(["open"], snap.open_groups)
         yield groups
         yield _gauge("agentjet_admission_budget", "Episodes runners are invited to start now", snap.admission_budget)
+        tag_episodes = GaugeMetricFamily(
+            "agentjet_tag_episodes", "Training episodes by task tag and state (since start)", labels=["tag", "state"]
+        )
+        budgets = GaugeMetricFamily(
+            "agentjet_tag_admission_budget", "Episodes of a tag runners may start now (--mix)", labels=["tag"]
+        )
+        for tag, info in sorted(snap.by_tag.items())[:MAX_LABELS]:
+            for state, value in (("accepted", info.accepted), ("buffered", info.buffered), ("trained", info.trained)):
+                tag_episodes.add_metric([tag, state], value)
+            if info.admission_budget is not None:
+                budgets.add_metric([tag], info.admission_budget)
+        yield tag_episodes
+        yield budgets
         yield _gauge("agentjet_policy_version", "Version of the weights being served", snap.policy_version)
         yield CounterMetricFamily("agentjet_learner_steps", "Learner steps taken", value=snap.step)
         yield _gauge("agentjet_learner_paused", "1 while learning is paused by the admin API", int(snap.paused))

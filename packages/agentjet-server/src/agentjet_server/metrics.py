@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.protocol import ClientInfo, ClientReport, Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_client.protocol import ClientInfo, ClientReport, TagInfo, Trajectory, TrajectoryCounts, TrajectoryResult
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ class Snapshot:
     admission_budget: int
     checkpoint_step: int | None
     learner_error: str | None
+    by_tag: dict[str, TagInfo] = field(default_factory=dict)
 
 
 class History:

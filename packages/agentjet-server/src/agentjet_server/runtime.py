@@ -16,6 +16,7 @@ import torch
 from agentjet_client.protocol import (
     LearnerInfo,
     ServerStatus,
+    TagInfo,
     TrajectoryBatch,
     TrajectoryBatchResult,
 )
@@ -263,6 +264,7 @@ class SwarmRuntime:
             admission_budget=self.admission_budget(),
             checkpoint_step=self.last_checkpoint_step,
             learner_error=self.loop.error,
+            by_tag=self.by_tag(),
         )
 
     @property
@@ -311,6 +313,38 @@ class SwarmRuntime:
         target = s.batch_groups * s.group_size * s.admission_batches
         return max(0, target - self.buffer.buffered)
 
+    def by_tag(self) -> dict[str, TagInfo]:
+        """Per task tag: counts, reward and lag of trained episodes, and under ``--mix`` the tag's
+        share and own admission budget. A tag's budget is what brings its episodes (trained, and
+        buffered) to its share of everything trained so far plus one admission window: a tag that
+        fell behind (slower episodes, a client that joined late) is invited to catch up, one ahead
+        is held back, so trained batches follow the mix."""
+        s = self.settings
+        buffered = self.buffer.buffered_by_tag()
+        trained, sums = self.loop.tag_figures()
+        accepted = self.store.accepted_by_tag.copy()
+        out: dict[str, TagInfo] = {}
+        for tag in sorted({*accepted, *buffered, *trained, *s.mix}):
+            count, reward, lag = sums.get(tag, (0.0, 0.0, 0.0))
+            out[tag] = TagInfo(
+                accepted=accepted[tag],
+                buffered=buffered[tag],
+                trained=trained[tag],
+                mean_reward=reward / count if count else None,
+                mean_lag=lag / count if count else None,
+            )
+        if s.mix:
+            overall = self.admission_budget()
+            window = s.batch_groups * s.group_size * s.admission_batches
+            weights = sum(s.mix.values())
+            done = sum(trained[tag] for tag in s.mix)
+            for tag, weight in s.mix.items():
+                share = weight / weights
+                wanted = share * (done + window) - trained[tag] - buffered[tag]
+                out[tag].share = share
+                out[tag].admission_budget = max(0, min(overall, int(wanted)))
+        return out
+
     def status(self) -> ServerStatus:
         last = self.loop.last
         version, step = self.loop.live  # the served weights' version and step, read together
@@ -337,6 +371,7 @@ class SwarmRuntime:
                 trained_token_lag={str(k): n for k, n in sorted(self.loop.trained_lag.items())},
             ),
             admission_budget=self.admission_budget(),
+            by_tag=self.by_tag(),
             uptime_s=time.monotonic() - self.started,
             context=self.chat.context.model_copy(),
             paused=self.loop.paused,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_KEYS_ENV = "AGENTJET_API_KEYS"
 ADMIN_KEYS_ENV = "AGENTJET_ADMIN_KEYS"
@@ -75,6 +76,13 @@ class ServerSettings(BaseModel):
     gamma: float = Field(default=1.0, gt=0, le=1)
     lam: float = Field(default=0.95, ge=0, le=1)
     vf_coef: float = Field(default=0.5, ge=0)
+    mix: dict[str, float] = Field(
+        default_factory=dict,
+        description="task tag -> weight: admission keeps trained episodes in these proportions (math=3,tools=1)",
+    )
+    advantage_norm: Literal["group", "batch"] = Field(
+        default="group", description="PPO: whiten advantages per group of sibling episodes, or over the batch"
+    )
     admission_batches: int = Field(
         default=2, ge=1, description="batches' worth of episodes the server invites ahead of training"
     )
@@ -111,6 +119,30 @@ class ServerSettings(BaseModel):
     keep_recent_trajectories: int = Field(
         default=200, ge=0, description="trajectory bodies kept inspectable after the log compacts them"
     )
+
+    @field_validator("mix", mode="before")
+    @classmethod
+    def _parse_mix(cls, value: object) -> object:
+        """``--mix math=3,tools=1`` (or the same as a mapping, from the admin API or a job file)."""
+        if not isinstance(value, str):
+            return value
+        mix: dict[str, object] = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            tag, sep, weight = part.partition("=")
+            if not sep or not tag.strip():
+                raise ValueError(f"'{part}' is not TAG=WEIGHT; write the mix as math=3,tools=1")
+            mix[tag.strip()] = weight.strip()
+        return mix
+
+    @field_validator("mix")
+    @classmethod
+    def _check_mix(cls, mix: dict[str, float]) -> dict[str, float]:
+        for tag, weight in mix.items():
+            if not 0 < len(tag) <= 128:
+                raise ValueError("a mix tag must be 1-128 characters (the tag of @swarm_agent(tag=...))")
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"the weight of tag '{tag}' is {weight}; weights must be positive numbers")
+        return mix
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

@@ -49,6 +49,7 @@ class TrajectoryStore:
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         self.accepted = 0
+        self.accepted_by_tag: Counter[str] = Counter()  # training episodes by task tag, since this process started
         self.evaluated = 0
         self.duplicate = 0
         self.rejected: Counter[str] = Counter()
@@ -180,6 +181,7 @@ class TrajectoryStore:
             self.duplicate += len(trajectories) - len(batch_ids)
             self.rejected.update(rejected)
             self.accepted += len(accepted)
+            self.accepted_by_tag.update(t.task_tag or "" for t, _ in accepted)
             self.evaluated += evaluated
             self.next_lsn += len(accepted)
             checked = signed if self.signer is not None else 0  # without a key nothing is checked

@@ -43,6 +43,7 @@ class Sequence:
     versions: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
+    group: int = 0  # index of its GRPO group in the batch (PPO normalises advantages per group)
 
     def __post_init__(self) -> None:
         n = len(self.positions)
@@ -113,7 +114,7 @@ def build_batch(
         raise ValueError(f"unknown algorithm {algorithm!r}: grpo or ppo")
     batch = Batch([], [], len(groups), 0, 0, version=version)
     check = version is not None and max_staleness is not None
-    for group in groups:
+    for group_index, group in enumerate(groups):
         batch.trajectories += len(group)
         complete = [t for t in group if t.status == "complete" and t.turns]
         if check and stale_policy == "drop":
@@ -148,6 +149,7 @@ def build_batch(
                         versions=timeline.versions,
                         rewards=_token_rewards(trajectory, timeline) if algorithm == "ppo" else [],
                         weights=weights,
+                        group=group_index,
                     )
                 )
     return batch

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -119,6 +119,12 @@ class GroupBuffer:
         with self._cond:
             self._ready.extendleft(reversed(self._taken))
             self._taken = []
+
+    def buffered_by_tag(self) -> Counter[str]:
+        """``buffered`` by task tag ('' for untagged)."""
+        with self._cond:
+            groups = (*self._ready, *self._open.values())
+            return Counter(t.task_tag or "" for group in groups for _, t in group)
 
     def snapshot(self) -> BufferSnapshot:
         """The log sequence numbers of everything buffered, in buffer order (for a checkpoint)."""

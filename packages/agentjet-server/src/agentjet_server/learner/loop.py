@@ -67,6 +67,10 @@ class TrainingLoop:
         self.stale_at_training = 0
         self.downweighted_tokens = 0
         self.trained_lag: Counter[int] = Counter()
+        # per task tag: episodes taken into a step, and the sums of their rewards and version lags
+        self.trained_by_tag: Counter[str] = Counter()
+        self.tag_sums: dict[str, list[float]] = {}  # tag -> [complete episodes, reward sum, lag sum]
+        self._tags_lock = threading.Lock()
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
         self._save = save
@@ -225,6 +229,26 @@ class TrainingLoop:
                 logger.info("checkpoint at step %d written: the state dir accepts writes again", self.saved_step)
                 self.error = None
 
+    def tag_figures(self) -> tuple[Counter[str], dict[str, tuple[float, float, float]]]:
+        """Copies of ``trained_by_tag`` and ``tag_sums`` (the learner thread updates them)."""
+        with self._tags_lock:
+            return self.trained_by_tag.copy(), {k: (v[0], v[1], v[2]) for k, v in self.tag_sums.items()}
+
+    def _count_tags(self, groups: list[list[Trajectory]]) -> None:
+        with self._tags_lock:
+            self._count_tags_locked(groups)
+
+    def _count_tags_locked(self, groups: list[list[Trajectory]]) -> None:
+        for trajectory in (t for group in groups for t in group):
+            tag = trajectory.task_tag or ""
+            self.trained_by_tag[tag] += 1
+            oldest = trajectory.oldest_version
+            if trajectory.status == "complete" and oldest is not None:
+                sums = self.tag_sums.setdefault(tag, [0.0, 0.0, 0.0])
+                sums[0] += 1
+                sums[1] += trajectory.reward
+                sums[2] += max(0, self.version - oldest)
+
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         config = self.learner.config
         batch = build_batch(
@@ -237,6 +261,7 @@ class TrainingLoop:
         )
         self.stale_at_training += batch.stale
         self.downweighted_tokens += batch.downweighted
+        self._count_tags(groups)
         if batch.stale:
             logger.info("%d episodes aged past the staleness bound while they waited: not trained", batch.stale)
         if not batch.sequences:

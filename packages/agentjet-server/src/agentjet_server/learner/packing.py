@@ -53,6 +53,7 @@ class Packed:
     versions: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)  # each entry's group in the batch
     spans: list[tuple[int, int]] = field(default_factory=list)  # each sequence's entries, in order
     sequences: int = 0
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
@@ -95,6 +96,7 @@ class Packed:
         self.versions.extend(seq.versions)
         self.rewards.extend(seq.rewards)
         self.weights.extend(seq.weights)
+        self.groups.extend([seq.group] * len(seq.positions))
         self.spans.append((first, len(self.entry_nodes)))
         self.sequences += 1
 
@@ -160,6 +162,7 @@ class Packed:
             versions=torch.tensor(self.versions, dtype=torch.long, device=device),
             rewards=floats(self.rewards),
             weights=floats(self.weights),
+            groups=torch.tensor(self.groups, dtype=torch.long, device=device),
             spans=list(self.spans),
         )
 
@@ -181,6 +184,7 @@ class MicroBatch:
     versions: torch.Tensor  # [E] policy version that sampled each entry, -1 unknown
     rewards: torch.Tensor  # [E] rewards arriving with each entry (PPO)
     weights: torch.Tensor  # [E] loss weight (staleness down-weighting)
+    groups: torch.Tensor  # [E] the entry's group in the batch
     spans: list[tuple[int, int]]  # each sequence's entries, in order
     proximal_logprobs: torch.Tensor | None = None
     reference_logprobs: torch.Tensor | None = None
