@@ -61,6 +61,14 @@ def test_each_agent_samples_from_its_server_whatever_model_name_its_code_asks_fo
         misrouted = parts[executor.url].model_copy(update={"id": "misrouted-1"})
         wrong = client.submit_to(planner.url, [misrouted])
         assert wrong.results[0].status == "rejected" and "not what this server sampled" in wrong.results[0].reason
+        # an episode that made no call to the executor: its server still gets its part (so that
+        # server's GRPO group completes), marked failed since there is nothing to train there
+        with client.episode("route-1") as episode:
+            episode.openai().chat.completions.create(model="gpt-4o-mini", messages=ASK, max_tokens=3)
+            planner_only = episode.to_trajectory(0.0)
+        idle = client.split(planner_only)[executor.url]
+        assert idle.status == "failed" and idle.turns == [] and "no call to this server" in idle.error
+        assert [r.status for r in client.submit([planner_only]).results] == ["accepted"]
     # without the routing, the server still names what it serves
     reply = httpx2.post(planner.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": ASK})
     assert reply.status_code == 400 and "not served here" in reply.text

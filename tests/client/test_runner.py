@@ -150,3 +150,30 @@ def test_sync_mode_trains_every_batch_before_the_next_one_starts(model_dir):
     lag = status.learner.trained_token_lag
     assert set(lag) == {"0"} and lag["0"] > 0, lag  # staleness 0: synchronous
     assert report.waiting_for_learner_s > 0
+
+
+def test_an_unreadable_spooled_item_is_rejected_not_resent_forever(live_server, tmp_path):
+    """A spooled item no server could take (here: a complete episode without turns, written as-is)
+    is settled as rejected and the run goes on instead of its sender stopping at it."""
+    from agentjet_client import Spool
+    from agentjet_client.protocol import Trajectory
+
+    spool = Spool(tmp_path / "spool")
+    with SwarmClient(live_server.url) as client:
+        good = make_agent()
+        bad = Trajectory(id="bad-1", task_id="t", turns=[_a_turn(client)], reward=0.0).model_copy(update={"turns": []})
+        spool.put(bad)
+        runner = Runner(
+            client, good, RunConfig(episodes=2, group_size=2, concurrency=2, timeout=5.0, seed=0), spool=spool
+        )
+        report = asyncio.run(runner.run())
+    assert report.finished == 2 and spool.depth == 0
+    assert report.reject_reasons["not a valid trajectory (in the spool)"] == 1
+    assert report.resent_leftovers == 1
+    spool.close()
+
+
+def _a_turn(client):
+    with client.episode("one-turn") as episode:
+        episode.openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
+        return episode.recorder.turns[0]

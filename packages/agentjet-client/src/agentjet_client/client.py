@@ -111,13 +111,17 @@ class SwarmClient:
     def split(self, trajectory: Trajectory) -> dict[str, Trajectory]:
         """One trajectory per server: the turns its own model sampled, the episode's reward and the
         per-agent rewards. A server none of whose agents made a call in the episode still gets its
-        part (no turns): its GRPO group then completes with the episode's siblings."""
+        part, marked failed (nothing to train there): its GRPO group then completes with the
+        episode's siblings instead of waiting for the group timeout."""
         if len(self.servers) == 1:
             return {self.server_url: trajectory}
         parts = {}
         for server in self.servers:
             turns = [t for t in trajectory.turns if self.server_for(t.agent) == server]
-            parts[server] = trajectory.model_copy(update={"turns": turns})
+            update: dict[str, Any] = {"turns": turns}
+            if not turns and trajectory.status == "complete":
+                update.update(status="failed", error="the episode made no call to this server's agents")
+            parts[server] = trajectory.model_copy(update=update)
         return parts
 
     # ------------------------------------------------------------------ episodes and capture

@@ -107,6 +107,12 @@ class Sender:
         """Deliver until cancelled: the oldest spooled items, a batch at a time."""
         while True:
             batch = await asyncio.to_thread(self.spool.peek, self._batch)
+            if self.spool.unreadable:  # no server could take these: rejected here, not resent forever
+                for item_id, why in self.spool.unreadable:
+                    logger.error("spooled item %s is not a valid trajectory and cannot be sent: %s", item_id, why)
+                    self.report.reject_reasons["not a valid trajectory (in the spool)"] += 1
+                await self._settle({item_id: "rejected" for item_id, _ in self.spool.unreadable})
+                await asyncio.to_thread(self.spool.note_error, "unreadable spooled items were settled as rejected")
             if not batch:
                 self._spooled.clear()
                 await self._spooled.wait()

@@ -179,6 +179,7 @@ class Runner:
         self._last_eval: int | None = None
         self._eval_rounds = 0
         self._warned_full = False
+        self._sender_tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=max(1, config.concurrency), thread_name_prefix="agentjet-agent")
 
@@ -226,6 +227,9 @@ class Runner:
         self._warned_full = False
 
     async def _wait_for_admission(self, need: int) -> None:
+        for task in self._sender_tasks:
+            if task.done():  # a sender died: say why now, not after waiting for room it can never make
+                task.result()
         await self._wait_for_spool_room()
         await self.admission.wait(need, self.agent.tag)
 
@@ -234,6 +238,7 @@ class Runner:
         if self.config.sync and len(self.senders) > 1:
             raise ValueError("--sync drives one server; run the agents of other servers without --sync")
         senders = [asyncio.create_task(sender.run()) for sender in self.senders.values()]
+        self._sender_tasks = senders
         watching = asyncio.create_task(self._watch_loop()) if self.watcher is not None else None
         sem = asyncio.Semaphore(self.config.concurrency)
         episodes: set[asyncio.Task[None]] = set()

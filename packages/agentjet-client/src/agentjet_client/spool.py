@@ -117,6 +117,7 @@ class Spool:
             raise ValueError("max_items must be at least 1")
         self.directory = Path(directory)
         self.max_items = max_items
+        self.unreadable: list[tuple[str, str]] = []  # (id, why) of items the last peek could not read
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._db = _connect(self.directory / "spool.db")
@@ -173,7 +174,13 @@ class Spool:
         """The oldest ``limit`` items, still in the spool."""
         with self._lock:
             rows = self._db.execute("SELECT id, body FROM items ORDER BY seq LIMIT ?", (limit,)).fetchall()
-        return [(item_id, Trajectory.model_validate_json(body)) for item_id, body in rows]
+        items, self.unreadable = [], []
+        for item_id, body in rows:
+            try:
+                items.append((item_id, Trajectory.model_validate_json(body)))
+            except ValueError as exc:  # no server would take it: the sender settles it as rejected
+                self.unreadable.append((item_id, str(exc).splitlines()[0]))
+        return items
 
     def mark_sent(self, ids: list[str]) -> None:
         with self._lock, self._write() as db:
