@@ -31,7 +31,8 @@ def agent_lines(out: str) -> dict[str, tuple[int, float, float]]:
 
 def test_planner_and_executor_on_two_servers_each_learn_their_part(tmp_path):
     env = {"AGENTJET_DIGITS": "3,8"}
-    common = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info"]
+    # no checkpoint during the run: it would compact the logs the test reads every accepted episode from
+    common = ["--batch-groups", "2", "--group-size", "8", "--log-level", "info", "--checkpoint-every", "100000"]
     planner = ServerProcess([*common, "--state-dir", str(tmp_path / "p")], tmp_path / "p.log", env=env)
     executor = None
     try:
