@@ -105,6 +105,7 @@ class Sender:
 
     async def run(self) -> None:
         """Deliver until cancelled: the oldest spooled items, a batch at a time."""
+        self._spooled = asyncio.Event()  # of the running event loop (a runner may run more than once)
         while True:
             batch = await asyncio.to_thread(self.spool.peek, self._batch)
             if self.spool.unreadable:  # no server could take these: rejected here, not resent forever
