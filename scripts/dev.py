@@ -29,8 +29,16 @@ VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 REQUIREMENTS = ["torch==2.13.0", "pytest>=8", "hypothesis>=6.100"]
 # the main environment only: playwright drives the dashboard test's Chromium; tensorboard and
-# wandb are the --log-to extras, tested there
-MAIN_TOOLS = ["playwright>=1.40", "tensorboard>=2.14", "wandb>=0.17"]
+# wandb are the --log-to extras, tested there; the agent harnesses users bring are tested against
+# the server there too
+MAIN_TOOLS = [
+    "playwright>=1.40",
+    "tensorboard>=2.14",
+    "wandb>=0.17",
+    "openai-agents>=0.2",
+    "pydantic-ai-slim[openai]>=1.0",
+    "smolagents>=1.20",
+]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1"]
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -49,7 +57,7 @@ def ensure_env(
     where: Path = VENV,
     extra: list[str] | None = None,
     remove: list[str] | None = None,
-    client_extras: str = "[langchain,agentscope]",
+    client_extras: str = "[langchain,agentscope,anthropic]",
 ) -> Path:
     """A virtual environment with torch (CPU), pytest, ``extra`` and both packages (the client with
     ``client_extras``, for the framework examples and tests); returns its bin dir."""

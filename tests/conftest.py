@@ -28,6 +28,14 @@ TOOLS = [
 ]
 
 
+# the same tool in the Responses API's and the Messages API's shapes
+RESPONSE_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]
+MESSAGE_TOOLS = [
+    {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+    for f in (tool["function"] for tool in TOOLS)
+]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,6 +47,33 @@ def model_dir() -> Path:
     from agentjet_server.embedded import ensure_embedded_model
 
     return ensure_embedded_model(CACHE)
+
+
+@pytest.fixture(scope="session")
+def client_only_python() -> Path:
+    """A second interpreter: a venv holding agentjet-client (editable) and its dependencies only
+    (no numpy, no torch), for code dirs that run in their own interpreter. Built once, cached."""
+    import hashlib
+    import subprocess
+    import venv
+
+    package = Path(__file__).resolve().parent.parent / "packages" / "agentjet-client"
+    key = hashlib.sha256((package / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    env_dir = CACHE / f"client-venv-{key}"
+    python = env_dir / "bin" / "python"
+    if not (env_dir / "ready").exists():
+        building = CACHE / f"client-venv-{key}.{os.getpid()}.tmp"
+        venv.EnvBuilder(with_pip=True, clear=True).create(building)
+        pip = [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "-e", str(package)], check=True, timeout=900)
+        (building / "ready").write_text("ok")
+        try:
+            building.rename(env_dir)
+        except OSError:  # another session finished first: use theirs
+            import shutil
+
+            shutil.rmtree(building, ignore_errors=True)
+    return python
 
 
 @pytest.fixture(scope="session")

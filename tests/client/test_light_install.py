@@ -19,7 +19,7 @@ def test_client_install_pulls_no_torch(tmp_path):
     ).stdout.lower()
     names = {line.split("==")[0] for line in listing.splitlines()}
     assert "agentjet-client" in names
-    for heavy in ("torch", "transformers", "langchain", "agentscope", "vllm"):
+    for heavy in ("torch", "transformers", "langchain", "agentscope", "anthropic", "vllm"):
         pulled = [n for n in names if n == heavy or n.startswith(heavy + "-") or n.startswith(heavy + "_")]
         assert not pulled, f"{pulled} was installed with agentjet-client"
     out = subprocess.run(
@@ -33,7 +33,7 @@ def test_client_install_pulls_no_torch(tmp_path):
     probe = (
         "from agentjet_client import SwarmClient\n"
         "episode = SwarmClient('http://127.0.0.1:9').episode('task')\n"
-        "for adapter in (episode.langchain, episode.agentscope):\n"
+        "for adapter in (episode.langchain, episode.agentscope, episode.anthropic):\n"
         "    try:\n"
         "        adapter()\n"
         "    except ImportError as exc:\n"
@@ -42,3 +42,4 @@ def test_client_install_pulls_no_torch(tmp_path):
     out = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True, timeout=60)
     assert "pip install 'agentjet-client[langchain]'" in out.stdout
     assert "pip install 'agentjet-client[agentscope]'" in out.stdout
+    assert "pip install 'agentjet-client[anthropic]'" in out.stdout

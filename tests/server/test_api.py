@@ -35,7 +35,11 @@ def test_non_streaming_answer_with_logprobs_and_exact_token_ids(live_server, sdk
     assert engine.decode(text_ids) == choice.message.content
     assert ext["prompt_token_ids"] == engine.render(ASK)
     assert len(ext["completion_logprobs"]) == len(ext["completion_token_ids"]) == len(ext["completion_versions"])
-    assert [lp.logprob for lp in choice.logprobs.content] == pytest.approx(ext["completion_logprobs"][: len(text_ids)])
+    # one entry per sampled token, the end token too (as vLLM's server lists them): usage counts the same
+    assert [lp.logprob for lp in choice.logprobs.content] == pytest.approx(ext["completion_logprobs"])
+    assert len(choice.logprobs.content) == reply.usage.completion_tokens == len(ext["completion_token_ids"])
+    if reply.choices[0].finish_reason == "stop":
+        assert choice.logprobs.content[-1].token == "<|im_end|>"
     assert all(len(lp.top_logprobs) == 2 for lp in choice.logprobs.content)
     assert reply.usage.prompt_tokens == len(ext["prompt_token_ids"])
     assert ext["policy_version"] == live_server.runtime.version
@@ -66,11 +70,12 @@ def test_streaming_is_token_by_token_and_matches_extension(chatty_server, chatty
         stream_options={"include_usage": True},
         logprobs=True,
     )
-    deltas, ext, usage = [], None, None
+    deltas, ext, usage, entries = [], None, None, 0
     for chunk in stream:
         if chunk.usage:
             usage = chunk.usage
         for choice in chunk.choices:
+            entries += len(choice.logprobs.content or []) if choice.logprobs else 0
             if choice.delta.content:
                 deltas.append(choice.delta.content)
             if choice.finish_reason:
@@ -79,7 +84,7 @@ def test_streaming_is_token_by_token_and_matches_extension(chatty_server, chatty
     text_ids = [t for t in ext["completion_token_ids"] if not live_server.engine.is_stop_token(t)]
     assert "".join(deltas) == live_server.engine.decode(text_ids)
     assert len(deltas) >= 4  # several chunks, not one buffered body
-    assert usage.completion_tokens == len(ext["completion_token_ids"])
+    assert usage.completion_tokens == len(ext["completion_token_ids"]) == entries
 
 
 def test_stream_and_non_stream_agree_for_same_seed(chatty_sdk):

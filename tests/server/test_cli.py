@@ -36,6 +36,14 @@ def test_cli_errors_are_one_clear_line():
     examples = Path(__file__).resolve().parents[2] / "examples" / "digits"
     out = run("agentjet-client", "run", "--code-dir", str(examples), "--server", "http://a:1", "--server", "http://b:2")
     assert out.returncode == 2 and "give other agents' servers as NAME=URL" in out.stderr
+    # several code dirs: each once, each its own tag, and not under --sync
+    out = run("agentjet-client", "run", "--code-dir", str(examples), "--code-dir", f"{examples}/../digits")
+    assert out.returncode == 2 and "the same --code-dir is given twice" in out.stderr
+    tools = examples.parent / "tool_use"
+    out = run("agentjet-client", "run", "--code-dir", str(examples), "--code-dir", str(tools), "--sync")
+    assert out.returncode == 2 and "--sync runs one code dir" in out.stderr
+    out = run("agentjet-client", "run", "--code-dir", str(examples), "--code-dir", str(tools))
+    assert out.returncode == 2 and "give each @swarm_agent(tag=...) its own tag" in out.stderr, out.stderr
 
 
 def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
@@ -191,12 +199,17 @@ def test_the_admin_cli_steers_a_running_server(model_dir, tmp_path):
         assert "lr = 0.0005" in out.stdout and "PAUSED" in out.stdout and "changed at step 0" in out.stdout
         out = run("agentjet-server", "admin", "config", *admin, "--set", "model=/x")
         assert out.returncode == 2 and "cannot be changed while the server runs" in out.stderr
+        out = run("agentjet-server", "admin", "config", *admin, "--set", "mix=math=3,tools=1")  # a task mix, live
+        assert out.returncode == 0 and '"mix": {"math": 3.0, "tools": 1.0}' in out.stdout, out.stdout + out.stderr
+        out = run("agentjet-server", "admin", "config", *admin, "--set", "mix=math=-1")
+        assert out.returncode == 2 and "mix" in out.stderr and "Traceback" not in out.stderr, out.stderr
         out = run("agentjet-server", "admin", "clients", *admin)
         assert out.returncode == 0 and "no client has pushed" in out.stdout
         out = run("agentjet-server", "admin", "checkpoint", *admin)
         assert out.returncode == 0 and "checkpoint at step 0" in out.stdout and str(state) in out.stdout
         out = run("agentjet-server", "status", *url, "--api-key", "client-key-123")
         assert "LEARNING PAUSED" in out.stdout
+        assert "tag math: share 0.75 trained 0" in out.stdout and "tag tools: share 0.25" in out.stdout, out.stdout
         out = run("agentjet-server", "admin", "stop", *admin)
         assert out.returncode == 0 and "the server exits" in out.stdout
         assert server.proc.wait(timeout=60) == 0

@@ -3,7 +3,8 @@
 Each server says in ``/v1/status`` how many more episodes it can take before training catches up
 (``admission_budget``: what keeps rollouts within the staleness bound), and under a task mix
 (``agentjet-server up --mix math=3,tools=1``) how many of each task tag (``by_tag``): a run asks
-for the budget of its agent's tag. A group of episodes
+for the budget of its agent's tag (of each of its code dirs' tags, and starts a group of the one
+with the most room). A group of episodes
 starts when, on every one of the run's servers, the budget less this run's episodes still
 unanswered there covers the group (or nothing of this run is outstanding there and the budget is
 positive). While a server does not answer, new episodes wait (polled with exponential backoff and
@@ -91,10 +92,17 @@ class Admission:
     async def wait(self, need: int, tag: str | None = None) -> None:
         """Return once every server has room for ``need`` more episodes of this run, of task
         ``tag`` (at once if admission is off, or the run stops)."""
+        await self.choose(need, [tag])
+
+    async def choose(self, need: int, tags: list[str | None]) -> dict[int, int]:
+        """Wait until every server has room for ``need`` more episodes of at least one of ``tags``;
+        return ``{index in tags: room}`` for those that have (room: the least, over the servers, of
+        the tag's budget less this run's unanswered episodes of it). Every index, with room 0, if
+        admission is off; empty if the run stops."""
         if not self.enabled:
-            return
+            return dict.fromkeys(range(len(tags)), 0)
         while not self._stopped():
-            roomy = True
+            room: dict[int, int] = dict.fromkeys(range(len(tags)), 1 << 30)
             for server, sender in self.senders.items():
                 try:
                     status = await self.status(server)
@@ -102,11 +110,24 @@ class Admission:
                     logger.warning("could not read the status of %s for admission (%s); starting anyway", server, exc)
                     continue
                 if status is None:
-                    return
-                budget = status.budget_for(tag)
-                if not (budget - sender.pending >= need or (sender.pending == 0 and budget > 0)):
-                    roomy = False
+                    return {}
+                if not _fits(status.admission_budget, sender.pending, need):
+                    room.clear()
                     break
-            if roomy:
-                return
+                for index in list(room):
+                    tag = tags[index]
+                    budget, pending = status.budget_for(tag), sender.pending_by_tag[tag or ""]
+                    if _fits(budget, pending, need):
+                        room[index] = min(room[index], budget - pending)
+                    else:
+                        del room[index]
+            if room:
+                return room
             await asyncio.sleep(self._poll)
+        return {}
+
+
+def _fits(budget: int, pending: int, need: int) -> bool:
+    """Room for ``need`` more: the budget covers them on top of what is outstanding, or nothing is
+    outstanding and the budget is positive (a group larger than the budget still starts, alone)."""
+    return budget - pending >= need or (pending == 0 and budget > 0)

@@ -1,9 +1,12 @@
 """The capture core: every front door (SDK transports, loopback proxy) records through here.
 
-A recorder holds one episode's turns. It is fed either a whole chat completion response or the
-chunks of a streamed one; each choice's ``agentjet`` extension becomes one ``Turn`` with the
-exact token ids, log-probabilities and policy versions. Capture never breaks the agent's LLM
-call: anything unexpected is logged and counted in ``failures``.
+A recorder holds one episode's turns. It is fed either a whole response or the events of a
+streamed one, of any API the server speaks (``api_of``: chat completions, OpenAI's Responses,
+Anthropic's Messages, text completions); each answer's ``agentjet`` extension becomes one ``Turn``
+with the exact token ids, log-probabilities and policy versions. A Responses or Messages request is
+recorded as the chat request it means (``dialects``), so its turns are matched to earlier calls and
+merged into timelines exactly as chat turns are. Capture never breaks the agent's LLM call:
+anything unexpected is logged and counted in ``failures``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,25 @@ import threading
 import time
 from typing import Any
 
+from agentjet_client.dialects import (
+    DialectError,
+    messages_answer,
+    messages_to_chat,
+    responses_answer,
+    responses_to_chat,
+)
 from agentjet_client.protocol import AgentJetExtension, Turn
 
 logger = logging.getLogger(__name__)
 
 CHAT_PATH_SUFFIX = "/chat/completions"
+# the POST paths that sample (checked in this order: chat completions also end in /completions)
+API_PATHS = (
+    ("/chat/completions", "chat"),
+    ("/responses", "responses"),
+    ("/messages", "messages"),
+    ("/completions", "completions"),
+)
 
 
 class EpisodeRecorder:
@@ -129,10 +146,24 @@ class EpisodeRecorder:
             self._turns.append(turn)
             self._answers.append(answer)
 
-    def record_response(self, agent: str, request: dict[str, Any], response: Any, started: float) -> None:
-        """Record a non-streamed chat completion (parsed JSON body)."""
+    def record_response(
+        self, agent: str, request: dict[str, Any], response: Any, started: float, api: str = "chat"
+    ) -> None:
+        """Record a whole answer (parsed JSON body) of ``api`` to ``request`` (in chat form, ``chat_form``)."""
         try:
-            choices = response.get("choices") if isinstance(response, dict) else None
+            if not isinstance(response, dict):
+                self.fail("the response is not a JSON object")
+                return
+            if api in ("responses", "messages"):
+                ext = response.get("agentjet")
+                if ext is None:
+                    self.fail("response has no 'agentjet' extension; is the base URL an AgentJet server?")
+                    return
+                text, calls = (responses_answer if api == "responses" else messages_answer)(response)
+                answer = answer_of(text, calls)
+                self._add(agent, request, AgentJetExtension.model_validate(ext), response.get("model"), started, answer)
+                return
+            choices = response.get("choices")
             if not choices:
                 self.fail("response has no choices")
                 return
@@ -141,16 +172,32 @@ class EpisodeRecorder:
                 if ext is None:
                     self.fail("response choice has no 'agentjet' extension; is the base URL an AgentJet server?")
                     continue
-                message = choice.get("message") or {}
-                answer = answer_of(message.get("content"), message.get("tool_calls"))
-                self._add(agent, request, AgentJetExtension.model_validate(ext), response.get("model"), started, answer)
+                said: Answer | None = None  # text completions continue by their tokens alone
+                if api != "completions":
+                    message = choice.get("message") or {}
+                    said = answer_of(message.get("content"), message.get("tool_calls"))
+                self._add(agent, request, AgentJetExtension.model_validate(ext), response.get("model"), started, said)
         except Exception as exc:  # capture must never raise into the agent
             self.fail(f"could not record response: {type(exc).__name__}: {exc}")
 
-    def record_chunks(self, agent: str, request: dict[str, Any], chunks: list[dict[str, Any]], started: float) -> None:
-        """Record a streamed chat completion from its parsed SSE chunks."""
+    def record_chunks(
+        self, agent: str, request: dict[str, Any], chunks: list[dict[str, Any]], started: float, api: str = "chat"
+    ) -> None:
+        """Record a streamed answer of ``api`` from its parsed SSE events."""
+        if api == "responses":
+            final = [
+                c.get("response") for c in chunks if c.get("type") in ("response.completed", "response.incomplete")
+            ]
+            if final and isinstance(final[-1], dict):
+                self.record_response(agent, request, final[-1], started, api)
+            else:
+                self.fail("stream ended without response.completed (interrupted, or not an AgentJet server)")
+            return
+        if api == "messages":
+            self._record_message_events(agent, request, chunks, started)
+            return
         try:
-            done: dict[int, tuple[AgentJetExtension, Any, Answer]] = {}
+            done: dict[int, tuple[AgentJetExtension, Any, Answer | None]] = {}
             texts: dict[int, str] = {}
             calls: dict[int, dict[int, dict[str, str]]] = {}  # choice -> tool call index -> name, arguments
             for chunk in chunks:
@@ -168,12 +215,45 @@ class EpisodeRecorder:
                     ext = choice.get("agentjet")
                     if ext is not None:
                         made = [{"function": c} for _, c in sorted(calls.get(index, {}).items())]
-                        answer = answer_of(texts.get(index), made)
+                        answer = answer_of(texts.get(index), made) if api == "chat" else None
                         done[index] = (AgentJetExtension.model_validate(ext), chunk.get("model"), answer)
             for _, (ext_model, model, answer) in sorted(done.items()):  # choice order, as a whole answer has it
                 self._add(agent, request, ext_model, model, started, answer)
             if not done:
                 self.fail("stream ended without an 'agentjet' extension (interrupted, or not an AgentJet server)")
+        except Exception as exc:  # capture must never raise into the agent
+            self.fail(f"could not record stream: {type(exc).__name__}: {exc}")
+
+    def _record_message_events(
+        self, agent: str, request: dict[str, Any], events: list[dict[str, Any]], started: float
+    ) -> None:
+        """An Anthropic message stream, put back together as the whole message it streamed."""
+        try:
+            message: dict[str, Any] = {"content": []}
+            blocks: dict[int, dict[str, Any]] = {}
+            partial: dict[int, str] = {}
+            for event in events:
+                kind = event.get("type")
+                if kind == "message_start":
+                    message["model"] = (event.get("message") or {}).get("model")
+                elif kind == "content_block_start":
+                    blocks[int(event.get("index") or 0)] = dict(event.get("content_block") or {})
+                elif kind == "content_block_delta":
+                    index, delta = int(event.get("index") or 0), event.get("delta") or {}
+                    block = blocks.setdefault(index, {"type": "text", "text": ""})
+                    if delta.get("type") == "text_delta":
+                        block["text"] = block.get("text", "") + str(delta.get("text") or "")
+                    elif delta.get("type") == "input_json_delta":
+                        partial[index] = partial.get(index, "") + str(delta.get("partial_json") or "")
+                elif kind == "message_delta" and event.get("agentjet") is not None:
+                    message["agentjet"] = event["agentjet"]
+            for index, arguments in partial.items():
+                blocks[index]["input"] = json.loads(arguments or "{}")
+            message["content"] = [block for _, block in sorted(blocks.items())]
+            if "agentjet" not in message:
+                self.fail("stream ended without an 'agentjet' extension (interrupted, or not an AgentJet server)")
+                return
+            self.record_response(agent, request, message, started, "messages")
         except Exception as exc:  # capture must never raise into the agent
             self.fail(f"could not record stream: {type(exc).__name__}: {exc}")
 
@@ -254,7 +334,30 @@ def with_claim(body: bytes, claim: dict[str, Any] | None) -> bytes:
 
 
 def is_chat_request(method: str, path: str) -> bool:
-    return method.upper() == "POST" and path.rstrip("/").endswith(CHAT_PATH_SUFFIX)
+    return api_of(method, path) == "chat"
+
+
+def api_of(method: str, path: str) -> str | None:
+    """Which sampling API a request calls (``chat``, ``responses``, ``messages``, ``completions``), or None."""
+    if method.upper() != "POST":
+        return None
+    path = path.rstrip("/")
+    return next((api for suffix, api in API_PATHS if path.endswith(suffix)), None)
+
+
+def chat_form(api: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The chat request a request of ``api`` means (what its turn records and is matched by); None
+    when it cannot be read as one (the server refuses it too: nothing to record)."""
+    try:
+        if api == "responses":
+            return responses_to_chat(body)
+        if api == "messages":
+            return messages_to_chat(body)
+    except DialectError:
+        return None
+    if api == "completions":
+        return {"model": body.get("model"), "messages": []}  # continued by tokens, not messages
+    return body
 
 
 def parse_request_body(body: bytes) -> dict[str, Any]:

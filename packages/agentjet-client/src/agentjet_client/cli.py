@@ -39,7 +39,13 @@ def _logging(log_level: str, console: Console) -> None:
 
 @app.command()
 def run(
-    code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent")],
+    code_dir: Annotated[
+        list[Path],
+        typer.Option(
+            help="directory with agent.py defining one @swarm_agent (repeatable: several task families in one "
+            "run; an agentjet.toml there may name its own python interpreter)"
+        ),
+    ],
     server: Annotated[
         list[str] | None,
         typer.Option(
@@ -88,6 +94,9 @@ def run(
     A team on two servers (the executor agent's model on its own server; the others on the first):
     agentjet-client run --code-dir examples/planner_executor --server http://127.0.0.1:8001
       --server executor=http://127.0.0.1:8002
+
+    A cocktail of two task families (each agent's tag; the server's --mix sets the proportions):
+    agentjet-client run --code-dir tasks/math --code-dir tasks/tools --episodes 6400
     """
     config = RunConfig(
         episodes=episodes,
@@ -120,7 +129,7 @@ def evaluate(
     agentjet-client eval --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 64
     """
     config = RunConfig(concurrency=concurrency, timeout=timeout, eval_only=True, eval_episodes=episodes)
-    _run_agent(code_dir, [server], api_key, config, spool_dir, 100_000, False, True, log_level)
+    _run_agent([code_dir], [server], api_key, config, spool_dir, 100_000, False, True, log_level)
 
 
 def parse_servers(values: list[str]) -> tuple[str, dict[str, str]]:
@@ -144,7 +153,7 @@ def parse_servers(values: list[str]) -> tuple[str, dict[str, str]]:
 
 
 def _run_agent(
-    code_dir: Path,
+    code_dirs: list[Path],
     servers: list[str],
     api_key: str | None,
     config: RunConfig,
@@ -156,20 +165,30 @@ def _run_agent(
 ) -> None:
     _logging(log_level, console)
     from agentjet_client.client import SwarmClient
-    from agentjet_client.isolation import WorkerPool
-    from agentjet_client.loader import CodeWatcher, load_agent
     from agentjet_client.progress import RunProgress
     from agentjet_client.runner import Runner
     from agentjet_client.spool import Spool
+    from agentjet_client.tracks import open_track
 
     try:
-        agent, version = load_agent(code_dir)
-        if config.eval_only or config.eval_every:
-            agent.load_tasks(evaluation=True)  # no eval_tasks: say so now, not at the first round
+        if len(set(p.resolve() for p in code_dirs)) != len(code_dirs):
+            raise ValueError("the same --code-dir is given twice")
+        if config.sync and len(code_dirs) > 1:
+            raise ValueError("--sync runs one code dir; give one --code-dir")
         default, agents = parse_servers(servers)
         client = SwarmClient(default, api_key=api_key, agents=agents)
         if config.sync and len(client.servers) > 1:
             raise ValueError("--sync drives one server; leave out the NAME=URL servers")
+        tracks = [open_track(d, concurrency=config.concurrency, isolate=isolate, watch=watch) for d in code_dirs]
+        if config.eval_only or config.eval_every:  # no usable eval_tasks: say so now, not at the first round
+            for track in [t for t in tracks if t.agent.eval_tasks is not None] or tracks[:1]:
+                track.agent.load_tasks(evaluation=True)
+        tags = [t.tag for t in tracks]
+        if len(tracks) > 1 and len(set(tags)) != len(tags):
+            raise ValueError(
+                f"the code dirs' agents share a task tag ({tags}); give each @swarm_agent(tag=...) its own tag "
+                "so the server can keep their mix"
+            )
         for url in client.servers:
             client.status(url)
         spools = {url: Spool(_spool_path(spool_dir, url), max_items=spool_max) for url in client.servers}
@@ -180,7 +199,13 @@ def _run_agent(
         console.print(f"[cyan]agentjet-client[/cyan] {left} trajectories left by an earlier run are sent first")
     what = "evaluating" if config.eval_only else "agent"
     routes = client.server_url + "".join(f", {name} -> {url}" for name, url in client.agent_servers.items())
-    console.print(f"[green]agentjet-client[/green] {what} [bold]{agent.name}[/bold] (code {version}) -> {routes}")
+    for track in tracks:
+        where = f" in {track.agent.python}" if track.remote else ""  # type: ignore[union-attr]
+        tag = f" tag {track.tag}" if track.tag else ""
+        console.print(
+            f"[green]agentjet-client[/green] {what} [bold]{track.agent.name}[/bold] (code {track.code_version}{tag})"
+            f"{where} -> {routes}"
+        )
 
     def reloaded(new_version: str, error: str | None) -> None:
         if error is None:
@@ -188,16 +213,7 @@ def _run_agent(
         else:
             err.print(f"[yellow]edit not loaded[/yellow] (still running code {new_version}): {escape(error)}")
 
-    runner = Runner(
-        client,
-        agent,
-        config,
-        code_version=version,
-        spools=spools,
-        watcher=CodeWatcher(code_dir, version) if watch else None,
-        on_reload=reloaded,
-        workers=WorkerPool(code_dir, config.concurrency) if isolate and not agent.is_async else None,
-    )
+    runner = Runner(client, tracks, config, spools=spools, on_reload=reloaded)
 
     def figures() -> str:
         report = runner.report
@@ -213,7 +229,10 @@ def _run_agent(
         parts.append(f"spool {runner.unanswered}")
         return "  ".join(parts)
 
-    total = config.eval_episodes or len(agent.load_tasks(evaluation=True)) if config.eval_only else config.episodes
+    if config.eval_only:
+        total = config.eval_episodes or len(tracks[0].agent.load_tasks(evaluation=True))
+    else:
+        total = config.episodes
 
     async def main() -> RunReport:
         job = asyncio.create_task(runner.run())
@@ -253,6 +272,11 @@ def _summary(report: RunReport, config: RunConfig) -> None:
         console.print(f"episodes per code version: {dict(report.code_versions)}")
     if report.resent_leftovers:
         console.print(f"delivered {report.resent_leftovers} trajectories an earlier run had left in the spool")
+    if len(report.episodes_by_tag) > 1:
+        for tag, started in sorted(report.episodes_by_tag.items()):
+            rewards = report.tag_rewards.get(tag, [])
+            mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+            console.print(f"tag {tag or '(none)'}: {started} episodes started, mean reward {mean}")
     if len(report.agent_rewards) > 1 or len(report.by_server) > 1:
         for name in sorted(report.agent_rewards):
             console.print(

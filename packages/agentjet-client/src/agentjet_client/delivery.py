@@ -56,6 +56,8 @@ class Sender:
         self.counts: Counter[str] = report.by_server.setdefault(server, Counter())
         self.mine: set[str] = set()  # this run's items spooled here and not yet answered
         self.pending = 0  # training episodes started that this server has not answered yet
+        self.pending_by_tag: Counter[str] = Counter()  # the same by task tag ('' for untagged)
+        self._tags: dict[str, str] = {}  # tag of each training item in ``mine``
         self.version = 0  # the newest policy version this server told of
         self.failing = False  # the spool cannot be written (new episodes wait)
         self._evals: set[str] = set()  # evaluation episodes among ``mine``
@@ -64,6 +66,11 @@ class Sender:
         self._backoff_max = backoff_max
         self._commits = GroupCommit(spool)
         self._spooled = asyncio.Event()
+
+    def started(self, tag: str | None, count: int = 1) -> None:
+        """``count`` training episodes of task ``tag`` started (negative: answered) for this server."""
+        self.pending += count
+        self.pending_by_tag[tag or ""] += count
 
     def wake(self) -> None:
         self._spooled.set()
@@ -88,8 +95,10 @@ class Sender:
             self.mine.add(trajectory.id)
             if evaluation:
                 self._evals.add(trajectory.id)
+            else:
+                self._tags[trajectory.id] = trajectory.task_tag or ""
         elif not evaluation:  # the id is already spooled (cannot happen with fresh episode ids)
-            self.pending -= 1
+            self.started(trajectory.task_tag, -1)
         self._spooled.set()
 
     def _spool_failed(self, state: RetryCallState) -> None:
@@ -180,6 +189,6 @@ class Sender:
                 if evaluation:
                     self._evals.discard(item_id)
                 else:
-                    self.pending -= 1
+                    self.started(self._tags.pop(item_id, None), -1)
             else:
                 self.report.resent_leftovers += 1

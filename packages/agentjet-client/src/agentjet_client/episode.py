@@ -2,7 +2,10 @@
 
 Give the agent a captured model handle and it trains unchanged:
 
-* ``episode.openai(agent=...)`` / ``episode.async_openai(agent=...)`` — OpenAI SDK clients;
+* ``episode.openai(agent=...)`` / ``episode.async_openai(agent=...)`` — OpenAI SDK clients (chat
+  completions, the Responses API, text completions);
+* ``episode.anthropic(agent=...)`` / ``episode.async_anthropic(agent=...)`` — Anthropic SDK clients
+  (the Messages API);
 * ``episode.base_url`` / ``episode.url_for(agent)`` — the loopback capture proxy, for any
   program in any language that speaks the OpenAI API over HTTP;
 * ``episode.api_key`` — a key to send with those requests.
@@ -61,6 +64,10 @@ class EpisodeHandle(Protocol):
 
     def agentscope(self, agent: str = "default", **kwargs: Any) -> Any: ...
 
+    def anthropic(self, agent: str = "default", **kwargs: Any) -> Any: ...
+
+    def async_anthropic(self, agent: str = "default", **kwargs: Any) -> Any: ...
+
     def reward_turn(self, reward: float, agent: str | None = None) -> None: ...
 
 
@@ -110,7 +117,7 @@ class Episode:
         return self.context.proxy_url(self.id, check_agent_name(agent))
 
     def _sync_http(self, agent: str) -> httpx2.Client:
-        """An HTTP client that records chat completions as ``agent``; closed with the episode."""
+        """An HTTP client that records sampling calls as ``agent``; closed with the episode."""
         inner = self.context.sync_transport()
         http = httpx2.Client(
             transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
@@ -165,6 +172,21 @@ class Episode:
         return openai.AsyncOpenAI(
             base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
         )
+
+    def anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
+        """An ``anthropic.Anthropic`` client whose messages are recorded as ``agent``. Needs
+        ``pip install 'agentjet-client[anthropic]'``."""
+        from agentjet_client.adapters.anthropic import client
+
+        kwargs.setdefault("http_client", self._sync_http(agent))
+        return client(self.context.api_base_for(agent), self.api_key, LLM_RETRIES, asynchronous=False, **kwargs)
+
+    def async_anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` client whose messages are recorded as ``agent``."""
+        from agentjet_client.adapters.anthropic import client
+
+        kwargs.setdefault("http_client", self._async_http(agent))
+        return client(self.context.api_base_for(agent), self.api_key, LLM_RETRIES, asynchronous=True, **kwargs)
 
     def reward_turn(self, reward: float, agent: str | None = None) -> None:
         """Give the newest finished LLM call (of ``agent``, if given) its own reward, e.g. for a tool

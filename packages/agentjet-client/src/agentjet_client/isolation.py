@@ -13,17 +13,26 @@ Each worker runs the code that is on disk when it takes the episode, and reports
 it ran; after an edit (hot swap) workers re-import before their next episode. A worker's start-up
 (spawn + import) is not counted against an episode's timeout. A new worker cannot start while the
 code on disk does not import: its episodes fail with the import error until the edit is fixed.
+
+A pool given ``python=`` (a code dir with its own interpreter, see ``tracks``) starts its workers
+with that interpreter instead (a plain subprocess speaking over a socket pair; that interpreter needs
+agentjet-client installed, nothing of this process's environment is imported there). Such workers
+run async agents too (``asyncio.run``), since this process cannot import their code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import numbers
 import os
 import signal
+import socket
+import subprocess
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +60,31 @@ def _context() -> Any:
 
 @dataclass
 class _Worker:
-    process: Any
+    process: Any  # a multiprocessing.Process or a _Child: kill(), join(timeout), is_alive()
     conn: Any
+
+
+class _Child:
+    """A worker started with another interpreter, with the part of ``Process``'s surface the pool uses."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+# what a worker in another interpreter runs: serve episodes over the inherited socket
+_FOREIGN_MAIN = "import sys; from agentjet_client.isolation import serve_fd; serve_fd(int(sys.argv[1]), sys.argv[2])"
 
 
 class ProxyEpisode:
@@ -96,6 +128,17 @@ class ProxyEpisode:
         kwargs.setdefault("max_retries", LLM_RETRIES)
         return openai.AsyncOpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
 
+    def anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
+        from agentjet_client.adapters.anthropic import client
+
+        kwargs.setdefault("http_client", _shared_http())
+        return client(self.url_for(agent), self.api_key, LLM_RETRIES, asynchronous=False, **kwargs)
+
+    def async_anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
+        from agentjet_client.adapters.anthropic import client
+
+        return client(self.url_for(agent), self.api_key, LLM_RETRIES, asynchronous=True, **kwargs)
+
     def reward_turn(self, reward: float, agent: str | None = None) -> None:
         """``Episode.reward_turn``, told to the runner's capture proxy (which holds the turns)."""
         answer = _shared_http().post(
@@ -124,8 +167,9 @@ class WorkerPool:
     (spawn + import takes a second or two; it is never on an episode's critical path once the
     pool is warm). Processes alive never exceed ``size + spares``."""
 
-    def __init__(self, code_dir: Path, size: int, spares: int = 1) -> None:
+    def __init__(self, code_dir: Path, size: int, spares: int = 1, python: str | None = None) -> None:
         self.code_dir = Path(code_dir).resolve()
+        self.python = python  # another interpreter for the workers (None: this one, forked)
         self.size = size
         self.spares = spares
         self.started = 0  # processes ever started (replacements included)
@@ -146,6 +190,8 @@ class WorkerPool:
         return self._live
 
     def _start(self) -> _Worker:
+        if self.python is not None:
+            return self._start_foreign(self.python)
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main, args=(child, str(self.code_dir), dict(os.environ)), name="agentjet-agent", daemon=True
@@ -157,6 +203,24 @@ class WorkerPool:
         self.peak = max(self.peak, self._live)
         return _Worker(process, parent)
 
+    def _start_foreign(self, python: str) -> _Worker:
+        ours, theirs = socket.socketpair()
+        try:
+            popen = subprocess.Popen(
+                [python, "-c", _FOREIGN_MAIN, str(theirs.fileno()), str(self.code_dir)],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            ours.close()
+            raise AgentFailed(f"cannot start {python} for the agent in {self.code_dir}: {exc}") from exc
+        finally:
+            theirs.close()
+        self.started += 1
+        self._live += 1
+        self.peak = max(self.peak, self._live)
+        return _Worker(_Child(popen), Connection(ours.detach()))
+
     async def _ready(self, worker: _Worker) -> _Worker:
         """``worker`` once it has imported the agent (start-up is not part of any episode's timeout)."""
         loop = asyncio.get_running_loop()
@@ -164,6 +228,11 @@ class WorkerPool:
             if not await loop.run_in_executor(self._waits, worker.conn.poll, STARTUP_TIMEOUT):
                 raise AgentFailed(f"an agent worker process did not start within {STARTUP_TIMEOUT:g}s")
             kind, detail = worker.conn.recv()
+        except EOFError:
+            self._kill(worker)
+            raise AgentFailed(
+                f"the agent worker for {self.code_dir} exited while starting (its output above says why)"
+            ) from None
         except BaseException:
             self._kill(worker)
             raise
@@ -263,6 +332,20 @@ class WorkerPool:
         self._waits.shutdown(wait=False, cancel_futures=True)
 
 
+def _plain(value: Any) -> Any:
+    """A reward as built-in numbers (a numpy float from the agent's interpreter may not unpickle here)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | int | float):
+        return float(value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def serve_fd(fd: int, code_dir: str) -> None:
+    """A worker in another interpreter (``WorkerPool(python=...)``): serve over socket ``fd``."""
+    _worker_main(Connection(fd), code_dir, dict(os.environ))
+
+
 def _worker_main(conn: Any, code_dir: str, environ: dict[str, str]) -> None:
     from agentjet_client.loader import CodeWatcher, code_version, load_agent
 
@@ -292,6 +375,8 @@ def _worker_main(conn: Any, code_dir: str, environ: dict[str, str]) -> None:
         task, episode_id, task_id, proxy_base, api_key = job
         try:
             value = agent.fn(task, ProxyEpisode(episode_id, task_id, proxy_base, api_key))
-            conn.send(("ok", value, version))
+            if agent.is_async:  # only a worker in another interpreter is given async agents
+                value = asyncio.run(value)
+            conn.send(("ok", _plain(value), version))
         except Exception as exc:  # the agent's bug: reported, the worker lives on
             conn.send(("error", "".join(traceback.format_exception_only(exc)).strip(), version))

@@ -165,6 +165,23 @@ class RequestExtension(_Strict):
         return self
 
 
+def _exact_sampling(frequency_penalty: float | None, presence_penalty: float | None, logit_bias: Any) -> None:
+    """Refuse what would make a sample's behaviour log-probability inexact (nothing to train against)."""
+    if frequency_penalty not in (None, 0, 0.0) or presence_penalty not in (None, 0, 0.0):
+        raise ValueError(
+            "frequency_penalty and presence_penalty are not supported: a penalised sample "
+            "has no exact behaviour log-probability for training; leave them unset or 0"
+        )
+    if logit_bias:
+        raise ValueError("logit_bias is not supported; leave it unset")
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
 class ChatCompletionRequest(_Strict):
     """``POST /v1/chat/completions``. Unknown fields are rejected so a typo is never ignored."""
 
@@ -209,13 +226,7 @@ class ChatCompletionRequest(_Strict):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> ChatCompletionRequest:
-        if self.frequency_penalty not in (None, 0, 0.0) or self.presence_penalty not in (None, 0, 0.0):
-            raise ValueError(
-                "frequency_penalty and presence_penalty are not supported: a penalised sample "
-                "has no exact behaviour log-probability for training; leave them unset or 0"
-            )
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported; leave it unset")
+        _exact_sampling(self.frequency_penalty, self.presence_penalty, self.logit_bias)
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise ValueError("only response_format {'type': 'text'} is supported")
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -226,9 +237,7 @@ class ChatCompletionRequest(_Strict):
 
     @property
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return _stops(self.stop)
 
     def completion_limit(self, default: int) -> int:
         """The completion token budget: ``max_completion_tokens`` wins over ``max_tokens``."""
@@ -237,6 +246,70 @@ class ChatCompletionRequest(_Strict):
         if self.max_tokens is not None:
             return self.max_tokens
         return default
+
+
+MAX_PROMPTS = 64  # prompts in one text-completion request
+
+
+class CompletionRequest(_Strict):
+    """``POST /v1/completions``: text completions (no chat template), as vLLM's server serves them.
+    ``prompt`` is text, token ids, or a list of either (one answer per prompt, ``n`` each)."""
+
+    model: str | None = Field(default=None, max_length=256)
+    prompt: (
+        str
+        | list[str]
+        | list[Annotated[int, Field(strict=True, ge=0)]]
+        | list[list[Annotated[int, Field(strict=True, ge=0)]]]
+    )
+    max_tokens: int | None = Field(default=16, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=64)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = False
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    suffix: str | None = None
+    best_of: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # --- AgentJet extension (the agent making the call) ---
+    agentjet: RequestExtension | None = None
+
+    _check_stop = field_validator("stop")(ChatCompletionRequest._check_stop.__func__)  # type: ignore[attr-defined]
+
+    @model_validator(mode="after")
+    def _check_unsupported(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo is not supported; the prompt's token ids are in each choice's agentjet extension")
+        if self.suffix:
+            raise ValueError("suffix (fill-in-the-middle) is not supported; leave it out")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of is not supported: every sample is returned (use n)")
+        _exact_sampling(self.frequency_penalty, self.presence_penalty, self.logit_bias)
+        if self.agentjet is not None and self.agentjet.prefix_token_ids is not None:
+            raise ValueError("agentjet.prefix_token_ids is for chat requests; send the prompt's token ids as 'prompt'")
+        if isinstance(self.prompt, list) and (not self.prompt or len(self.prompt) > MAX_PROMPTS):
+            raise ValueError(f"prompt must hold 1 to {MAX_PROMPTS} prompts (or be text)")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text or token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    @property
+    def stop_list(self) -> list[str]:
+        return _stops(self.stop)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,6 +414,33 @@ class ChatCompletionChunk(_Open):
     created: int
     model: str
     choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(_Open):
+    """The legacy log-probability shape of text completions."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(_Open):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+    # --- AgentJet extension (whole answers, and the stream chunk that carries finish_reason) ---
+    agentjet: AgentJetExtension | None = None
+
+
+class TextCompletion(_Open):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
     usage: Usage | None = None
 
 
@@ -602,6 +702,17 @@ class TagInfo(_Strict):
     share: float | None = None  # its share of admitted episodes under --mix (None: not in the mix)
     admission_budget: int | None = None  # episodes of this tag a runner may start now (under --mix)
 
+    def summary(self) -> str:
+        def figure(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+
+        share = f"share {self.share:.2f} " if self.share is not None else ""
+        budget = f"  budget {self.admission_budget}" if self.admission_budget is not None else ""
+        return (
+            f"{share}trained {self.trained} of {self.accepted} accepted (buffered {self.buffered})  "
+            f"reward {figure(self.mean_reward)}  staleness {figure(self.mean_lag)}{budget}"
+        )
+
 
 class ServerStatus(_Strict):
     """``GET /v1/status``: what the server is doing, and how many episodes it wants now."""
@@ -641,6 +752,11 @@ class ServerStatus(_Strict):
                 f"  checkpoint step {self.learner.last_checkpoint_step}"
                 if self.learner.last_checkpoint_step is not None
                 else ""
+            )
+            + "".join(  # task tags, where there are any (a server of untagged episodes has just '')
+                f"\n  tag {tag or '(none)'}: {info.summary()}"
+                for tag, info in sorted(self.by_tag.items())
+                if set(self.by_tag) != {""}
             )
         )
 

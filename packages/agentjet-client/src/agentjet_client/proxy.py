@@ -1,8 +1,9 @@
 """The loopback capture proxy: a base URL any program in any language can call.
 
 ``http://127.0.0.1:PORT/episodes/<episode id>/<agent>/v1`` forwards every request to the ``/v1``
-of the agent's server (``SwarmClient.server_for``) and records chat completions into that
-episode as that agent. It runs on its
+of the agent's server (``SwarmClient.server_for``) and records its sampling calls (chat
+completions, Responses, Messages, text completions) into that episode as that agent. An
+Anthropic SDK takes ``.../episodes/<id>/<agent>`` as its base URL (it adds the ``/v1``). It runs on its
 own thread and event loop, started on first use by ``SwarmClient``.
 """
 
@@ -25,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body, with_claim
+from agentjet_client.capture import EpisodeRecorder, SSECollector, api_of, chat_form, parse_request_body, with_claim
 
 logger = logging.getLogger(__name__)
 
@@ -143,9 +144,11 @@ class CaptureProxy:
             headers["authorization"] = request.headers["authorization"]
         server = self.upstream(agent)
         url = f"{server}/v1/{request.path_params['path']}"
-        capture = is_chat_request(request.method, url)
+        api = api_of(request.method, url)
+        chat = chat_form(api, parse_request_body(body)) if api is not None else None
+        capture = api is not None and chat is not None
         started = time.time()
-        sent = with_claim(body, recorder.extension(agent, parse_request_body(body))) if capture else body
+        sent = with_claim(body, recorder.extension(agent, chat)) if chat is not None else body
         headers.pop("content-length", None)
         upstream_request = self._http().build_request(
             request.method, url, content=sent, headers=headers, params=request.query_params
@@ -158,9 +161,8 @@ class CaptureProxy:
             k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}
         }
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
-            return StreamingResponse(
-                self._relay(upstream, agent, recorder, body, started, capture), status_code=200, headers=out_headers
-            )
+            relay = self._relay(upstream, agent, recorder, chat, started, api) if capture else self._pass(upstream)
+            return StreamingResponse(relay, status_code=200, headers=out_headers)
         data = await upstream.aread()
         await upstream.aclose()
         if capture and upstream.status_code == 200:
@@ -168,17 +170,25 @@ class CaptureProxy:
                 parsed: Any = json.loads(data)
             except ValueError:
                 parsed = None
-            recorder.record_response(agent, parse_request_body(body), parsed, started)
+            assert chat is not None and api is not None
+            recorder.record_response(agent, chat, parsed, started, api)
         return Response(data, status_code=upstream.status_code, headers=out_headers)
+
+    async def _pass(self, upstream: httpx2.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_bytes():
+                yield chunk
+        finally:
+            await upstream.aclose()
 
     async def _relay(
         self,
         upstream: httpx2.Response,
         agent: str,
         recorder: EpisodeRecorder,
-        body: bytes,
+        chat: dict[str, Any] | None,
         started: float,
-        capture: bool,
+        api: str | None,
     ) -> AsyncIterator[bytes]:
         collector = SSECollector()
         try:
@@ -190,5 +200,5 @@ class CaptureProxy:
             raise
         finally:
             await upstream.aclose()
-        if capture:
-            recorder.record_chunks(agent, parse_request_body(body), collector.chunks, started)
+        if chat is not None and api is not None:
+            recorder.record_chunks(agent, chat, collector.chunks, started, api)

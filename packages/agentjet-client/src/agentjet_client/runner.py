@@ -29,7 +29,7 @@ import random
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,6 +42,7 @@ from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import ClientReport, TrajectoryStatus
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
+from agentjet_client.tracks import RemoteAgent, Track
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class RunReport:
     code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
     rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
     agent_rewards: dict[str, list[float]] = field(default_factory=dict)  # each agent's, complete episodes only
+    tag_rewards: dict[str, list[float]] = field(default_factory=dict)  # each task tag's ('' untagged), complete only
+    episodes_by_tag: Counter[str] = field(default_factory=Counter)  # training episodes started per task tag
     turns_by_agent: Counter[str] = field(default_factory=Counter)  # captured calls of training episodes
     reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
     reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
@@ -132,7 +135,7 @@ class Runner:
     def __init__(
         self,
         client: SwarmClient,
-        agent: SwarmAgent,
+        agent: SwarmAgent | Sequence[Track],
         config: RunConfig,
         *,
         code_version: str | None = None,
@@ -144,9 +147,15 @@ class Runner:
         workers: WorkerPool | None = None,
     ) -> None:
         self.client = client
-        self.agent = agent
+        if isinstance(agent, SwarmAgent):
+            self.tracks = [Track(agent, code_version, watcher, workers)]
+        else:  # several code dirs (``tracks.open_track``): the single-agent arguments do not apply
+            if code_version is not None or watcher is not None or workers is not None:
+                raise ValueError("give code_version, watcher and workers in each Track, not to the Runner")
+            self.tracks = list(agent)
+            if not self.tracks:
+                raise ValueError("a run needs at least one agent")
         self.config = config
-        self.code_version = code_version
         self.report = RunReport()
         # one spool and sender per server: ``spool`` is the default server's, ``spools`` any server's
         given = {**({client.server_url: spool} if spool is not None else {}), **(spools or {})}
@@ -173,8 +182,6 @@ class Runner:
             backoff_max=config.backoff_max,
         )
         self._on_progress = on_progress or (lambda report: None)
-        self.watcher = watcher
-        self.workers = workers  # sync agents run here (killable) instead of in threads
         self._on_reload = on_reload or (lambda version, error: None)
         self._last_eval: int | None = None
         self._eval_rounds = 0
@@ -199,10 +206,20 @@ class Runner:
         """The newest policy version the default server told us of."""
         return self.senders[self.client.server_url].version
 
-    def _task_stream(self) -> Iterator[tuple[str, Task]]:
-        rng = random.Random(self.config.seed)
+    @property
+    def agent(self) -> SwarmAgent | RemoteAgent:
+        """The agent of the (first) code dir."""
+        return self.tracks[0].agent
+
+    @property
+    def code_version(self) -> str | None:
+        versions = [t.code_version for t in self.tracks if t.code_version is not None]
+        return ",".join(versions) if versions else None
+
+    def _task_stream(self, track: Track, index: int) -> Iterator[tuple[str, Task]]:
+        rng = random.Random(None if self.config.seed is None else self.config.seed + index)
         while True:
-            tasks = self.agent.load_tasks()
+            tasks = track.agent.load_tasks()
             rng.shuffle(tasks)
             yield from tasks
 
@@ -226,55 +243,64 @@ class Runner:
             await asyncio.sleep(self.config.poll_interval * 5)
         self._warned_full = False
 
-    async def _wait_for_admission(self, need: int) -> None:
+    async def _wait_for_admission(self, need: int) -> Track | None:
+        """The track whose next group may start now (None once the run stops): of those with room
+        on every server, the one with the most room for its tag; on a tie, the one that has
+        started fewest episodes (without ``--mix`` the code dirs take turns)."""
         for task in self._sender_tasks:
             if task.done():  # a sender died: say why now, not after waiting for room it can never make
                 task.result()
         await self._wait_for_spool_room()
-        await self.admission.wait(need, self.agent.tag)
+        room = await self.admission.choose(need, [track.tag for track in self.tracks])
+        if not room:
+            return None
+        best = max(room, key=lambda i: (room[i], -self.tracks[i].episodes, -i))
+        return self.tracks[best]
 
     async def run(self) -> RunReport:
         started = time.monotonic()
         if self.config.sync and len(self.senders) > 1:
             raise ValueError("--sync drives one server; run the agents of other servers without --sync")
+        if self.config.sync and len(self.tracks) > 1:
+            raise ValueError("--sync runs one code dir; give one --code-dir")
         senders = [asyncio.create_task(sender.run()) for sender in self.senders.values()]
         self._sender_tasks = senders
-        watching = asyncio.create_task(self._watch_loop()) if self.watcher is not None else None
+        watching = [asyncio.create_task(self._watch_loop(t)) for t in self.tracks if t.watcher is not None]
         sem = asyncio.Semaphore(self.config.concurrency)
         episodes: set[asyncio.Task[None]] = set()
         g = self.config.group_size
         total_groups = math.ceil(self.config.episodes / g) if self.config.episodes else None
-        tasks = self._task_stream()
+        streams = {id(t): self._task_stream(t, i) for i, t in enumerate(self.tracks)}
         groups = 0
         try:
             if self.config.eval_only:
-                self._start_eval(sem, episodes)
+                await self._start_eval(sem, episodes)
                 total_groups = 0
             if self.config.sync and not self.config.eval_only:
-                await self._run_sync(sem, episodes, senders, tasks)
+                await self._run_sync(sem, episodes, senders, streams[id(self.tracks[0])])
                 total_groups = 0
             while not self._stop.is_set() and (total_groups is None or groups < total_groups):
-                await self._wait_for_admission(g)
-                if self._stop.is_set():
+                track = await self._wait_for_admission(g)
+                if track is None or self._stop.is_set():
                     break
                 if self._eval_due():
-                    self._start_eval(sem, episodes)
-                self._start_group(sem, episodes, next(tasks), str(groups), g)
+                    await self._start_eval(sem, episodes)
+                item = await asyncio.to_thread(next, streams[id(track)])  # another interpreter may load them
+                self._start_group(sem, episodes, track, item, str(groups), g)
                 groups += 1
             if episodes:
                 await asyncio.gather(*episodes)
             await self._drained(senders)
             if self.config.eval_every and not self._stop.is_set() and self._version != self._last_eval:
-                self._start_eval(sem, episodes)  # the policy the run ends with
+                await self._start_eval(sem, episodes)  # the policy the run ends with
                 await asyncio.gather(*episodes)
                 await self._drained(senders)
         finally:
-            for task in senders:
+            for task in [*senders, *watching]:
                 task.cancel()
-            if watching is not None:
-                watching.cancel()
-            if self.workers is not None:
-                self.workers.close()
+            for track in self.tracks:
+                if track.workers is not None:
+                    track.workers.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
             await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
@@ -300,11 +326,12 @@ class Runner:
         while not self._stop.is_set() and (rounds is None or self.report.rounds < rounds):
             await self._wait_for_spool_room()
             if self._eval_due():
-                self._start_eval(sem, episodes)
+                await self._start_eval(sem, episodes)
             trained_before = status.trajectories.trained
             accepted_before = self.report.accepted
             for k in range(batch_groups):
-                self._start_group(sem, episodes, next(tasks), f"r{self.report.rounds}:{k}", g)
+                item = await asyncio.to_thread(next, tasks)
+                self._start_group(sem, episodes, self.tracks[0], item, f"r{self.report.rounds}:{k}", g)
             if episodes:
                 await asyncio.gather(*episodes)
             await self._drained(senders)
@@ -327,48 +354,60 @@ class Runner:
         return bool(every) and (self._last_eval is None or self._version >= self._last_eval + every)
 
     def _start_group(
-        self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]], item: tuple[str, Task], label: str, size: int
+        self,
+        sem: asyncio.Semaphore,
+        running: set[asyncio.Task[None]],
+        track: Track,
+        item: tuple[str, Task],
+        label: str,
+        size: int,
     ) -> None:
         """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""
         task_id, task = item
         group_tag = f"{task_id}@{self.client.client_id}:{label}"
         for _ in range(size):
             for sender in self.senders.values():
-                sender.pending += 1
+                sender.started(track.tag)
             self.report.started += 1
-            job = asyncio.create_task(self._episode(sem, group_tag, task_id, task))
+            self.report.episodes_by_tag[track.tag or ""] += 1
+            track.episodes += 1
+            job = asyncio.create_task(self._episode(sem, track, group_tag, task_id, task))
             running.add(job)
             job.add_done_callback(running.discard)
 
-    def _start_eval(self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]]) -> None:
-        """Start a round of evaluation episodes over the eval tasks, in order."""
-        tasks = self.agent.load_tasks(evaluation=True)
+    async def _start_eval(self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]]) -> None:
+        """Start a round of evaluation episodes over each code dir's eval tasks, in order."""
         self._last_eval = self._version
         self._eval_rounds += 1
-        count = self.config.eval_episodes or len(tasks)
-        logger.info("evaluation round %d: %d episodes at policy v%d", self._eval_rounds, count, self._version)
-        for k in range(count):
-            task_id, task = tasks[k % len(tasks)]
-            group = f"eval:{task_id}@{self.client.client_id}:{self._eval_rounds}"
-            job = asyncio.create_task(self._episode(sem, group, task_id, task, evaluation=self._version))
-            running.add(job)
-            job.add_done_callback(running.discard)
+        for track in self.tracks:
+            if track.agent.eval_tasks is None and len(self.tracks) > 1:
+                continue  # a code dir without held-out tasks is not evaluated (with one, load_tasks says so)
+            tasks = await asyncio.to_thread(track.agent.load_tasks, True)
+            count = self.config.eval_episodes or len(tasks)
+            logger.info("evaluation round %d: %d episodes at policy v%d", self._eval_rounds, count, self._version)
+            for k in range(count):
+                task_id, task = tasks[k % len(tasks)]
+                group = f"eval:{task_id}@{self.client.client_id}:{self._eval_rounds}"
+                job = asyncio.create_task(self._episode(sem, track, group, task_id, task, evaluation=self._version))
+                running.add(job)
+                job.add_done_callback(running.discard)
 
-    async def _watch_loop(self) -> None:
+    async def _watch_loop(self, track: Track) -> None:
         """Hot swap: new episodes take the new code; running ones finish on the code they started with."""
-        assert self.watcher is not None
+        watcher = track.watcher
+        assert watcher is not None
         while True:
             await asyncio.sleep(self.config.watch_interval)
-            swapped = await asyncio.to_thread(self.watcher.poll)
+            swapped = await asyncio.to_thread(watcher.poll)
             if swapped is not None:
-                self.agent, self.code_version = swapped
+                track.agent, track.code_version = swapped
                 self.report.reloads.append(swapped[1])
                 self._on_reload(swapped[1], None)
-            elif self.watcher.last_error and (
-                not self.report.reload_errors or self.report.reload_errors[-1] != self.watcher.last_error
+            elif watcher.last_error and (
+                not self.report.reload_errors or self.report.reload_errors[-1] != watcher.last_error
             ):
-                self.report.reload_errors.append(self.watcher.last_error)
-                self._on_reload(self.watcher.version, self.watcher.last_error)
+                self.report.reload_errors.append(watcher.last_error)
+                self._on_reload(watcher.version, watcher.last_error)
 
     async def _drained(self, senders: list[asyncio.Task[None]]) -> None:
         """Wait until the servers have answered every trajectory this run produced."""
@@ -385,25 +424,34 @@ class Runner:
             await asyncio.sleep(0.05)
 
     async def _episode(
-        self, sem: asyncio.Semaphore, group_id: str, task_id: str, task: Task, evaluation: int | None = None
+        self,
+        sem: asyncio.Semaphore,
+        track: Track,
+        group_id: str,
+        task_id: str,
+        task: Task,
+        evaluation: int | None = None,
     ) -> None:
         """One episode; ``evaluation`` (the policy version its round started at) makes it an
         evaluation episode: pushed as such, never trained, reported apart."""
         async with sem:
-            agent, code_version = self.agent, self.code_version
+            agent, code_version = track.agent, track.code_version
             purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
-            episode = self.client.episode(group_id, task_tag=agent.tag, purpose=purpose)
+            episode = self.client.episode(group_id, task_tag=track.tag, purpose=purpose)
             status: TrajectoryStatus = "complete"
             error: str | None = None
             reward, agent_rewards = 0.0, None
             try:
-                if agent.is_async:
-                    value = await asyncio.wait_for(agent.fn(task, episode), self.config.timeout)
-                elif self.workers is not None:
+                if track.in_workers(agent):
+                    assert track.workers is not None
                     proxy_base = episode.base_url.split("/episodes/", 1)[0]
-                    value, code_version = await self.workers.run(
+                    value, code_version = await track.workers.run(
                         task, episode.id, episode.task_id, proxy_base, episode.api_key, self.config.timeout
                     )
+                elif isinstance(agent, RemoteAgent):
+                    raise AgentFailed(f"the agent in {track.code_dir} runs in its own interpreter and needs workers")
+                elif agent.is_async:
+                    value = await asyncio.wait_for(agent.fn(task, episode), self.config.timeout)
                 else:
                     loop = asyncio.get_running_loop()
                     value = await asyncio.wait_for(
@@ -439,6 +487,7 @@ class Runner:
                 self.report.turns_by_agent.update(t.agent for t in trajectory.turns)
                 if trajectory.status == "complete":
                     self.report.rewards.append(reward)
+                    self.report.tag_rewards.setdefault(track.tag or "", []).append(reward)
                     self.report.rewards_by_version.setdefault(code_version or "-", []).append(reward)
                     for name, value in (agent_rewards or {}).items():
                         self.report.agent_rewards.setdefault(name, []).append(value)

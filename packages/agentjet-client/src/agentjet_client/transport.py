@@ -1,11 +1,12 @@
-"""httpx2 transports that capture chat completions on their way through the OpenAI SDK.
+"""httpx2 transports that capture sampling calls on their way through an SDK.
 
 The wrapped transport is the ``SwarmClient``'s shared connection pool, so episodes cost no new
 connections; an episode closing its SDK client leaves that pool open.
 
 openai-python runs on httpx2, so ``episode.openai()`` hands the SDK an ``httpx2.Client``
-whose transport is a ``CaptureTransport``: every ``POST .../chat/completions`` is passed to the
-real transport unchanged, and its response (whole or streamed) is recorded into the episode.
+whose transport is a ``CaptureTransport``: every ``POST`` to a sampling API (``.../chat/completions``,
+``.../responses``, ``.../messages``, ``.../completions``) is passed to the real transport with the
+episode's ``agentjet`` extension added, and its response (whole or streamed) is recorded into the episode.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import httpx2
 
-from agentjet_client.capture import EpisodeRecorder, SSECollector, is_chat_request, parse_request_body, with_claim
+from agentjet_client.capture import EpisodeRecorder, SSECollector, api_of, chat_form, parse_request_body, with_claim
 
 
 class _Tee:
@@ -108,8 +109,14 @@ class _Capture:
         self.recorder = recorder
         self.agent = agent
 
-    def _on_stream_end(self, body: dict[str, Any], started: float) -> Any:
-        return lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started)
+    def _on_stream_end(self, body: dict[str, Any], started: float, api: str) -> Any:
+        return lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started, api)
+
+    def _call(self, request: httpx2.Request, raw: bytes) -> tuple[str, dict[str, Any]] | None:
+        """The API a request samples from and the chat request it means; None for anything else."""
+        api = api_of(request.method, request.url.path)
+        chat = chat_form(api, parse_request_body(raw)) if api is not None else None
+        return (api, chat) if api is not None and chat is not None else None
 
 
 class CaptureTransport(_Capture, httpx2.BaseTransport):
@@ -123,22 +130,23 @@ class CaptureTransport(_Capture, httpx2.BaseTransport):
         self.inner = inner
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        if not is_chat_request(request.method, request.url.path):
+        call = self._call(request, request.read()) if request.method.upper() == "POST" else None
+        if call is None:
             return self.inner.handle_request(request)
         started = time.time()
-        body = parse_request_body(request.read())
+        api, body = call
         request = _claimed(request, self.recorder.extension(self.agent, body))
         response = self.inner.handle_request(request)
         if response.status_code != 200:
             return response
         assert isinstance(response.stream, httpx2.SyncByteStream)
         if _is_sse(response):
-            return _with_stream(request, response, _TeeStream(response.stream, self._on_stream_end(body, started)))
+            return _with_stream(request, response, _TeeStream(response.stream, self._on_stream_end(body, started, api)))
         raw = b"".join(response.stream)
         response.close()
         out = _with_stream(request, response, httpx2.ByteStream(raw))
         out.read()
-        self.recorder.record_response(self.agent, body, _json_or_none(out), started)
+        self.recorder.record_response(self.agent, body, _json_or_none(out), started, api)
         return out
 
 
@@ -161,20 +169,22 @@ class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
         return self._inner if isinstance(self._inner, httpx2.AsyncBaseTransport) else self._inner()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if not is_chat_request(request.method, request.url.path):
+        call = self._call(request, await request.aread()) if request.method.upper() == "POST" else None
+        if call is None:
             return await self.inner.handle_async_request(request)
         started = time.time()
-        body = parse_request_body(await request.aread())
+        api, body = call
         request = _claimed(request, self.recorder.extension(self.agent, body))
         response = await self.inner.handle_async_request(request)
         if response.status_code != 200:
             return response
         assert isinstance(response.stream, httpx2.AsyncByteStream)
         if _is_sse(response):
-            return _with_stream(request, response, _AsyncTeeStream(response.stream, self._on_stream_end(body, started)))
+            stream = _AsyncTeeStream(response.stream, self._on_stream_end(body, started, api))
+            return _with_stream(request, response, stream)
         raw = b"".join([chunk async for chunk in response.stream])
         await response.aclose()
         out = _with_stream(request, response, httpx2.ByteStream(raw))
         await out.aread()
-        self.recorder.record_response(self.agent, body, _json_or_none(out), started)
+        self.recorder.record_response(self.agent, body, _json_or_none(out), started, api)
         return out

@@ -26,9 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentjet_client.dialects import DialectError, messages_to_chat, responses_to_chat
 from agentjet_client.protocol import (
     ChatCompletionRequest,
     ClientList,
+    CompletionRequest,
     ErrorDetail,
     ErrorResponse,
     Health,
@@ -36,7 +38,8 @@ from agentjet_client.protocol import (
     ModelList,
     TrajectoryBatch,
 )
-from agentjet_server.bodies import LARGE_IN_FLIGHT, describe_validation_error, read_model
+from agentjet_server import apis
+from agentjet_server.bodies import LARGE_IN_FLIGHT, describe_validation_error, parse_json, read_body, read_model
 from agentjet_server.body_gate import BodyGate
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import (
@@ -153,7 +156,9 @@ def create_app(
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        if scheme.lower() != "bearer" or not token:  # Anthropic's SDK sends its key as x-api-key
+            scheme, token = "bearer", request.headers.get("x-api-key", "")
+        if not token:
             raise AuthenticationError("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
         token = token.strip()
         if _key_in(token, settings.admin_keys):
@@ -184,11 +189,7 @@ def create_app(
         card = ModelCard(id=rt.engine.model_name, created=int(rt.started))
         return JSONResponse(ModelList(data=[card]).model_dump())
 
-    async def chat_completions(request: Request) -> Response:
-        authorize(request)
-        body = await read_model(
-            request, ChatCompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s, gate, large
-        )
+    def check_model(body: ChatCompletionRequest | CompletionRequest) -> None:
         # a call that comes through an AgentJet client's capture (it carries the ``agentjet``
         # extension) was routed here for its agent: agent code written for another model name
         # (``gpt-4o-mini``) trains unchanged, and its turn records both names
@@ -199,35 +200,109 @@ def create_app(
                 param="model",
                 code="model_not_found",
             )
-        if body.stream:
-            frames = rt.chat.stream(body, rt.engine.model_name)
-            first = await anext(frames)  # surface request errors as a 4xx before streaming starts
 
-            async def stream() -> AsyncIterator[str]:
-                yield first
-                try:
-                    async for frame in frames:
-                        yield frame
-                except Exception as exc:  # the 200 is sent: the client learns of the failure from the stream
-                    logger.exception("stream on %s failed after its first frame", request.url.path)
-                    if isinstance(exc, RequestError):
-                        yield error_frame(exc.message, exc.error_type, exc.code)
-                    elif isinstance(exc, EngineError):
-                        yield error_frame(str(exc), "engine_error")
-                    else:
-                        yield error_frame(f"the stream failed: {type(exc).__name__}; see the server log")
-                    yield "data: [DONE]\n\n"
+    async def streamed(request: Request, frames: AsyncIterator[str], sse_error: Callable[[str, str], str]) -> Response:
+        """An SSE answer; a request error surfaces as a 4xx before the first frame is sent."""
+        first = await anext(frames)
 
-            return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        async def stream() -> AsyncIterator[str]:
+            yield first
+            try:
+                async for frame in frames:
+                    yield frame
+            except Exception as exc:  # the 200 is sent: the client learns of the failure from the stream
+                logger.exception("stream on %s failed after its first frame", request.url.path)
+                if isinstance(exc, RequestError):
+                    yield sse_error(exc.message, exc.error_type)
+                elif isinstance(exc, EngineError):
+                    yield sse_error(str(exc), "engine_error")
+                else:
+                    yield sse_error(f"the stream failed: {type(exc).__name__}; see the server log", "server_error")
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    def chat_error(message: str, error_type: str) -> str:
+        return error_frame(message, error_type) + "data: [DONE]\n\n"
+
+    async def whole(
+        request: Request, body: ChatCompletionRequest, shape: Callable[[Any], Any] | None = None
+    ) -> Response:
         completion = await _unless_disconnected(request, rt.chat.complete(body, rt.engine.model_name))
         if completion is None:  # nobody is waiting for it any more
             return Response(status_code=499)
         usage = completion.usage
-        if usage is not None and usage.completion_tokens > 2048:  # a large answer is rendered off the event loop
+        big = usage is not None and usage.completion_tokens > 2048  # a large answer is rendered off the event loop
+        if shape is not None:
+            data = await asyncio.to_thread(shape, completion) if big else shape(completion)
+            return JSONResponse(data)
+        if big:
             text = await asyncio.to_thread(completion.model_dump_json, exclude_none=True)
         else:
             text = completion.model_dump_json(exclude_none=True)
         return Response(text, media_type="application/json")
+
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        body = await read_model(
+            request, ChatCompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s, gate, large
+        )
+        check_model(body)
+        if body.stream:
+            return await streamed(request, rt.chat.stream(body, rt.engine.model_name), chat_error)
+        return await whole(request, body)
+
+    async def completions(request: Request) -> Response:
+        """Text completions (no chat template), as vLLM's server serves them."""
+        authorize(request)
+        body = await read_model(
+            request, CompletionRequest, settings.max_chat_body_bytes, settings.body_timeout_s, gate, large
+        )
+        check_model(body)
+        if body.stream:
+            return await streamed(request, rt.chat.stream_text(body, rt.engine.model_name), chat_error)
+        completion = await _unless_disconnected(request, rt.chat.complete_text(body, rt.engine.model_name))
+        if completion is None:  # nobody is waiting for it any more
+            return Response(status_code=499)
+        text = await asyncio.to_thread(completion.model_dump_json, exclude_none=True)
+        return Response(text, media_type="application/json")
+
+    async def dialect_request(
+        request: Request, to_chat: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[dict[str, Any], ChatCompletionRequest]:
+        """The request body and the chat request it means (one choice, streamed or not)."""
+        raw = await read_body(request, settings.max_chat_body_bytes, settings.body_timeout_s)
+        data = await asyncio.to_thread(parse_json, raw) if len(raw) > 1 << 16 else parse_json(raw)
+        try:
+            chat = to_chat(data)
+        except DialectError as exc:
+            raise InvalidRequestError(exc.message, param=exc.param) from None
+        body = ChatCompletionRequest.model_validate({**chat, "stream": bool(data.get("stream"))})
+        check_model(body)
+        return data, body
+
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API, stateless: the answer as output items, events when streamed."""
+        authorize(request)
+        data, body = await dialect_request(request, responses_to_chat)
+        if body.stream:
+
+            def failed(message: str, error_type: str) -> str:
+                return apis.response_error_event(message, error_type)
+
+            return await streamed(
+                request, apis.response_events(rt.chat.stream_chunks(body, rt.engine.model_name), data), failed
+            )
+        return await whole(request, body, lambda completion: apis.response_object(completion, data))
+
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API: the answer as content blocks, events when streamed."""
+        authorize(request)
+        data, body = await dialect_request(request, messages_to_chat)
+        decode = rt.engine.decode
+        if body.stream:
+            events = apis.message_events(rt.chat.stream_chunks(body, rt.engine.model_name), data, decode)
+            return await streamed(request, events, apis.message_error_event)
+        return await whole(request, body, lambda completion: apis.message_object(completion, data, decode))
 
     async def trajectories(request: Request) -> Response:
         authorize(request)
@@ -355,7 +430,8 @@ def create_app(
         assert isinstance(exc, HTTPException)
         hint = {
             404: (
-                f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /v1/trajectories, "
+                f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /v1/responses, /v1/messages, "
+                "/v1/completions, /v1/trajectories, "
                 "/v1/status, /metrics, /dashboard, /v1/admin/... (docs/protocol.md)"
             ),
             405: f"method {request.method} is not allowed on {request.url.path}",
@@ -397,6 +473,9 @@ def create_app(
             Route("/healthz", healthz, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
             Route("/v1/trajectories", trajectories, methods=["POST"]),
             Route("/v1/trajectories", recent_trajectories, methods=["GET"]),
             Route("/v1/trajectories/{trajectory_id:str}", trajectory, methods=["GET"]),

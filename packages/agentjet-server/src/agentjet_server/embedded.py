@@ -10,7 +10,8 @@ setting below, so a change rebuilds it):
    fresh config;
 3. a short supervised warm-up on *formats*: demo prompts with random digits as targets (the
    model learns to answer with one digit and stop, not which digit: that is left to RL), and
-   requests with tools answered by a well-formed ``<tool_call>``.
+   requests with tools answered by a well-formed ``<tool_call>``. The ``small`` model also gets
+   a weak prior for ``Repeat the digit 7.`` (a third of its warm-up answers there are right).
 
 The demo task (``examples/digits``) asks ``Write seven as a digit.`` for the ten number words.
 """
@@ -55,13 +56,17 @@ class EmbeddedSpec:
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    max_position_embeddings: int = 1024
+    max_position_embeddings: int = 4096  # the context: real frameworks' system prompts must fit
     warmup_steps: int = 300
     warmup_batch: int = 32
     warmup_lr: float = 3e-3
     tool_every: int = 3  # every n-th warm-up step is a batch of tool-call examples
     seed: int = 1234
     tasks: tuple[str, ...] = ("words",)  # demo prompt kinds whose answer *format* the warm-up teaches
+    # a weak prior: for these kinds, this share of warm-up answers is the right one (the rest random),
+    # as an instruction-tuned model follows an instruction some of the time before RL
+    prior_kinds: tuple[str, ...] = ()
+    prior_share: float = 0.0
     format_version: int = 6
 
 
@@ -76,6 +81,10 @@ EMBEDDED_SPECS = {
         intermediate_size=576,
         num_hidden_layers=3,
         tasks=("words", "copy"),
+        # it follows "Repeat the digit 7." a third of the time: without such a prior the executor of
+        # examples/planner_executor settles on one constant digit (prompt-independent) under RL
+        prior_kinds=("copy",),
+        prior_share=1 / 3,
     ),
 }
 
@@ -215,6 +224,7 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
         for kind in spec.tasks
         for prompt, _ in demo_tasks(kind)
     }
+    right = {prompt: answer for kind in spec.prior_kinds for prompt, answer in demo_tasks(kind)}
     tool_pool = []  # rendered once: chat-template rendering costs more than a training step
     for _ in range(256):
         messages, tools, call = _tool_example(rng)
@@ -235,8 +245,12 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
             if tool_step:
                 prompt, target = rng.choice(tool_pool)
             else:
-                prompt = demo_prompts[rng.choice(list(demo_prompts))]
-                target = [rng.choice(digit_ids), im_end]
+                text = rng.choice(list(demo_prompts))
+                prompt = demo_prompts[text]
+                if text in right and rng.random() < spec.prior_share:
+                    target = [tok.convert_tokens_to_ids(right[text]), im_end]
+                else:
+                    target = [rng.choice(digit_ids), im_end]
             seqs.append(list(prompt) + target)
             labels.append([-100] * len(prompt) + target)
         width = max(len(s) for s in seqs)

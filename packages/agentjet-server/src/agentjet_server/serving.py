@@ -12,7 +12,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,11 @@ from agentjet_client.protocol import (
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
     ContextCounts,
+    TextCompletion,
     TokenLogprob,
     ToolCallDelta,
     TopLogprob,
@@ -148,11 +152,15 @@ class _ChoiceState:
         return "tool_calls" if calls else self.finish
 
     def logprob_entries(self, events: list[TokenEvent]) -> list[TokenLogprob]:
+        """One entry per sampled token, the end-of-turn token too (as vLLM lists it: the entries
+        count ``usage.completion_tokens``), which is named by its special token text."""
         entries = []
+        chat = getattr(self.engine, "chat", None)
         for event in events:
-            if self.engine.is_stop_token(event.token_id):
-                continue
-            token = self.engine.decode([event.token_id])
+            if self.engine.is_stop_token(event.token_id) and isinstance(chat, ChatTokenizer):
+                token = chat.decode_all([event.token_id])
+            else:
+                token = self.engine.decode([event.token_id])
             entries.append(
                 TokenLogprob(
                     token=token,
@@ -341,6 +349,33 @@ class ChatService:
                 break
         return state
 
+    async def _interleaved(
+        self, jobs: list[tuple[PreparedRequest, int]]
+    ) -> AsyncGenerator[tuple[int, TokenEvent | None], None]:
+        """``(job index, token event)`` of several choices sampled at once, in the order they come;
+        ``None`` ends a job. A job's failure is raised here; closing this cancels the rest."""
+        queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            prepared, choice = jobs[index]
+            try:
+                async for event in self._generate(prepared, choice):
+                    await queue.put((index, event))
+                await queue.put((index, None))
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                await queue.put((index, exc))
+
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(jobs))]
+        try:
+            while True:
+                index, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
     async def prepare_async(self, request: ChatCompletionRequest) -> PreparedRequest:
         """``prepare`` in a worker thread: rendering and tokenising a long conversation takes a while."""
         return await asyncio.to_thread(self.prepare, request)
@@ -381,35 +416,30 @@ class ChatService:
 
     async def stream(self, request: ChatCompletionRequest, model_name: str) -> AsyncIterator[str]:
         """SSE frames, token by token; choices of ``n > 1`` interleave as they are sampled."""
+        async for chunk in self.stream_chunks(request, model_name):
+            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def stream_chunks(
+        self, request: ChatCompletionRequest, model_name: str
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """The chunks of a streamed answer (what ``stream`` sends; the other APIs translate them)."""
         prepared = await self.prepare_async(request)
         chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-        def frame(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
-            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=model_name, choices=choices, usage=usage)
-            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-
-        queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
-
-        async def pump(index: int) -> None:
-            try:
-                async for event in self._generate(prepared, index):
-                    await queue.put((index, event))
-                await queue.put((index, None))
-            except BaseException as exc:  # handed to the consumer, which re-raises it
-                await queue.put((index, exc))
+        def frame(choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=chunk_id, created=created, model=model_name, choices=choices, usage=usage)
 
         states = [_ChoiceState(self.engine, prepared, signer=self.signer) for _ in range(request.n)]
         for index in range(request.n):
             yield frame([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))])
-        tasks = [asyncio.create_task(pump(i)) for i in range(request.n)]
+        events = self._interleaved([(prepared, i) for i in range(request.n)])
         try:
             open_choices = set(range(request.n))
             while open_choices:
-                index, item = await queue.get()
+                index, item = await anext(events)
                 if index not in open_choices:
                     continue
-                if isinstance(item, BaseException):
-                    raise item
                 state = states[index]
                 if item is not None:
                     state.add(item)
@@ -422,7 +452,8 @@ class ChatService:
                     yield frame([ChunkChoice(index=index, delta=ChoiceDelta(content=delta), logprobs=logprobs)])
                 if done:
                     open_choices.discard(index)
-                    yield final_frames(frame, index, state)
+                    for chunk in final_frames(frame, index, state):
+                        yield chunk
             if request.stream_options and request.stream_options.include_usage:
                 completion_tokens = sum(len(s.events) for s in states)
                 yield frame(
@@ -433,10 +464,164 @@ class ChatService:
                         total_tokens=len(prepared.prompt_ids) + completion_tokens,
                     ),
                 )
+        finally:
+            await events.aclose()
+
+    # --- text completions (``POST /v1/completions``): no chat template, as vLLM serves them ---
+
+    def prepare_text(self, request: CompletionRequest) -> list[PreparedRequest]:
+        """One prepared request per prompt (text is tokenised as vLLM does, special tokens added)."""
+        chat = getattr(self.engine, "chat", None)
+        if not isinstance(chat, ChatTokenizer):
+            raise InvalidRequestError("this engine serves chat only; use /v1/chat/completions")
+        vocab = len(chat.tokenizer)
+        agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
+        out = []
+        for k, prompt in enumerate(request.prompts):
+            where = "prompt" if len(request.prompts) == 1 else f"prompt[{k}]"
+            if isinstance(prompt, str):
+                if len(prompt) > self.max_prompt_chars:
+                    raise InvalidRequestError(
+                        f"{where} holds {len(prompt)} characters, more than fit in the model's context of "
+                        f"{self.engine.max_context} tokens; shorten it",
+                        param="prompt",
+                        code="context_length_exceeded",
+                    )
+                ids: list[int] = chat.tokenizer.encode(prompt)
+            else:
+                if any(t >= vocab for t in prompt):
+                    raise InvalidRequestError(
+                        f"{where} holds token ids outside the vocabulary (0..{vocab - 1})", param="prompt"
+                    )
+                ids = list(prompt)
+            if not ids:
+                raise InvalidRequestError(f"{where} is empty; send some text or token ids", param="prompt")
+            room = self.engine.max_context - len(ids)
+            asked = request.max_tokens or 16
+            if room <= 0 or asked > room:
+                raise InvalidRequestError(
+                    f"{where} is {len(ids)} tokens and the model's context is {self.engine.max_context}: at most "
+                    f"{max(room, 0)} tokens are left for the completion, max_tokens is {asked}; lower max_tokens "
+                    "or shorten the prompt",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
+            params = SamplingParams(
+                max_tokens=asked,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                seed=request.seed,
+                stop=tuple(request.stop_list),
+                top_logprobs=request.logprobs or 0,
+            )
+            out.append(PreparedRequest(ids, params, "", False, request.logprobs is not None, agent=agent))
+        entries = sum(request.n * p.params.max_tokens * (1 + p.params.top_logprobs) for p in out)
+        if entries > self.max_token_entries:
+            raise InvalidRequestError(
+                f"this request could sample {entries} token entries (prompts x n x max_tokens x log-probs); the "
+                f"server answers at most {self.max_token_entries} per request. Send fewer or smaller requests",
+                param="n",
+                code="request_too_large",
+            )
+        return out
+
+    async def complete_text(self, request: CompletionRequest, model_name: str) -> TextCompletion:
+        prepared = await asyncio.to_thread(self.prepare_text, request)
+        jobs = [self._run_choice(p, j) for p in prepared for j in range(request.n)]
+        states = await asyncio.gather(*jobs)
+        return await asyncio.to_thread(self._text_completion, states, model_name)
+
+    def _text_completion(self, states: list[_ChoiceState], model_name: str) -> TextCompletion:
+        choices = [
+            CompletionChoice(
+                index=i,
+                text=state.text,
+                logprobs=self._legacy_logprobs(state, state.events, 0) if state.prepared.want_logprobs else None,
+                finish_reason=state.finish_reason(),
+                agentjet=state.extension(),
+            )
+            for i, state in enumerate(states)
+        ]
+        prompt_tokens = sum(len(p.prompt_ids) for p in {id(s.prepared): s.prepared for s in states}.values())
+        completion_tokens = sum(len(s.events) for s in states)
+        return TextCompletion(
+            id=f"cmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=model_name,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+            ),
+        )
+
+    @staticmethod
+    def _legacy_logprobs(state: _ChoiceState, events: list[TokenEvent], offset: int) -> CompletionLogprobs:
+        """Text completions' log-probability shape (tokens, their log-probs, top ones, text offsets)."""
+        entries = state.logprob_entries(events)
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return CompletionLogprobs(
+            tokens=[e.token for e in entries],
+            token_logprobs=[e.logprob for e in entries],
+            top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries]
+            if state.prepared.params.top_logprobs
+            else None,
+            text_offset=offsets,
+        )
+
+    async def stream_text(self, request: CompletionRequest, model_name: str) -> AsyncIterator[str]:
+        """SSE frames of text completions, token by token; choices interleave as they are sampled."""
+        prepared = await asyncio.to_thread(self.prepare_text, request)
+        chunk_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        pairs = [(p, j) for p in prepared for j in range(request.n)]
+
+        def frame(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+            chunk = TextCompletion(id=chunk_id, created=created, model=model_name, choices=choices, usage=usage)
+            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+
+        states = [_ChoiceState(self.engine, p, signer=self.signer) for p, _ in pairs]
+        offsets = [0] * len(pairs)
+        yield ""  # prepared: the route starts the 200 stream (request errors were raised above)
+        events = self._interleaved(pairs)
+        try:
+            open_choices = set(range(len(pairs)))
+            while open_choices:
+                index, item = await anext(events)
+                if index not in open_choices:
+                    continue
+                state = states[index]
+                if item is not None:
+                    state.add(item)
+                done = item is None or item.finish_reason is not None or state.stopped_by_string
+                delta = state.sendable(final=done)
+                logprobs = None
+                if state.prepared.want_logprobs and item is not None:
+                    logprobs = self._legacy_logprobs(state, [item], offsets[index])
+                    offsets[index] += sum(len(t) for t in logprobs.tokens)
+                if delta or logprobs is not None:
+                    yield frame([CompletionChoice(index=index, text=delta, logprobs=logprobs)])
+                if done:
+                    open_choices.discard(index)
+                    ext = state.extension()
+                    yield frame([CompletionChoice(index=index, text="", finish_reason=ext.finish_reason, agentjet=ext)])
+            if request.stream_options and request.stream_options.include_usage:
+                prompt_tokens = sum(len(p.prompt_ids) for p in prepared)
+                completion_tokens = sum(len(s.events) for s in states)
+                yield frame(
+                    [],
+                    Usage(
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=completion_tokens,
+                        total_tokens=prompt_tokens + completion_tokens,
+                    ),
+                )
             yield "data: [DONE]\n\n"
         finally:
-            for task in tasks:
-                task.cancel()
+            await events.aclose()
 
 
 async def _counted(
@@ -459,10 +644,10 @@ async def _counted(
         stats.in_flight -= 1
 
 
-def final_frames(frame: Any, index: int, state: _ChoiceState) -> str:
+def final_frames(frame: Any, index: int, state: _ChoiceState) -> list[ChatCompletionChunk]:
     """The closing frames of one choice: tool calls or held-back text, then finish and extension."""
     content, calls = state.parsed()
-    out: list[str] = []
+    out: list[ChatCompletionChunk] = []
     if calls:
         # text around the calls that was held back: a streamed answer has the content a whole one has
         if state.prepared.forced_prefix or state.sent == 0:
@@ -488,4 +673,4 @@ def final_frames(frame: Any, index: int, state: _ChoiceState) -> str:
             out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(content=rest))]))
     ext = state.extension()
     out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=ext.finish_reason, agentjet=ext)]))
-    return "".join(out)
+    return out

@@ -1,0 +1,273 @@
+"""Tracks: the code dirs of one run, each with its agent, its tag, its code version, its workers and,
+optionally, its own Python interpreter.
+
+``agentjet-client run --code-dir A --code-dir B`` runs two task families in one run (a cocktail);
+the server's ``--mix`` decides how many episodes of each tag start (``admission``). A code dir can
+name its own interpreter in an ``agentjet.toml`` beside its agent::
+
+    # examples/tools/agentjet.toml
+    python = "../../.venvs/tools/bin/python"   # a path (relative to this file) or a command on PATH
+
+Its agent then never runs in this process: every episode (sync or async) runs in a worker started
+with that interpreter (``isolation.WorkerPool(python=...)``), which needs agentjet-client installed
+and nothing else of this environment. This process still needs to know the agent's name, tag and
+tasks: it asks that interpreter (``describe``: a short-lived process that imports the code dir and
+writes them to a file), once at start, after each edit (hot swap: an edit that does not import
+there is reported and the previous code keeps running), and, if the task source is a callable
+(which may make new tasks each time), once per pass over the tasks; a list is read once per code
+version. Tasks cross between the interpreters pickled: they must be plain data (dicts of strings,
+numbers, lists), which tasks are anyway in practice.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentjet_client.agent import SwarmAgent, Task
+from agentjet_client.errors import AgentLoadError
+from agentjet_client.isolation import STARTUP_TIMEOUT, WorkerPool
+from agentjet_client.loader import CodeWatcher, code_version, load_agent
+
+RUNTIME_FILE = "agentjet.toml"
+RUNTIME_KEYS = {"python"}
+
+# what ``describe`` runs in the other interpreter: argv = code dir, out file, what to load
+_DESCRIBE = """
+import pickle, sys
+from pathlib import Path
+out = Path(sys.argv[2])
+try:
+    import agentjet_client
+    from agentjet_client.loader import load_agent
+except ImportError as exc:
+    out.write_bytes(pickle.dumps(("missing", str(exc))))
+    raise SystemExit(0)
+try:
+    agent, version = load_agent(Path(sys.argv[1]))
+except Exception as exc:
+    out.write_bytes(pickle.dumps(("error", str(exc))))
+    raise SystemExit(0)
+try:
+    what = sys.argv[3]
+    tasks = agent.load_tasks(evaluation=what == "eval") if what != "none" else None
+except Exception as exc:
+    out.write_bytes(pickle.dumps(("invalid", str(exc))))
+    raise SystemExit(0)
+info = dict(name=agent.name, tag=agent.tag, is_async=agent.is_async, has_eval_tasks=agent.eval_tasks is not None,
+            version=version, client_version=agentjet_client.__version__, tasks=tasks,
+            fixed=not callable(agent.eval_tasks if what == "eval" else agent.tasks))
+try:
+    out.write_bytes(pickle.dumps(("ok", info)))
+except Exception as exc:
+    out.write_bytes(pickle.dumps(("unreadable", str(exc))))
+"""
+
+
+def runtime_python(code_dir: Path) -> str | None:
+    """The interpreter ``DIR/agentjet.toml`` names (an absolute path), or None to use this one."""
+    path = code_dir / RUNTIME_FILE
+    if not path.exists():
+        return None
+    try:
+        config = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise AgentLoadError(f"cannot read {path}: {exc}") from exc
+    unknown = sorted(set(config) - RUNTIME_KEYS)
+    if unknown:
+        raise AgentLoadError(f"{path}: unknown keys {unknown}; the keys it may hold are {sorted(RUNTIME_KEYS)}")
+    python = config.get("python")
+    if python is None:
+        return None
+    if not isinstance(python, str) or not python:
+        raise AgentLoadError(f'{path}: python must be a path or command, e.g. python = "/opt/venv/bin/python"')
+    candidate = (code_dir / python) if ("/" in python or os.sep in python) else None
+    resolved = str(candidate) if candidate is not None and candidate.exists() else shutil.which(python)
+    if resolved is None:
+        raise AgentLoadError(
+            f"{path} names python = {python!r}, which does not exist; give the path (absolute or relative to "
+            "that file) of an interpreter with agentjet-client installed"
+        )
+    resolved = os.path.abspath(resolved)  # not resolve(): a venv's python is a symlink to the base one
+    return None if resolved == os.path.abspath(sys.executable) else resolved
+
+
+@dataclass
+class Described:
+    name: str
+    tag: str | None
+    is_async: bool
+    has_eval_tasks: bool
+    version: str
+    client_version: str
+    tasks: list[tuple[str, Task]] | None
+    fixed: bool  # the task source is a list (not a callable that may make new tasks each time)
+
+
+def describe(python: str, code_dir: Path, what: str = "train") -> Described:
+    """Import ``code_dir`` with ``python`` and return its agent's particulars (and its training
+    tasks, eval tasks or none: ``what`` = train | eval | none). Raises AgentLoadError (it does not
+    import there) or ValueError (its tasks are unusable, as ``SwarmAgent.load_tasks`` says)."""
+    with tempfile.TemporaryDirectory(prefix="agentjet-describe-") as tmp:
+        out = Path(tmp) / "out.pickle"
+        try:
+            done = subprocess.run(
+                [python, "-c", _DESCRIBE, str(code_dir), str(out), what],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=STARTUP_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise AgentLoadError(f"cannot run {python} to load {code_dir}: {exc}") from exc
+        if not out.exists():
+            tail = " ".join(done.stderr.strip().splitlines()[-3:])
+            raise AgentLoadError(f"{python} exited with code {done.returncode} loading {code_dir}: {tail}")
+        try:
+            kind, value = pickle.loads(out.read_bytes())
+        except Exception as exc:  # e.g. a task holding an object of a package only that interpreter has
+            kind, value = "unreadable", str(exc)
+    if kind == "unreadable":
+        raise AgentLoadError(
+            f"the tasks of {code_dir} (loaded by {python}) cannot be passed to this process ({value}); tasks of an "
+            "agent in its own interpreter must be plain data: dicts of strings, numbers and lists"
+        )
+    if kind == "missing":
+        raise AgentLoadError(
+            f"{python} (named in {code_dir / RUNTIME_FILE}) cannot import agentjet_client ({value}); "
+            f"install it there: {python} -m pip install agentjet-client"
+        )
+    if kind == "invalid":  # the agent's tasks: as SwarmAgent.load_tasks says in this process
+        raise ValueError(value)
+    if kind == "error":
+        raise AgentLoadError(f"{value} (in {python})")
+    return Described(**value)
+
+
+@dataclass
+class RemoteAgent:
+    """The agent of a code dir with its own interpreter, as this process knows it: its particulars,
+    and its tasks on demand. Its episodes run only in that interpreter's workers."""
+
+    python: str
+    code_dir: Path
+    name: str
+    tag: str | None
+    is_async: bool
+    has_eval_tasks: bool
+    _fixed: dict[bool, list[tuple[str, Task]]] = field(default_factory=dict)  # task lists, by evaluation
+
+    @property
+    def eval_tasks(self) -> bool | None:
+        return True if self.has_eval_tasks else None
+
+    def load_tasks(self, evaluation: bool = False) -> list[tuple[str, Task]]:
+        if evaluation and not self.has_eval_tasks:
+            raise ValueError(
+                f"agent '{self.name}' has no evaluation tasks; give @swarm_agent(eval_tasks=...) held-out tasks"
+            )
+        if evaluation in self._fixed:
+            return list(self._fixed[evaluation])
+        info = describe(self.python, self.code_dir, "eval" if evaluation else "train")
+        assert info.tasks is not None
+        if info.fixed:
+            self._fixed[evaluation] = info.tasks
+        return list(info.tasks)
+
+    @classmethod
+    def load(cls, python: str, code_dir: Path) -> tuple[RemoteAgent, str]:
+        info = describe(python, code_dir, "none")
+        from agentjet_client import __version__
+
+        if info.client_version != __version__:
+            raise AgentLoadError(
+                f"{python} has agentjet-client {info.client_version}, this run {__version__}; install the same "
+                f"version there: {python} -m pip install agentjet-client=={__version__}"
+            )
+        agent = cls(python, code_dir, info.name, info.tag, info.is_async, info.has_eval_tasks)
+        return agent, info.version
+
+
+class RemoteWatcher:
+    """``CodeWatcher`` for a code dir with its own interpreter: an edit is taken once it imports there
+    (the workers re-import it themselves before their next episode)."""
+
+    def __init__(self, python: str, code_dir: Path, version: str) -> None:
+        self.python = python
+        self.code_dir = code_dir
+        self.version = version
+        self.failed_version: str | None = None
+        self.last_error: str | None = None
+
+    def poll(self) -> tuple[RemoteAgent, str] | None:
+        try:
+            current = code_version(self.code_dir)
+        except OSError:
+            return None
+        if current in (self.version, self.failed_version):
+            return None
+        try:
+            agent, loaded = RemoteAgent.load(self.python, self.code_dir)
+        except AgentLoadError as exc:
+            self.failed_version, self.last_error = current, str(exc)
+            return None
+        self.version, self.failed_version, self.last_error = loaded, None, None
+        return agent, loaded
+
+
+@dataclass
+class Track:
+    """One code dir of a run (or an agent given in code): what starts its episodes and runs them."""
+
+    agent: SwarmAgent | RemoteAgent
+    code_version: str | None = None
+    watcher: CodeWatcher | RemoteWatcher | None = None
+    workers: WorkerPool | None = None  # sync agents (and every agent of another interpreter) run here
+    code_dir: Path | None = None
+    episodes: int = field(default=0)  # training episodes started from this track
+
+    @property
+    def tag(self) -> str | None:
+        return self.agent.tag
+
+    @property
+    def remote(self) -> bool:
+        return isinstance(self.agent, RemoteAgent)
+
+    def in_workers(self, agent: Any) -> bool:
+        """Whether ``agent``'s episodes go to the worker pool (else they run in this process)."""
+        return self.workers is not None and (isinstance(agent, RemoteAgent) or not agent.is_async)
+
+
+def open_track(code_dir: Path, *, concurrency: int, isolate: bool = True, watch: bool = True) -> Track:
+    """The track of ``code_dir``: its agent loaded here, or, with an interpreter of its own
+    (``agentjet.toml``), described by that interpreter and run only there."""
+    code_dir = Path(code_dir).resolve()
+    if not code_dir.is_dir():
+        raise AgentLoadError(f"--code-dir {code_dir} is not a directory")
+    python = runtime_python(code_dir)
+    if python is not None:
+        remote, version = RemoteAgent.load(python, code_dir)
+        return Track(
+            remote,
+            version,
+            RemoteWatcher(python, code_dir, version) if watch else None,
+            WorkerPool(code_dir, concurrency, python=python),
+            code_dir,
+        )
+    agent, version = load_agent(code_dir)
+    return Track(
+        agent,
+        version,
+        CodeWatcher(code_dir, version) if watch else None,
+        WorkerPool(code_dir, concurrency) if isolate and not agent.is_async else None,
+        code_dir,
+    )

@@ -1,0 +1,255 @@
+"""The Responses, Messages and text Completions APIs, served by a real server and driven by the real
+OpenAI and Anthropic SDKs: each answer is the chat answer of the same conversation, in the API's own
+shape, with the same token-exact, signed extension."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from agentjet_client.protocol import Trajectory, Turn
+from tests.conftest import MESSAGE_TOOLS, RESPONSE_TOOLS, LiveServer
+
+ASK = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def sdk(live_server):
+    with openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def claude(live_server):
+    with anthropic.Anthropic(base_url=live_server.url, api_key="unused") as client:
+        yield client
+
+
+def chat_ext(sdk, **kw):
+    reply = sdk.chat.completions.create(model="agentjet-tiny", **kw)
+    return reply.choices[0], reply.choices[0].model_extra["agentjet"]
+
+
+def accepted(live_server, ext, tag: str) -> str:
+    """Push a turn built from ``ext`` (as the client would): the server's answer for it."""
+    turn = Turn(
+        policy_version=ext["policy_version"],
+        prompt_token_ids=ext["prompt_token_ids"],
+        completion_token_ids=ext["completion_token_ids"],
+        completion_logprobs=ext["completion_logprobs"],
+        completion_versions=ext["completion_versions"],
+        finish_reason=ext["finish_reason"],
+        signature=ext["signature"],
+    )
+    batch = {"trajectories": [Trajectory(id=f"api-{tag}", task_id=f"api-{tag}", turns=[turn], reward=1.0).model_dump()]}
+    return str(httpx2.post(live_server.url + "/v1/trajectories", json=batch).json()["results"][0]["status"])
+
+
+def sse_events(response: httpx2.Response) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
+    events, kind = [], None
+    for line in response.iter_lines():
+        if line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            events.append((kind, json.loads(line[5:])))
+    return events
+
+
+# ------------------------------------------------------------------------------------ Responses
+
+
+def test_responses_answer_is_the_chat_answer_with_its_extension(live_server, sdk):
+    kw = {"max_output_tokens": 6, "temperature": 1.0, "extra_body": {"seed": 11}}
+    reply = sdk.responses.create(model="agentjet-tiny", instructions="Be brief.", input="What is 2 + 3?", **kw)
+    chat, ext = chat_ext(
+        sdk, messages=[{"role": "system", "content": "Be brief."}, *ASK], max_tokens=6, temperature=1.0, seed=11
+    )
+    mine = reply.model_extra["agentjet"]
+    assert mine["prompt_token_ids"] == ext["prompt_token_ids"]  # the same conversation, rendered the same
+    assert mine["completion_token_ids"] == ext["completion_token_ids"]
+    assert reply.output_text == (chat.message.content or "")
+    assert reply.status == ("incomplete" if chat.finish_reason == "length" else "completed")
+    assert reply.usage.output_tokens == len(mine["completion_token_ids"])
+    assert reply.usage.input_tokens == len(mine["prompt_token_ids"])
+    assert accepted(live_server, mine, "responses") == "accepted"  # signed like any sample
+
+
+def test_responses_function_calls_round_trip(sdk):
+    first = sdk.responses.create(
+        model="agentjet-tiny", input=ASK, tools=RESPONSE_TOOLS, max_output_tokens=30, temperature=0.0
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    # the tiny model may pick any tool it was warmed up on; the call parses
+    assert calls and calls[0].name and isinstance(json.loads(calls[0].arguments), dict), first.output
+    assert first.model_extra["agentjet"]["finish_reason"] == "tool_calls"
+    history = [*ASK, *[item.model_dump(exclude_none=True) for item in first.output]]
+    history.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": "5"})
+    second = sdk.responses.create(model="agentjet-tiny", input=history, tools=RESPONSE_TOOLS, max_output_tokens=8)
+    ext1, ext2 = first.model_extra["agentjet"], second.model_extra["agentjet"]
+    # the second prompt continues the first call's exact tokens (the history renders to them)
+    assert ext2["prompt_token_ids"][: len(ext1["prompt_token_ids"])] == ext1["prompt_token_ids"]
+
+
+def test_responses_stream_events(live_server):
+    body = {"model": "agentjet-tiny", "input": "Tell me a story", "max_output_tokens": 8, "stream": True, "seed": 2}
+    with httpx2.stream("POST", live_server.url + "/v1/responses", json=body) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"  # with status incomplete when cut at max_output_tokens
+    assert [data["type"] for _, data in events] == kinds
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    text = "".join(data["delta"] for kind, data in events if kind == "response.output_text.delta")
+    final = events[-1][1]["response"]
+    assert final["output"][0]["content"][0]["text"] == text
+    whole = httpx2.post(live_server.url + "/v1/responses", json={**body, "stream": False}).json()
+    assert whole["agentjet"]["completion_token_ids"] == final["agentjet"]["completion_token_ids"]
+
+
+def test_responses_sdk_stream_and_refusals(sdk):
+    with sdk.responses.stream(model="agentjet-tiny", input="What is 2 + 3?", max_output_tokens=6) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text and final.model_extra["agentjet"]["completion_token_ids"]
+    refusals = [
+        ({"previous_response_id": "resp_1"}, "keeps no stored responses"),
+        ({"conversation": "conv_1"}, "keeps no stored responses"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item references"),
+        ({"tools": [{"type": "web_search"}]}, "function tools only"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),
+        ({"background": True}, "background"),
+    ]
+    for extra, says in refusals:
+        kw = {"model": "agentjet-tiny", "input": "hi", **extra}
+        with pytest.raises(openai.BadRequestError, match=says):
+            sdk.responses.create(**kw)
+
+
+# ------------------------------------------------------------------------------------- Messages
+
+
+def test_messages_answer_is_the_chat_answer(live_server, claude, sdk):
+    reply = claude.messages.create(
+        model="agentjet-tiny", system="Be brief.", max_tokens=6, messages=ASK, extra_body={"seed": 5}
+    )
+    chat, ext = chat_ext(sdk, messages=[{"role": "system", "content": "Be brief."}, *ASK], max_tokens=6, seed=5)
+    mine = reply.model_extra["agentjet"]
+    assert mine["prompt_token_ids"] == ext["prompt_token_ids"]
+    assert mine["completion_token_ids"] == ext["completion_token_ids"]
+    assert "".join(b.text for b in reply.content if b.type == "text") == (chat.message.content or "")
+    assert reply.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat.finish_reason]
+    assert reply.usage.output_tokens == len(mine["completion_token_ids"])
+    assert accepted(live_server, mine, "messages") == "accepted"
+
+
+def test_messages_tool_use_round_trip_and_stream(claude):
+    greedy = {"extra_body": {"temperature": 0.0}}  # this SDK version takes no temperature argument
+    first = claude.messages.create(model="agentjet-tiny", max_tokens=30, messages=ASK, tools=MESSAGE_TOOLS, **greedy)
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and uses and uses[0].name and isinstance(uses[0].input, dict)
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "5"}]},
+    ]
+    second = claude.messages.create(model="agentjet-tiny", max_tokens=8, messages=history, tools=MESSAGE_TOOLS)
+    ext1, ext2 = first.model_extra["agentjet"], second.model_extra["agentjet"]
+    assert ext2["prompt_token_ids"][: len(ext1["prompt_token_ids"])] == ext1["prompt_token_ids"]
+    with claude.messages.stream(model="agentjet-tiny", max_tokens=30, messages=ASK, tools=MESSAGE_TOOLS, **greedy) as s:
+        streamed = s.get_final_message()
+    assert next(b.input for b in streamed.content if b.type == "tool_use") == uses[0].input
+    assert streamed.stop_reason == "tool_use"
+
+
+def test_messages_stream_events_and_stop_sequences(chatty_server):
+    url = chatty_server.url + "/v1/messages"
+    body = {
+        "model": "agentjet-tiny",
+        "max_tokens": 12,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "seed": 4,
+    }
+    whole = httpx2.post(url, json=body).json()
+    assert whole["stop_reason"] == "max_tokens" and whole["type"] == "message"
+    text = whole["content"][0]["text"]
+    with httpx2.stream("POST", url, json={**body, "stream": True}) as response:
+        events = sse_events(response)
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    deltas = "".join(d["delta"]["text"] for k, d in events if k == "content_block_delta")
+    assert (
+        deltas == text
+        and events[-2][1]["agentjet"]["completion_token_ids"] == whole["agentjet"]["completion_token_ids"]
+    )
+    stop = text.strip()[len(text.strip()) // 2 :][:3]  # a piece from the middle of what it says
+    cut = httpx2.post(url, json={**body, "stop_sequences": [stop]}).json()
+    assert cut["stop_reason"] == "stop_sequence" and cut["stop_sequence"] == stop, (text, cut)
+    assert stop not in cut["content"][0]["text"]
+
+
+def test_messages_refusals_and_x_api_key(model_dir, claude):
+    missing = httpx2.post(
+        str(claude.base_url).rstrip("/") + "/v1/messages", json={"model": "agentjet-tiny", "messages": ASK}
+    )
+    assert missing.status_code == 400 and "'max_tokens' is required" in missing.json()["error"]["message"]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    with pytest.raises(anthropic.BadRequestError, match="'image' block"):
+        claude.messages.create(model="agentjet-tiny", max_tokens=4, messages=[{"role": "user", "content": [image]}])
+    with pytest.raises(anthropic.BadRequestError, match="top_k"):
+        claude.messages.create(model="agentjet-tiny", max_tokens=4, messages=ASK, extra_body={"top_k": 5})
+    server = LiveServer(model_dir, api_keys=["client-key-123456789"])
+    try:
+        with anthropic.Anthropic(base_url=server.url, api_key="client-key-123456789") as keyed:
+            assert keyed.messages.create(model="agentjet-tiny", max_tokens=3, messages=ASK).model_extra["agentjet"]
+        with anthropic.Anthropic(base_url=server.url, api_key="wrong-key-000000000") as wrong:
+            with pytest.raises(anthropic.AuthenticationError):
+                wrong.messages.create(model="agentjet-tiny", max_tokens=3, messages=ASK)
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------------------------- Completions
+
+
+def test_completions_of_the_rendered_prompt_are_the_chat_answer(live_server, sdk):
+    chat, ext = chat_ext(sdk, messages=ASK, max_tokens=6, seed=9, logprobs=True)
+    text = live_server.engine.chat.decode_all(ext["prompt_token_ids"])
+    reply = sdk.completions.create(model="agentjet-tiny", prompt=text, max_tokens=6, seed=9, logprobs=2)
+    choice = reply.choices[0]
+    mine = choice.model_extra["agentjet"]
+    assert mine["prompt_token_ids"] == ext["prompt_token_ids"]  # special tokens in the text are parsed as such
+    assert mine["completion_token_ids"] == ext["completion_token_ids"] and choice.text == (chat.message.content or "")
+    assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == reply.usage.completion_tokens
+    assert choice.logprobs.token_logprobs == pytest.approx(ext["completion_logprobs"])
+    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+    assert accepted(live_server, mine, "completions") == "accepted"
+    by_ids = sdk.completions.create(model="agentjet-tiny", prompt=ext["prompt_token_ids"], max_tokens=6, seed=9)
+    assert by_ids.choices[0].model_extra["agentjet"]["completion_token_ids"] == ext["completion_token_ids"]
+
+
+def test_completions_several_prompts_stream_and_refusals(sdk):
+    many = sdk.completions.create(model="agentjet-tiny", prompt=["Hello", "World"], n=2, max_tokens=3, seed=1)
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]
+    kw = {"model": "agentjet-tiny", "prompt": "Once upon", "max_tokens": 8, "seed": 6}
+    whole = sdk.completions.create(**kw).choices[0]
+    parts, ext, usage = [], None, None
+    for chunk in sdk.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            parts.append(c.text)
+            ext = c.model_extra.get("agentjet") or ext
+    assert (
+        "".join(parts) == whole.text
+        and ext["completion_token_ids"] == whole.model_extra["agentjet"]["completion_token_ids"]
+    )
+    assert usage.completion_tokens == len(ext["completion_token_ids"])
+    for extra, says in [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of")]:
+        with pytest.raises(openai.BadRequestError, match=says):
+            sdk.completions.create(**{**kw, **extra})
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        sdk.completions.create(model="agentjet-tiny", prompt=[10**7], max_tokens=2)
