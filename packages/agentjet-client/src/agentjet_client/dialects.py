@@ -123,7 +123,13 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             text = output if isinstance(output, str) else _text_of(output, f"{where}.output", ("input_text",))
             messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
         elif kind == "reasoning":
-            continue  # the sampled reasoning is in the turn's tokens; the chat form carries the answer only
+            # the turn's reasoning: the chat template decides whether the history shows it
+            parts = item.get("content") or []
+            thought = "".join(
+                str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
+            )
+            if thought:
+                messages.append({"role": "assistant", "content": "", "reasoning_content": thought})
         elif kind == "item_reference":
             raise DialectError(RESPONSES_STATELESS.format(what="item references"), where)
         else:
@@ -220,6 +226,7 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         blocks = _blocks(message.get("content"), f"{where}.content")
         if role == "assistant":
             said: list[str] = []
+            thoughts: list[str] = []
             calls: list[dict[str, Any]] = []
             for j, block in enumerate(blocks):
                 kind = block["type"]
@@ -237,14 +244,18 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
                             },
                         }
                     )
-                elif kind in ("thinking", "redacted_thinking"):
-                    continue  # sampled reasoning is in the turn's tokens; the chat form carries the answer
+                elif kind == "thinking":
+                    thoughts.append(str(block.get("thinking") or ""))  # the template decides whether it shows
+                elif kind == "redacted_thinking":
+                    continue  # nothing readable: the sampled reasoning is in the turn's tokens
                 else:
                     raise DialectError(
                         f"{where}.content[{j}] is a {kind!r} block; assistant turns hold text and tool_use here",
                         f"{where}.content[{j}]",
                     )
             out: dict[str, Any] = {"role": "assistant", "content": "".join(said)}
+            if "".join(thoughts):
+                out["reasoning_content"] = "".join(thoughts)
             if calls:
                 out["tool_calls"] = calls
             messages.append(out)

@@ -340,6 +340,10 @@ class AssistantMessage(_Open):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    # what the model thought before answering, read by the server's reasoning parser (vLLM's
+    # current name and its earlier one, which most clients read)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class AgentJetExtension(_Open):
@@ -356,7 +360,7 @@ class AgentJetExtension(_Open):
     finish_reason: FinishReason
     policy_version: int
     # how the prompt used ``agentjet.prefix_token_ids`` of the request, if it had them
-    prefix: Literal["extended", "spliced", "mismatch"] | None = None
+    prefix: Literal["extended", "spliced", "mismatch", "reasoning_dropped"] | None = None
     prefix_drift: bool = False  # re-tokenising the history would have changed the prefix's tokens
     # the server's HMAC over prompt ids, completion ids, logprobs and versions: copy it into the Turn
     signature: str | None = None
@@ -396,6 +400,8 @@ class ToolCallDelta(_Open):
 class ChoiceDelta(_Open):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -688,6 +694,7 @@ class ContextCounts(_Strict):
     extended: int = 0  # the prefix text starts the rendered prompt: its tokens used as they were
     spliced: int = 0  # an answer re-rendered differently (e.g. tool-call JSON): the sampled tokens used
     mismatch: int = 0  # the history really differed (edited, retried): rendered afresh
+    reasoning_dropped: int = 0  # the template leaves out earlier reasoning: rendered afresh, a new timeline
     drift_prevented: int = 0  # re-tokenising would have given other tokens than the model sampled
 
 

@@ -86,6 +86,16 @@ def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "message", "id": _id("msg"), "status": status, "role": "assistant", "content": content}
 
 
+def _reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": item_id or _id("rs"),
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": None,
+    }
+
+
 def _call_item(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {
         "type": "function_call",
@@ -110,6 +120,8 @@ def response_object(completion: ChatCompletion, body: dict[str, Any]) -> dict[st
     choice = completion.choices[0]
     response = _response_shell(body, completion.model, _id("resp"), completion.created)
     calls = choice.message.tool_calls or []
+    if choice.message.reasoning:
+        response["output"].append(_reasoning_item(choice.message.reasoning))
     if choice.message.content or not calls:
         response["output"].append(_message_item(choice.message.content or ""))
     for call in calls:
@@ -134,8 +146,24 @@ async def response_events(chunks: AsyncIterator[ChatCompletionChunk], body: dict
     yield event("response.in_progress", response=dict(response))
     text_item: dict[str, Any] | None = None
     text = ""
+    thought_id: str | None = None  # the reasoning item while it streams
+    thought = ""
+    text_done = False
     ext: AgentJetExtension | None = None
     calls: list[tuple[str, str, str]] = []
+
+    def close_reasoning() -> list[str]:
+        nonlocal thought_id
+        if thought_id is None:
+            return []
+        done, at = _reasoning_item(thought, thought_id), len(response["output"])
+        out = [
+            event("response.reasoning_text.done", item_id=thought_id, output_index=at, content_index=0, text=thought),
+            event("response.output_item.done", output_index=at, item=done),
+        ]
+        response["output"].append(done)
+        thought_id = None
+        return out
 
     def close_text() -> list[str]:
         nonlocal text_item
@@ -143,13 +171,18 @@ async def response_events(chunks: AsyncIterator[ChatCompletionChunk], body: dict
             return []
         done = _message_item(text)
         done["id"] = text_item["id"]
-        part = done["content"][0]
+        part, at = done["content"][0], len(response["output"])
         out = [
             event(
-                "response.output_text.done", item_id=done["id"], output_index=0, content_index=0, text=text, logprobs=[]
+                "response.output_text.done",
+                item_id=done["id"],
+                output_index=at,
+                content_index=0,
+                text=text,
+                logprobs=[],
             ),
-            event("response.content_part.done", item_id=done["id"], output_index=0, content_index=0, part=part),
-            event("response.output_item.done", output_index=0, item=done),
+            event("response.content_part.done", item_id=done["id"], output_index=at, content_index=0, part=part),
+            event("response.output_item.done", output_index=at, item=done),
         ]
         response["output"].append(done)
         text_item = None
@@ -157,16 +190,33 @@ async def response_events(chunks: AsyncIterator[ChatCompletionChunk], body: dict
 
     async for chunk in _after(first, chunks):
         for choice in chunk.choices:
+            if choice.delta.reasoning and text_item is None and not text_done:
+                at = len(response["output"])
+                if thought_id is None:
+                    thought_id = _id("rs")
+                    item = {**_reasoning_item("", thought_id), "content": []}
+                    yield event("response.output_item.added", output_index=at, item=item)
+                thought += choice.delta.reasoning
+                yield event(
+                    "response.reasoning_text.delta",
+                    item_id=thought_id,
+                    output_index=at,
+                    content_index=0,
+                    delta=choice.delta.reasoning,
+                )
             if choice.delta.content:
-                if text_item is None and not response["output"]:
+                for out in close_reasoning():
+                    yield out
+                at = len(response["output"])
+                if text_item is None and not text_done:
                     text_item = _message_item("", status="in_progress")
                     text_item["content"] = []
-                    yield event("response.output_item.added", output_index=0, item=text_item)
+                    yield event("response.output_item.added", output_index=at, item=text_item)
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                     yield event(
                         "response.content_part.added",
                         item_id=text_item["id"],
-                        output_index=0,
+                        output_index=at,
                         content_index=0,
                         part=part,
                     )
@@ -175,7 +225,7 @@ async def response_events(chunks: AsyncIterator[ChatCompletionChunk], body: dict
                     yield event(
                         "response.output_text.delta",
                         item_id=text_item["id"],
-                        output_index=0,
+                        output_index=at,
                         content_index=0,
                         delta=choice.delta.content,
                         logprobs=[],
@@ -185,14 +235,15 @@ async def response_events(chunks: AsyncIterator[ChatCompletionChunk], body: dict
                 calls.append((call.id or _id("call"), function.get("name", ""), function.get("arguments", "")))
             if choice.agentjet is not None:
                 ext = choice.agentjet
-    for out in close_text():
+    for out in close_reasoning() + close_text():
         yield out
     if ext is None:
         return  # the chat stream ended without its extension: the route reports the failure
-    if not calls and not response["output"]:
+    if not calls and not any(item["type"] == "message" for item in response["output"]):
+        at = len(response["output"])
         response["output"].append(_message_item(""))  # an empty answer is still one message
-        yield event("response.output_item.added", output_index=0, item=response["output"][0])
-        yield event("response.output_item.done", output_index=0, item=response["output"][0])
+        yield event("response.output_item.added", output_index=at, item=response["output"][at])
+        yield event("response.output_item.done", output_index=at, item=response["output"][at])
     for call_id, name, arguments in calls:
         index = len(response["output"])
         item = _call_item(call_id, name, arguments)
@@ -270,6 +321,8 @@ def message_object(
     ext = choice.agentjet
     assert ext is not None
     content: list[dict[str, Any]] = []
+    if choice.message.reasoning:
+        content.append({"type": "thinking", "thinking": choice.message.reasoning, "signature": ""})
     text = choice.message.content or ""
     if text or not choice.message.tool_calls:
         content.append({"type": "text", "text": text})
@@ -305,38 +358,63 @@ async def message_events(
         "usage": {"input_tokens": 0, "output_tokens": 0},
     }
     yield _sse("message_start", {"type": "message_start", "message": message})
-    blocks = 0
+    blocks = 0  # blocks closed so far
+    thinking = False  # a thinking block is open
     text_open = False
     text = ""
     ext: AgentJetExtension | None = None
     calls: list[tuple[str, str, str]] = []
 
+    def close_thinking() -> list[str]:
+        nonlocal thinking, blocks
+        if not thinking:
+            return []
+        thinking, blocks = False, blocks + 1
+        signature = {"type": "signature_delta", "signature": ""}
+        return [
+            _sse("content_block_delta", {"type": "content_block_delta", "index": blocks - 1, "delta": signature}),
+            _sse("content_block_stop", {"type": "content_block_stop", "index": blocks - 1}),
+        ]
+
     async for chunk in _after(first, chunks):
         for choice in chunk.choices:
+            if choice.delta.reasoning and not text_open:
+                if not thinking:
+                    thinking = True
+                    block = {"type": "thinking", "thinking": "", "signature": ""}
+                    yield _sse(
+                        "content_block_start", {"type": "content_block_start", "index": blocks, "content_block": block}
+                    )
+                delta = {"type": "thinking_delta", "thinking": choice.delta.reasoning}
+                yield _sse("content_block_delta", {"type": "content_block_delta", "index": blocks, "delta": delta})
             if choice.delta.content:
+                for out in close_thinking():
+                    yield out
                 if not text_open:
                     text_open = True
                     block = {"type": "text", "text": ""}
                     yield _sse(
-                        "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
+                        "content_block_start", {"type": "content_block_start", "index": blocks, "content_block": block}
                     )
                 text += choice.delta.content
                 delta = {"type": "text_delta", "text": choice.delta.content}
-                yield _sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+                yield _sse("content_block_delta", {"type": "content_block_delta", "index": blocks, "delta": delta})
             for call in choice.delta.tool_calls or []:
                 function = call.function or {}
                 calls.append((call.id or _id("toolu"), function.get("name", ""), function.get("arguments", "")))
             if choice.agentjet is not None:
                 ext = choice.agentjet
+    for out in close_thinking():
+        yield out
     if ext is None:
         return  # the chat stream ended without its extension: the route reports the failure
     if not text_open and not calls:  # an empty answer is one empty text block
         text_open = True
         block = {"type": "text", "text": ""}
-        yield _sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block})
+        yield _sse("content_block_start", {"type": "content_block_start", "index": blocks, "content_block": block})
     if text_open:
-        yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-        blocks = 1
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": blocks})
+        blocks += 1
     for call_id, name, arguments in calls:
         use: dict[str, Any] = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
         yield _sse("content_block_start", {"type": "content_block_start", "index": blocks, "content_block": use})

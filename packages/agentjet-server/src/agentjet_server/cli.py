@@ -95,6 +95,16 @@ def up(
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
     engine: Annotated[str, typer.Option(help="inference engine: transformers or vllm")] = "transformers",
     dtype: Annotated[str, typer.Option(help="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16")] = "auto",
+    tool_call_parser: Annotated[
+        str | None,
+        typer.Option(help="tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)"),
+    ] = None,
+    reasoning_parser: Annotated[
+        str | None, typer.Option(help="reasoning format of the model family: vLLM's names (qwen3, deepseek_r1, ...)")
+    ] = None,
+    chat_template: Annotated[
+        Path | None, typer.Option(help="Jinja chat template file used instead of the model's own")
+    ] = None,
     api_key: Annotated[
         list[str] | None,
         typer.Option(help="accepted client key (repeatable; visible in ps: prefer AGENTJET_API_KEYS or a file)"),
@@ -279,6 +289,20 @@ def _model_path(settings: Any, ctx: Any) -> Path:
     return path
 
 
+def _chat_template(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot read the chat template {path}: {exc.strerror}", param_hint="--chat-template"
+        ) from exc
+    if not text.strip():
+        raise typer.BadParameter(f"{path} is empty; give a Jinja chat template", param_hint="--chat-template")
+    return text
+
+
 def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     import uvicorn
     from transformers.utils import logging as transformers_logging
@@ -305,6 +329,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
             "max_batch": settings.max_batch,
             "dtype": settings.dtype,
             "version": checkpoint.meta.version if checkpoint else 0,
+            "chat_template": _chat_template(settings.chat_template),
         }
         # the engine starts from the checkpoint's weights (HF format) when resuming
         engine_path = checkpoint.model_dir if checkpoint else path

@@ -19,6 +19,12 @@ and ``prefix_prompt_tokens``: where its prompt ends), and the server:
 3. ``mismatch``: else the history really differs (edited, retried, compacted): the messages are
    rendered afresh, as without a prefix.
 
+``reasoning_dropped``: the prefix's completion held reasoning (as the server's reasoning parser
+reads it) and the chat template leaves reasoning out of that assistant message even when it is
+given (Qwen3 keeps it only for the turns after the last user message). Splicing would show the
+model its old reasoning where serving it normally would not, so the messages are rendered afresh
+as the template wants: a new timeline, counted on its own, not as a mismatch.
+
 ``drift`` reports whether rendering afresh would have produced other tokens than the prefix, i.e.
 what this module prevented; it is counted in ``/v1/status``.
 """
@@ -27,14 +33,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentjet_server.chat_format import parse_tool_calls
 from agentjet_server.engine.tokens import ChatTokenizer
+from agentjet_server.parsing import Parsed
 
-Status = Literal["extended", "spliced", "mismatch"]
+Status = Literal["extended", "spliced", "mismatch", "reasoning_dropped"]
+Reader = Callable[[list[int]], Parsed]  # an earlier completion's token ids, read as an answer
 logger = logging.getLogger(__name__)
 # assistant messages that could be the one a prefix's completion answered (the same answer given
 # more than once), tried newest first; each try renders the messages before it once per earlier answer
@@ -55,16 +63,20 @@ def continue_from(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     assistant_prefix: str = "",
+    read: Reader | None = None,
 ) -> Continuation:
     prefix = list(prefix_ids)
+    read = read or _hermes_reader(chat)
     text = chat.render_text(messages, tools) + assistant_prefix
     fresh = chat.encode(text)
     differs = fresh[: len(prefix)] != prefix
     prefix_text = chat.decode_all(prefix)
     if text.startswith(prefix_text):
         return Continuation(prefix + chat.encode(text[len(prefix_text) :]), "extended", differs)
-    spliced = _splice(chat, prefix, prompt_tokens, messages, tools, text)
-    if spliced is not None:
+    spliced = _splice(chat, prefix, prompt_tokens, messages, tools, text, read)
+    if spliced == "reasoning_dropped":
+        return Continuation(fresh, "reasoning_dropped", False)
+    if isinstance(spliced, list):
         return Continuation(spliced, "spliced", differs)
     at = next((i for i, (a, b) in enumerate(zip(prefix_text, text, strict=False)) if a != b), len(prefix_text))
     logger.info(
@@ -84,7 +96,8 @@ def _splice(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     text: str,
-) -> list[int] | None:
+    read: Reader,
+) -> list[int] | str | None:
     if not 0 < prompt_tokens < len(prefix):
         return None
     prompt, completion = prefix[:prompt_tokens], prefix[prompt_tokens:]
@@ -92,15 +105,37 @@ def _splice(
     # a completion cut off by max_tokens has no end-of-turn: the template's closes it (as context)
     stopped = prefix[-1] in chat.stop_ids
     ends = [chat.decode_all([prefix[-1]])] if stopped else [chat.decode_all([t]) for t in chat.stop_ids]
-    answer = chat.decode(completion)
+    answer = read(completion)
     candidates = [j for j, m in enumerate(messages) if m.get("role") == "assistant" and same_answer(answer, m)]
     for j in reversed(candidates[-_TRIES:]):  # the newest first: an agent sends its last answer back
         through = chat.render_text(messages[: j + 1], tools, add_generation_prompt=False)
         cut, end = max((through.rfind(e), e) for e in ends) if ends else (-1, "")
-        if cut < 0 or not text.startswith(through) or not _renders(chat, prompt_text, messages, j, tools):
+        if cut < 0 or not text.startswith(through) or not _renders(chat, prompt_text, messages, j, tools, read):
             continue
+        if (
+            answer.reasoning
+            and answer.reasoning.strip()
+            and _drops_reasoning(chat, messages, j, tools, answer.reasoning)
+        ):
+            return "reasoning_dropped"
         return prefix + chat.encode(text[cut + len(end) :] if stopped else text[cut:])
     return None
+
+
+def _drops_reasoning(
+    chat: ChatTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    j: int,
+    tools: Sequence[Mapping[str, Any]] | None,
+    reasoning: str,
+) -> bool:
+    """Whether the template renders the conversation the same with and without message ``j``'s
+    reasoning: it leaves that reasoning out (where it stands in this conversation)."""
+    plain = {k: v for k, v in messages[j].items() if k not in ("reasoning", "reasoning_content")}
+    given = {**plain, "reasoning": reasoning, "reasoning_content": reasoning}
+    rest = list(messages[j + 1 :])
+    with_it = chat.render_text([*messages[:j], given, *rest], tools)
+    return with_it == chat.render_text([*messages[:j], plain, *rest], tools)
 
 
 def _renders(
@@ -109,6 +144,7 @@ def _renders(
     messages: Sequence[Mapping[str, Any]],
     j: int,
     tools: Sequence[Mapping[str, Any]] | None,
+    read: Reader,
 ) -> bool:
     """Whether ``prompt_text`` is ``messages[:j]`` as the template renders them (with the generation
     prompt), except that an assistant message may appear as the text the model sampled for it, when
@@ -135,15 +171,23 @@ def _renders(
         if stop < 0:
             return False
         body = prompt_text[seen:stop]
-        if body != through[len(head) : cut] and not same_answer(body, messages[i]):
+        if body != through[len(head) : cut] and not same_answer(read(chat.encode(body)), messages[i]):
             return False
         seen, at = stop + len(end), cut + len(end)
     return prompt_text[seen:] == rendered[at:]
 
 
-def same_answer(sampled: str, message: Mapping[str, Any]) -> bool:
-    """Whether the assistant ``message`` the agent sent back is what the server answered for ``sampled``."""
-    parsed = parse_tool_calls(sampled)
+def _hermes_reader(chat: ChatTokenizer) -> Reader:
+    def read(completion: list[int]) -> Parsed:
+        out = parse_tool_calls(chat.decode(completion))
+        return Parsed(None, out.content, out.tool_calls)
+
+    return read
+
+
+def same_answer(parsed: Parsed, message: Mapping[str, Any]) -> bool:
+    """Whether the assistant ``message`` the agent sent back is what the server answered (``parsed``);
+    its reasoning is not compared: agents may or may not send it back."""
     calls = message.get("tool_calls") or []
     if len(calls) != len(parsed.tool_calls):
         return False

@@ -31,6 +31,7 @@ from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.trainer import Learner
 from agentjet_server.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
+from agentjet_server.parsing import load_parser
 from agentjet_server.recovery import LiveConfiguration, Recovery, restored_configuration
 from agentjet_server.serving import ChatService
 from agentjet_server.settings import ServerSettings
@@ -122,6 +123,7 @@ class SwarmRuntime:
         self.telemetry = Telemetry(History(metrics_file, sinks))
         self.chat = ChatService(
             engine,
+            parser=load_parser(model_path or Path(), settings.tool_call_parser, settings.reasoning_parser),
             default_max_tokens=settings.default_max_tokens,
             signer=self.signer,
             max_token_entries=settings.max_request_token_entries,

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.metrics import ServingStats
+from agentjet_server.parsing import ChoiceReader, Delta, OutputParser, Parsed
 from agentjet_server.signing import DEFAULT_AGENT, Sample, SampleSigner
 
 # n x max_tokens x (1 + top_logprobs) a single request may ask for: bounds its memory and response size
@@ -61,6 +62,8 @@ class PreparedRequest:
     prefix_status: Status | None = None  # how the request's prefix tokens were used (``continuation``)
     prefix_drift: bool = False
     agent: str = DEFAULT_AGENT  # who asked (``agentjet.agent``): the sample is signed for this agent
+    # a model family's parser (``parsing``): a fresh reader per choice; None = the built-in Hermes reading
+    reader: Callable[[], ChoiceReader] | None = None
 
 
 @dataclass
@@ -77,6 +80,20 @@ class _ChoiceState:
     _prefix: int = 0  # incremental detokenisation window: ids[_prefix:_read] is already text
     _read: int = 0
     signer: SampleSigner | None = None
+    family: ChoiceReader | None = None  # the model family's reader, when the server has one
+    _fed: int = 0  # text and tokens handed to ``family`` while streaming
+    _fed_ids: int = 0
+    _answer: Parsed | None = None
+
+    def __post_init__(self) -> None:
+        if self.prepared.reader is not None:
+            self.family = self.prepared.reader()
+
+    def _decode(self, ids: list[int]) -> str:
+        chat = getattr(self.engine, "chat", None)
+        if self.family is not None and self.family.keep_special_tokens and isinstance(chat, ChatTokenizer):
+            return chat.decode_all(ids)  # the family's parser reads its special tokens as text
+        return self.engine.decode(ids)
 
     @property
     def ids(self) -> list[int]:
@@ -90,8 +107,8 @@ class _ChoiceState:
         if not self.engine.is_stop_token(event.token_id):
             self._text_ids.append(event.token_id)
         before = len(self.text)
-        done = self.engine.decode(self._text_ids[self._prefix : self._read])
-        grown = self.engine.decode(self._text_ids[self._prefix :])
+        done = self._decode(self._text_ids[self._prefix : self._read])
+        grown = self._decode(self._text_ids[self._prefix :])
         final = event.finish_reason is not None
         # a byte-level token can end inside a UTF-8 character: wait for the rest unless finished
         if len(grown) > len(done) and (final or not grown.endswith("\ufffd")):
@@ -141,11 +158,35 @@ class _ChoiceState:
             prefix_drift=self.prepared.prefix_drift,
         )
 
+    def answer(self) -> Parsed:
+        """Reasoning, content and tool calls of the whole answer (read once, when it is complete)."""
+        if self._answer is None:
+            if self.family is not None:
+                self._answer = self.family.whole(self.text, self.ids)
+            elif not self.prepared.tools_active:
+                self._answer = Parsed(None, self.text, [])
+            else:
+                out = parse_tool_calls(self.prepared.forced_prefix + self.text)
+                self._answer = Parsed(None, out.content, out.tool_calls)
+        return self._answer
+
     def parsed(self) -> tuple[str | None, list[Any]]:
-        if not self.prepared.tools_active:
-            return self.text, []
-        out = parse_tool_calls(self.prepared.forced_prefix + self.text)
-        return out.content, out.tool_calls
+        answer = self.answer()
+        return answer.content, answer.tool_calls
+
+    def family_step(self, final: bool) -> Delta:
+        """What the family's parser makes of the text and tokens sampled since the last step (text
+        that could still become a stop string is held back until it cannot)."""
+        assert self.family is not None
+        end = len(self.text)
+        if not final:
+            hold = max((len(s) for s in self.prepared.params.stop), default=1) - 1
+            end = max(end - hold, self._fed)
+        delta_text, delta_ids = self.text[self._fed : end], self.ids[self._fed_ids :]
+        self._fed, self._fed_ids = end, len(self.events)
+        if not (delta_text or delta_ids or final):
+            return Delta()
+        return self.family.step(delta_text, delta_ids, final)
 
     def finish_reason(self) -> Any:
         _, calls = self.parsed()
@@ -190,6 +231,10 @@ def _message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
         if message.tool_call_id:
             item["tool_call_id"] = message.tool_call_id
+        extra = message.model_extra or {}
+        reasoning = extra.get("reasoning_content", extra.get("reasoning"))
+        if message.role == "assistant" and isinstance(reasoning, str):
+            item["reasoning"] = item["reasoning_content"] = reasoning  # both names templates read
         out.append(item)
     return out
 
@@ -205,8 +250,10 @@ class ChatService:
         signer: SampleSigner | None = None,
         max_token_entries: int = MAX_TOKEN_ENTRIES,
         stats: ServingStats | None = None,
+        parser: OutputParser | None = None,
     ) -> None:
         self.engine = engine
+        self.parser = parser or OutputParser()
         self.stats = stats  # counted on the event loop when given (``metrics``)
         self.signer = signer
         self.default_max_tokens = default_max_tokens
@@ -264,7 +311,15 @@ class ChatService:
                 param="agentjet.prefix_token_ids",
                 code="context_length_exceeded",
             )
-        result = continue_from(chat, claim.prefix_token_ids, claim.prefix_prompt_tokens, messages, tools, prefix)
+        result = continue_from(
+            chat,
+            claim.prefix_token_ids,
+            claim.prefix_prompt_tokens,
+            messages,
+            tools,
+            prefix,
+            self._history_reader(tools),
+        )
         with self._counts_lock:
             counts = self.context
             counts.prefix_requests += 1
@@ -272,11 +327,28 @@ class ChatService:
             counts.drift_prevented += int(result.drift)
         return result.prompt_ids, result.status, result.drift
 
+    def _history_reader(self, tools: list[dict[str, Any]] | None) -> Callable[[list[int]], Parsed]:
+        """How an earlier completion (its token ids) reads as an answer, for ``continuation``."""
+        chat = getattr(self.engine, "chat", None)
+        assert isinstance(chat, ChatTokenizer)
+        parser = self.parser
+
+        def read(completion: list[int]) -> Parsed:
+            body = completion[:-1] if completion and completion[-1] in chat.stop_ids else completion
+            reader = parser.reader([{"role": "user", "content": ""}], tools, "auto" if tools else None, [])
+            if reader is None:
+                return parser.answer(chat.decode(body), completion)
+            text = chat.decode_all(body) if reader.keep_special_tokens else chat.decode(body)
+            return reader.whole(text, completion)
+
+        return read
+
     def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
         """Render and tokenise the prompt and fix the sampling budget; every bound is checked here,
         before any token is sampled. CPU-bound: routes run it in a worker thread (``prepare_async``)."""
         tools_active = bool(request.tools) and request.tool_choice != "none"
-        prefix = forced_tool_prefix(request.tool_choice) if tools_active else ""
+        # a family's parser reads what the model chose to call; only the built-in format is forced
+        prefix = forced_tool_prefix(request.tool_choice) if tools_active and self.parser.builtin else ""
         if request.tool_choice not in (None, "none", "auto") and not request.tools:
             raise InvalidRequestError("tool_choice needs a non-empty 'tools' list", param="tool_choice")
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []] if tools_active else None
@@ -324,8 +396,18 @@ class ChatService:
             top_logprobs=request.top_logprobs or 0,
         )
         agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
+        reader = None
+        if not self.parser.builtin:
+            messages = _message_dicts(request.messages)
+            parser = self.parser
+
+            def reader() -> ChoiceReader:
+                made = parser.reader(messages, tools, request.tool_choice, prompt_ids)
+                assert made is not None
+                return made
+
         return PreparedRequest(
-            prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift, agent
+            prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift, agent, reader
         )
 
     def _params_for(self, prepared: PreparedRequest, index: int) -> SamplingParams:
@@ -389,11 +471,16 @@ class ChatService:
     def _completion(self, prepared: PreparedRequest, states: list[_ChoiceState], model_name: str) -> ChatCompletion:
         choices = []
         for index, state in enumerate(states):
-            content, calls = state.parsed()
+            answer = state.answer()
             choices.append(
                 Choice(
                     index=index,
-                    message=AssistantMessage(content=content, tool_calls=calls or None),
+                    message=AssistantMessage(
+                        content=answer.content,
+                        tool_calls=answer.tool_calls or None,
+                        reasoning=answer.reasoning,
+                        reasoning_content=answer.reasoning,
+                    ),
                     logprobs=ChoiceLogprobs(content=state.logprob_entries(state.events))
                     if prepared.want_logprobs
                     else None,
@@ -444,12 +531,28 @@ class ChatService:
                 if item is not None:
                     state.add(item)
                 done = item is None or item.finish_reason is not None or state.stopped_by_string
-                delta = state.sendable(final=done)
                 logprobs = None
                 if prepared.want_logprobs and item is not None:
                     logprobs = ChoiceLogprobs(content=state.logprob_entries([item]))
-                if delta or (logprobs and logprobs.content):
-                    yield frame([ChunkChoice(index=index, delta=ChoiceDelta(content=delta), logprobs=logprobs)])
+                if state.family is not None:
+                    step = state.family_step(final=done)
+                    thought = step.reasoning or None
+                    if step.content or thought or (logprobs and logprobs.content):
+                        yield frame(
+                            [
+                                ChunkChoice(
+                                    index=index,
+                                    delta=ChoiceDelta(
+                                        content=step.content, reasoning=thought, reasoning_content=thought
+                                    ),
+                                    logprobs=logprobs,
+                                )
+                            ]
+                        )
+                else:
+                    delta = state.sendable(final=done)
+                    if delta or (logprobs and logprobs.content):
+                        yield frame([ChunkChoice(index=index, delta=ChoiceDelta(content=delta), logprobs=logprobs)])
                 if done:
                     open_choices.discard(index)
                     for chunk in final_frames(frame, index, state):
@@ -648,7 +751,11 @@ def final_frames(frame: Any, index: int, state: _ChoiceState) -> list[ChatComple
     """The closing frames of one choice: tool calls or held-back text, then finish and extension."""
     content, calls = state.parsed()
     out: list[ChatCompletionChunk] = []
-    if calls:
+    if state.family is not None:
+        # reasoning and content were streamed as the family's parser read them; the calls come whole
+        if calls:
+            out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(tool_calls=_call_deltas(calls)))]))
+    elif calls:
         # text around the calls that was held back: a streamed answer has the content a whole one has
         if state.prepared.forced_prefix or state.sent == 0:
             rest = content or ""
@@ -656,16 +763,7 @@ def final_frames(frame: Any, index: int, state: _ChoiceState) -> list[ChatComple
             rest = without_tool_calls(state.text[state.sent :]).rstrip()
         if rest:
             out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(content=rest))]))
-        tool_deltas = [
-            ToolCallDelta(
-                index=i,
-                id=call.id,
-                type="function",
-                function={"name": call.function.name, "arguments": call.function.arguments},
-            )
-            for i, call in enumerate(calls)
-        ]
-        out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(tool_calls=tool_deltas))]))
+        out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(tool_calls=_call_deltas(calls)))]))
     else:
         # held back for tool parsing but not a valid call: it is plain content after all
         rest = (content or "") if state.prepared.forced_prefix else state.text[state.sent :]
@@ -674,3 +772,15 @@ def final_frames(frame: Any, index: int, state: _ChoiceState) -> list[ChatComple
     ext = state.extension()
     out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=ext.finish_reason, agentjet=ext)]))
     return out
+
+
+def _call_deltas(calls: list[Any]) -> list[ToolCallDelta]:
+    return [
+        ToolCallDelta(
+            index=i,
+            id=call.id,
+            type="function",
+            function={"name": call.function.name, "arguments": call.function.arguments},
+        )
+        for i, call in enumerate(calls)
+    ]

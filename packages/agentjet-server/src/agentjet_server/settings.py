@@ -56,6 +56,11 @@ class ServerSettings(BaseModel):
     device: str = "cpu"
     engine: Literal["transformers", "vllm"] = "transformers"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    tool_call_parser: str | None = Field(
+        default=None, description="tool-call format of the model family (vLLM's parser names; built-in: hermes)"
+    )
+    reasoning_parser: str | None = Field(default=None, description="reasoning format (vLLM's reasoning parser names)")
+    chat_template: Path | None = Field(default=None, description="Jinja chat template file overriding the model's")
     algorithm: Literal["grpo", "ppo"] = "grpo"
     batch_groups: int = Field(default=10, ge=1)
     group_size: int = Field(default=16, ge=2)

@@ -29,6 +29,7 @@ def create_engine(
     max_batch: int,
     dtype: DType = "auto",
     version: int = 0,
+    chat_template: str | None = None,
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with."""
     torch_dtype = resolve_dtype(dtype, device)
@@ -36,12 +37,24 @@ def create_engine(
         from agentjet_server.engine.vllm import VLLMEngine
 
         return VLLMEngine(
-            model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype, version=version
+            model_path,
+            model_name=model_name,
+            device=device,
+            max_batch=max_batch,
+            dtype=torch_dtype,
+            version=version,
+            chat_template=chat_template,
         )
     from agentjet_server.engine.hf import TransformersEngine
 
     return TransformersEngine(
-        model_path, model_name=model_name, device=device, max_batch=max_batch, dtype=torch_dtype, version=version
+        model_path,
+        model_name=model_name,
+        device=device,
+        max_batch=max_batch,
+        dtype=torch_dtype,
+        version=version,
+        chat_template=chat_template,
     )
 
 

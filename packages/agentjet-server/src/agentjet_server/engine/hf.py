@@ -52,6 +52,7 @@ class TransformersEngine(TemplateEngine):
         dtype: torch.dtype = torch.float32,
         max_batch: int = 64,
         version: int = 0,
+        chat_template: str | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -59,7 +60,7 @@ class TransformersEngine(TemplateEngine):
         check_model_dir(path)
         self.model_path = path
         self.model_name = model_name or path.name
-        self.chat = ChatTokenizer(path)
+        self.chat = ChatTokenizer(path, chat_template)
         try:
             model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
             self.model = model.to(device).eval()

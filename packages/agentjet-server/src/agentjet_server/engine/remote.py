@@ -64,7 +64,7 @@ class EngineProcess(TemplateEngine):
         check_model_dir(path)
         self.model_path = path
         self.model_name = engine_kwargs.get("model_name") or path.name
-        self.chat = ChatTokenizer(path)
+        self.chat = ChatTokenizer(path, engine_kwargs.get("chat_template"))
         self._version = int(engine_kwargs.get("version", 0))
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()

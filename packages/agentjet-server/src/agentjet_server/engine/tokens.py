@@ -18,8 +18,8 @@ from agentjet_server.errors import InvalidRequestError, ModelLoadError
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
 
-def load_tokenizer(path: Path) -> Any:
-    """The model directory's tokenizer; it must carry a chat template."""
+def load_tokenizer(path: Path, chat_template: str | None = None) -> Any:
+    """The model directory's tokenizer; it must carry a chat template, or be given one."""
     from transformers import AutoTokenizer
 
     try:
@@ -29,10 +29,12 @@ def load_tokenizer(path: Path) -> Any:
             f"could not load a tokenizer from {path}: {exc}. Pass --model a local Hugging Face "
             "model directory (config.json, weights, tokenizer files)"
         ) from exc
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(
             f"the tokenizer in {path} has no chat template; use an instruct/chat model or add "
-            "'chat_template' to its tokenizer_config.json"
+            "'chat_template' to its tokenizer_config.json, or pass --chat-template FILE"
         )
     return tokenizer
 
@@ -46,8 +48,8 @@ def check_model_dir(path: Path) -> None:
 
 
 class ChatTokenizer:
-    def __init__(self, path: Path) -> None:
-        self.tokenizer = load_tokenizer(path)
+    def __init__(self, path: Path, chat_template: str | None = None) -> None:
+        self.tokenizer = load_tokenizer(path, chat_template)
         pad = self.tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
         self.stop_ids = frozenset(self._stop_ids(path))

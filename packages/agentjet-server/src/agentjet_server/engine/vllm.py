@@ -86,6 +86,7 @@ class VLLMEngine(TemplateEngine):
         max_batch: int = 64,
         max_model_len: int | None = None,
         version: int = 0,
+        chat_template: str | None = None,
         enforce_eager: bool | None = None,
         engine_args: Mapping[str, Any] | None = None,
     ) -> None:
@@ -93,7 +94,7 @@ class VLLMEngine(TemplateEngine):
         check_model_dir(path)
         self.model_path = path
         self.model_name = model_name or path.name
-        self.chat = ChatTokenizer(path)
+        self.chat = ChatTokenizer(path, chat_template)
         self.device = device
         _set_vllm_env(device)
         try:
