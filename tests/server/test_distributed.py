@@ -68,7 +68,10 @@ def test_two_process_fsdp_step_equals_single_process(model_dir, tmp_path, extra,
     assert a.keys() == b.keys() and len(a) > 20
     grads = [k for k in a if k.startswith("grad.")]
     worst_grad = max(float((a[k] - b[k]).abs().max()) for k in grads)
-    assert worst_grad < 1e-6, f"sharded gradients differ from single-process by {worst_grad}"
+    # a second step's gradients are taken at weights that already differ (within weight_tol, see
+    # above), so those cases hold them to 1e-5 (2e-6 measured); one step alone to 1e-6
+    grad_tol = 1e-6 if weight_tol <= 1e-5 else 1e-5
+    assert worst_grad < grad_tol, f"sharded gradients differ from single-process by {worst_grad}"
     assert max(float(a[k].abs().max()) for k in grads) > 1e-3  # real gradients, not zeros
     weights = [k for k in a if not k.startswith("grad.")]
     if "ppo" in extra:

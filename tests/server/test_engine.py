@@ -91,6 +91,33 @@ def test_greedy_is_deterministic_and_closed_engine_refuses(chatty_model_dir):
     assert not engine._thread.is_alive()
 
 
+def test_generation_stops_at_every_eos_id_the_generation_config_lists(chatty_model_dir, tmp_path):
+    """A family whose generation config names several end tokens (Llama 3.1: three) stops at each."""
+    import json
+    import shutil
+
+    engine = TransformersEngine(chatty_model_dir)
+    ids = engine.render(PROMPT)
+    rambling = [e.token_id for e in collect(engine, ids, SamplingParams(max_tokens=8, seed=5))]
+    engine.close()
+    end = next(t for t in rambling[2:] if t not in rambling[:2])  # a token it samples on the way
+    model = tmp_path / "model"
+    shutil.copytree(chatty_model_dir, model)
+    config = (
+        json.loads((model / "generation_config.json").read_text())
+        if (model / "generation_config.json").exists()
+        else {}
+    )
+    config["eos_token_id"] = [engine.chat.tokenizer.convert_tokens_to_ids("<|im_end|>"), end]
+    (model / "generation_config.json").write_text(json.dumps(config))
+    engine = TransformersEngine(model)
+    events = collect(engine, ids, SamplingParams(max_tokens=8, seed=5))
+    engine.close()
+    stop = rambling.index(end)
+    assert [e.token_id for e in events] == rambling[: stop + 1]
+    assert events[-1].finish_reason == "stop"
+
+
 def test_create_engine_honours_dtype(model_dir):
     import torch
 

@@ -54,7 +54,9 @@ def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seven = tok.convert_tokens_to_ids("7")
     losses, probs = [], []
-    for step in range(4):
+    # AdamW's first steps move every weight by about lr, whatever its gradient: the rewarded answer
+    # may dip before it rises, so the test looks at where 16 steps lead (0.09 -> 0.76 GRPO, 0.87 PPO)
+    for step in range(16):
         ids, group = make_group(tok, model, "What is 3 + 4?", 7, step)
         with torch.no_grad():
             probs.append(float(torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)[seven]))
@@ -63,7 +65,7 @@ def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_
         assert stats.trained_tokens == 20 and stats.grad_norm > 0
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert len(changed) > 0.9 * len(before)
-    assert probs[-1] > probs[0] * 2
+    assert probs[-1] > probs[0] * 4, probs
     assert len({round(x, 9) for x in losses}) > 1  # the loss moved
 
 
@@ -192,7 +194,7 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
     _, group = make_group(tok, model, "What is 3 + 4?", 7, 0)
     batch = build_batch([group], algorithm="ppo")
     errors = []
-    for _ in range(12):
+    for _ in range(30):
         plan, _ = learner._plan(batch.sequences)
         learner.prepare(plan, None)
         micro = [m for mini in plan for m in mini.micro]
@@ -200,8 +202,9 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
         assert abs(float(advantages.mean())) < 1e-5 and abs(float(advantages.std(unbiased=False)) - 1) < 1e-3
         stats = learner.step(batch)
         errors.append(stats.extra["value_error"])
-    # the value head fits the returns, down to what the prompt alone cannot tell apart (~0.045)
-    assert errors[-1] < 0.6 * errors[0], errors
+    # the value head fits the returns, down to what the prompt alone cannot tell apart (~0.045; it
+    # wanders on the way: the last steps are averaged)
+    assert sum(errors[-5:]) / 5 < 0.6 * errors[0], errors
 
 
 def _naive_gae(rewards, values, gamma, lam):

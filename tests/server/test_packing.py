@@ -104,8 +104,11 @@ def test_packed_logprobs_and_gradients_equal_unpacked(model, seed, mode):
     assert sum(len(m.entry_nodes) for m in packed) == sum(len(s.positions) for s in sequences)
     assert worst <= 1e-5, f"packed log-probs differ by {worst}"
     grad_diff = max(float((p.grad - want_grads[n]).abs().max()) for n, p in model.named_parameters())
-    print(f"packing {mode} seed {seed}: max |dlogp| {worst:.2g}, max |dgrad| {grad_diff:.2g}, budget {budget}")
-    assert grad_diff <= 1e-5, f"packed gradients differ by {grad_diff}"
+    scale = max(float(g.abs().max()) for g in want_grads.values())
+    print(f"packing {mode} seed {seed}: max |dlogp| {worst:.2g}, max |dgrad| {grad_diff:.2g} of {scale:.2g}")
+    # float32 summation order differs between the packed and the per-sequence passes (and between
+    # CPUs' kernels): relative to the largest gradient, as a wrong mask or position would not be
+    assert grad_diff <= 1e-5 * max(1.0, scale), f"packed gradients differ by {grad_diff} (largest gradient {scale})"
     assert max(float(g.abs().max()) for g in want_grads.values()) > 1e-3  # real gradients
     processed = sum(m.size for m in packed)
     floor = unique_tokens([s.tokens for s in sequences])

@@ -315,8 +315,10 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     from agentjet_server.checkpoint import StateDir
     from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
+    from agentjet_server.parsing import check_parser_names
     from agentjet_server.runtime import SwarmRuntime
 
+    check_parser_names(settings.tool_call_parser, settings.reasoning_parser)  # before any model loads
     state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
     try:
         checkpoint = state.resumed

@@ -220,14 +220,11 @@ def vllm_available() -> bool:
     return True
 
 
-def load_parser(model_dir: Path, tool_name: str | None, reasoning_name: str | None) -> OutputParser:
-    """The server's parser for ``--tool-call-parser`` / ``--reasoning-parser`` (both optional)."""
-    if (
-        reasoning_name is None
-        and tool_name in (None, BUILTIN_TOOL_PARSER)
-        and (tool_name is None or not vllm_available())
-    ):
-        return OutputParser()
+def check_parser_names(tool_name: str | None, reasoning_name: str | None) -> None:
+    """Refuse, before any model is loaded, parser names this server cannot honour (``load_parser``
+    then checks them against vLLM's registries)."""
+    if reasoning_name is None and tool_name in (None, BUILTIN_TOOL_PARSER):
+        return
     if not vllm_available():
         asked = " and ".join(
             f"--{flag} {name}"
@@ -238,4 +235,12 @@ def load_parser(model_dir: Path, tool_name: str | None, reasoning_name: str | No
             f"{asked} needs vLLM's parsers, and vLLM is not installed here: {VLLM_MISSING}; without it only the "
             "built-in --tool-call-parser hermes is available"
         )
+
+
+def load_parser(model_dir: Path, tool_name: str | None, reasoning_name: str | None) -> OutputParser:
+    """The server's parser for ``--tool-call-parser`` / ``--reasoning-parser`` (both optional)."""
+    check_parser_names(tool_name, reasoning_name)
+    builtin = tool_name is None or (tool_name == BUILTIN_TOOL_PARSER and not vllm_available())
+    if reasoning_name is None and builtin:
+        return OutputParser()
     return VLLMParser(model_dir, tool_name, reasoning_name)
