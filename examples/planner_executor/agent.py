@@ -29,9 +29,9 @@ def make_tasks() -> list[dict[str, object]]:
     return [{"id": f"word-{d}", "word": WORDS[d], "answer": str(d)} for d in digits]
 
 
-async def ask(llm, content: str) -> str:
+async def ask(llm, content: str, max_tokens: int = 4) -> str:
     reply = await llm.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": content}], max_tokens=4, temperature=1.0
+        model="gpt-4o-mini", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=1.0
     )
     return (reply.choices[0].message.content or "").strip()
 
@@ -41,5 +41,7 @@ async def plan_and_execute(task, episode):
     plan = await ask(episode.async_openai(agent="planner"), f"Write {task['word']} as a digit.")
     if not (len(plan) == 1 and plan.isdigit()):  # an unusable plan: the executor has nothing to do
         return {"planner": 0.0, "executor": 0.0}
-    done = await ask(episode.async_openai(agent="executor"), f"Repeat the digit {plan}.")
+    # the executor's part is one digit: it answers with one token. (Asked for more, a tiny model is
+    # also trained on the end token after its wrong digits, and can unlearn ending its answer.)
+    done = await ask(episode.async_openai(agent="executor"), f"Repeat the digit {plan}.", max_tokens=1)
     return {"planner": float(plan == task["answer"]), "executor": float(done == plan)}

@@ -195,3 +195,21 @@ def test_a_template_that_drops_earlier_reasoning_starts_a_new_timeline(pair):
     after = ours.status()["context"]
     assert after["reasoning_dropped"] == before["reasoning_dropped"] + 1
     assert after["mismatch"] == before["mismatch"]
+
+
+def test_the_vllm_engine_reads_answers_as_the_transformers_engine_does(pair, tmp_path):
+    """The parser sits above the engine: ``--engine vllm`` shows the agent the same answers."""
+    family, ours, _ = pair
+    if family.name != "qwen3":
+        pytest.skip("one family is enough: the parser does not depend on the engine")
+    model = Path(ours.log_path).parent / "model"
+    flags = ["--model", str(model), "--model-name", "family", "--engine", "vllm"]
+    flags += ["--tool-call-parser", family.tool_parser, "--reasoning-parser", family.reasoning_parser]
+    other = ServerProcess(flags, tmp_path / "vllm-engine.log")
+    try:
+        for messages, tools, _ in family.cases:
+            mine, theirs = _chat(ours.url, messages, tools), _chat(other.url, messages, tools)
+            assert theirs["agentjet"]["completion_token_ids"] == mine["agentjet"]["completion_token_ids"]
+            assert _read(theirs["message"]) == _read(mine["message"])
+    finally:
+        other.stop()
