@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -131,6 +132,22 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, limit: float, poll: float = 0.3) -> None:
+    """Until ``url`` answers 200; fails with the process's log if it exits or takes over ``limit`` s."""
+    import httpx2
+
+    deadline = time.monotonic() + limit
+    while True:
+        assert proc.poll() is None, "server exited:\n" + log.read_text()[-4000:]
+        try:
+            if httpx2.get(url).status_code == 200:
+                return
+        except httpx2.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up:\n" + log.read_text()[-4000:]
+        time.sleep(poll)
+
+
 class ServerProcess:
     """``agentjet-server up`` (or ``torchrun ... -m agentjet_server up``) as a real process on loopback."""
 
@@ -145,8 +162,6 @@ class ServerProcess:
         import subprocess
         import sys
 
-        import httpx2
-
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
@@ -158,16 +173,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [*command, "up", "--port", str(self.port), *args], env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
-        deadline = time.monotonic() + 240
-        while True:
-            assert self.proc.poll() is None, "server exited:\n" + log.read_text()[-4000:]
-            try:
-                if httpx2.get(self.url + "/healthz").status_code == 200:
-                    return
-            except httpx2.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up:\n" + log.read_text()[-4000:]
-            time.sleep(0.3)
+        wait_healthy(self.proc, self.url + "/healthz", log, 240)
 
     def status(self) -> dict:  # type: ignore[type-arg]
         import httpx2

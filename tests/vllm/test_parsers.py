@@ -13,13 +13,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from tests.conftest import ServerProcess, free_port
+from tests.conftest import ServerProcess, free_port, wait_healthy
 from tests.vllm.families import ASK_PLAIN, ASK_TOOL, FAMILIES, TOOLS, build
 
 pytest.importorskip("vllm")
@@ -46,16 +45,7 @@ class VLLMOpenAIServer:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         self._log = log.open("a")
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while True:
-            assert self.proc.poll() is None, "vllm serve exited:\n" + log.read_text()[-4000:]
-            try:
-                if httpx2.get(self.url + "/health").status_code == 200:
-                    return
-            except httpx2.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "vllm serve did not come up:\n" + log.read_text()[-4000:]
-            time.sleep(0.5)
+        wait_healthy(self.proc, self.url + "/health", log, 300, poll=0.5)
 
     def stop(self) -> None:
         self.proc.terminate()
