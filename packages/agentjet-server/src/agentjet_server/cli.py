@@ -247,7 +247,11 @@ def _wrapped(items: list[str], width: int = 118) -> str:
 def serve(settings: Any) -> None:
     """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
     from agentjet_server.learner import distributed, loop
+    from agentjet_server.parsing import check_parser_names
 
+    # what can be refused without the model is refused before it is built or loaded
+    check_parser_names(settings.tool_call_parser, settings.reasoning_parser)
+    _chat_template(settings.chat_template)
     ctx = distributed.init_from_env(settings.device)
     finished = False
     try:
@@ -292,14 +296,14 @@ def _model_path(settings: Any, ctx: Any) -> Path:
 def _chat_template(path: Path | None) -> str | None:
     if path is None:
         return None
+    from agentjet_server.errors import ConfigError
+
     try:
         text = path.read_text()
     except OSError as exc:
-        raise typer.BadParameter(
-            f"cannot read the chat template {path}: {exc.strerror}", param_hint="--chat-template"
-        ) from exc
+        raise ConfigError(f"--chat-template: cannot read the chat template {path}: {exc.strerror}") from exc
     if not text.strip():
-        raise typer.BadParameter(f"{path} is empty; give a Jinja chat template", param_hint="--chat-template")
+        raise ConfigError(f"--chat-template: {path} is empty; give a Jinja chat template")
     return text
 
 
@@ -315,10 +319,8 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     from agentjet_server.checkpoint import StateDir
     from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
-    from agentjet_server.parsing import check_parser_names
     from agentjet_server.runtime import SwarmRuntime
 
-    check_parser_names(settings.tool_call_parser, settings.reasoning_parser)  # before any model loads
     state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
     try:
         checkpoint = state.resumed
