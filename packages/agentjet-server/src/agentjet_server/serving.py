@@ -182,7 +182,7 @@ class _ChoiceState:
         if not final:
             hold = max((len(s) for s in self.prepared.params.stop), default=1) - 1
             end = max(end - hold, self._fed)
-        delta_text, delta_ids = self.text[self._fed : end], self.ids[self._fed_ids :]
+        delta_text, delta_ids = self.text[self._fed : end], [e.token_id for e in self.events[self._fed_ids :]]
         self._fed, self._fed_ids = end, len(self.events)
         if not (delta_text or delta_ids or final):
             return Delta()
