@@ -56,7 +56,12 @@ class VLLMOpenAIServer:
         self._log.close()
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+EVERY_FAMILY = pytest.mark.parametrize("pair", sorted(FAMILIES), indirect=True)
+# reasoning, and what does not depend on the family, are checked on Qwen3 alone
+QWEN3 = pytest.mark.parametrize("pair", ["qwen3"], indirect=True)
+
+
+@pytest.fixture(scope="module")
 def pair(request, tmp_path_factory):
     """(family, our server, vLLM's server), both on the family's tiny model with its parsers."""
     family = FAMILIES[request.param]
@@ -93,6 +98,7 @@ def _read(message):  # type: ignore[no-untyped-def]
     return message.get("reasoning"), message.get("content"), calls
 
 
+@EVERY_FAMILY
 def test_tool_calls_and_reasoning_equal_vllms_own_server(pair):
     family, ours, theirs = pair
     for messages, tools, completion in family.cases:
@@ -107,6 +113,7 @@ def test_tool_calls_and_reasoning_equal_vllms_own_server(pair):
             assert mine["message"]["reasoning_content"] == reasoning  # the earlier name, which most clients read
 
 
+@EVERY_FAMILY
 def test_streamed_answer_reads_as_the_whole_one(pair):
     family, ours, _ = pair
     for messages, tools, _ in family.cases:
@@ -133,10 +140,9 @@ def test_streamed_answer_reads_as_the_whole_one(pair):
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == want_calls
 
 
+@QWEN3
 def test_reasoning_is_trained_and_shown_in_every_api(pair):
-    family, ours, _ = pair
-    if family.reasoning_parser is None:
-        pytest.skip("this family has no reasoning")
+    _, ours, _ = pair
     choice = _chat(ours.url, ASK_PLAIN, None)
     tokens = choice["agentjet"]["completion_token_ids"]  # what the turn trains: the reasoning too
     from transformers import AutoTokenizer
@@ -161,10 +167,9 @@ def test_reasoning_is_trained_and_shown_in_every_api(pair):
     assert response["output"][0]["content"][0]["text"] == reasoning
 
 
+@QWEN3
 def test_a_template_that_drops_earlier_reasoning_starts_a_new_timeline(pair):
-    family, ours, _ = pair
-    if family.reasoning_parser is None:
-        pytest.skip("this family has no reasoning")
+    _, ours, _ = pair
     first = _chat(ours.url, ASK_TOOL, TOOLS)
     ext = first["agentjet"]
     call = first["message"]["tool_calls"][0]
@@ -187,11 +192,10 @@ def test_a_template_that_drops_earlier_reasoning_starts_a_new_timeline(pair):
     assert after["mismatch"] == before["mismatch"]
 
 
+@QWEN3
 def test_the_vllm_engine_reads_answers_as_the_transformers_engine_does(pair, tmp_path):
     """The parser sits above the engine: ``--engine vllm`` shows the agent the same answers."""
     family, ours, _ = pair
-    if family.name != "qwen3":
-        pytest.skip("one family is enough: the parser does not depend on the engine")
     model = Path(ours.log_path).parent / "model"
     flags = ["--model", str(model), "--model-name", "family", "--engine", "vllm"]
     flags += ["--tool-call-parser", family.tool_parser, "--reasoning-parser", family.reasoning_parser]
