@@ -38,7 +38,24 @@ MESSAGE_TOOLS = [
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port a test server can listen on, below the kernel's ephemeral range: a port the kernel
+    hands out (port 0) can be handed out again, to the outgoing connections of torchrun's
+    rendezvous or gloo, before the server binds it."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.SystemRandom().randrange(10000, max(low, 10001))  # whatever a test seeded
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no free port below the range: take one the kernel picks
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
