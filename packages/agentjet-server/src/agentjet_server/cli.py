@@ -95,6 +95,37 @@ def up(
     device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
     engine: Annotated[str, typer.Option(help="inference engine: transformers or vllm")] = "transformers",
     dtype: Annotated[str, typer.Option(help="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16")] = "auto",
+    engine_devices: Annotated[
+        str | None, typer.Option(help="the engine's device, e.g. cuda:1 (default: --device)")
+    ] = None,
+    learner_devices: Annotated[
+        str | None,
+        typer.Option(
+            help="the learner's device; under torchrun one per local rank, comma-separated (default: --device)"
+        ),
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        typer.Option(help="vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)"),
+    ] = None,
+    learner_dtype: Annotated[
+        str, typer.Option(help="learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)")
+    ] = "float32",
+    optimizer_dtype: Annotated[
+        str, typer.Option(help="weights, gradients and AdamW state: float32, or bfloat16 (half the memory)")
+    ] = "float32",
+    gradient_checkpointing: Annotated[
+        bool, typer.Option(help="keep only each layer's input and recompute the rest in the backward pass")
+    ] = False,
+    micro_batch_tokens: Annotated[
+        int, typer.Option(help="tokens per learner micro-batch (activation memory grows with it)")
+    ] = 8192,
+    memory_budget_gb: Annotated[
+        float | None, typer.Option(help="plan for this many GiB per device instead of the device's total memory")
+    ] = None,
+    memory_check: Annotated[
+        bool, typer.Option(help="refuse to start when the memory plan does not fit (--no-memory-check: start anyway)")
+    ] = True,
     tool_call_parser: Annotated[
         str | None,
         typer.Option(help="tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)"),
@@ -252,10 +283,11 @@ def serve(settings: Any) -> None:
     # what can be refused without the model is refused before it is built or loaded
     check_parser_names(settings.tool_call_parser, settings.reasoning_parser)
     _chat_template(settings.chat_template)
-    ctx = distributed.init_from_env(settings.device)
+    ctx = distributed.init_from_env(settings.device, devices=settings.learner_device_list())
     finished = False
     try:
         path = _model_path(settings, ctx)
+        settings = _memory_plan(settings, path, ctx)
         if not ctx.is_main:
             import signal
 
@@ -271,6 +303,21 @@ def serve(settings: Any) -> None:
         finished = True
     finally:
         distributed.shutdown(ctx, wait_for_others=finished)
+
+
+def _memory_plan(settings: Any, path: Path, ctx: Any) -> Any:
+    """Print what each device will hold and refuse a layout that cannot fit (every rank decides the
+    same); vLLM on a GPU it shares with the learner gets the share the learner leaves."""
+    from agentjet_server import memory
+
+    plan = memory.check(settings, path, ctx.device, ctx.world_size)
+    if ctx.is_main:
+        console.print("[cyan]agentjet[/cyan] memory plan:")
+        console.print(escape(plan.describe()), style="dim")
+    util = plan.layout.gpu_memory_utilization
+    if settings.engine == "vllm" and settings.gpu_memory_utilization is None and util is not None:
+        settings = settings.model_copy(update={"gpu_memory_utilization": util})
+    return settings
 
 
 def _model_path(settings: Any, ctx: Any) -> Path:
@@ -329,12 +376,14 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
         )
         options: dict[str, Any] = {
             "model_name": name,
-            "device": ctx.device,
+            "device": settings.engine_devices or ctx.device,
             "max_batch": settings.max_batch,
             "dtype": settings.dtype,
             "version": checkpoint.meta.version if checkpoint else 0,
             "chat_template": _chat_template(settings.chat_template),
         }
+        if settings.gpu_memory_utilization is not None:
+            options["gpu_memory_utilization"] = settings.gpu_memory_utilization
         # the engine starts from the checkpoint's weights (HF format) when resuming
         engine_path = checkpoint.model_dir if checkpoint else path
         if checkpoint:

@@ -77,6 +77,9 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         lam=settings.lam,
         vf_coef=settings.vf_coef,
         advantage_norm=settings.advantage_norm,
+        compute_dtype=settings.learner_dtype,
+        gradient_checkpointing=settings.gradient_checkpointing,
+        micro_batch_tokens=settings.micro_batch_tokens,
     )
 
 

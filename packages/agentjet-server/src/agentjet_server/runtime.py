@@ -43,11 +43,12 @@ from agentjet_server.wal import TrajectoryLog
 logger = logging.getLogger(__name__)
 
 
-def trainable_copy(model_path: str, device: str) -> torch.nn.Module:
-    """A separate fp32 model for the learner, from the same checkpoint the engine loaded."""
+def trainable_copy(model_path: str, device: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A separate model for the learner (fp32 master weights unless ``--optimizer-dtype bfloat16``),
+    from the same checkpoint the engine loaded."""
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     model = model.to(device)
     model.eval()
     return model  # type: ignore[no-any-return]
@@ -64,11 +65,16 @@ def build_learner(
     under torchrun rank 0 tells the other ranks whether it does, and they load their shards."""
     ctx = ctx or DistContext(device=settings.device)
     torch.manual_seed(settings.seed)
-    model = trainable_copy(model_path, ctx.device)
+    weights = torch.bfloat16 if settings.optimizer_dtype == "bfloat16" else torch.float32
+    model = trainable_copy(model_path, ctx.device, weights)
     config = learner_config(settings)
     config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     # the KL's frozen reference: the run's initial weights (the model dir, also when resuming) or --reference
-    reference = trainable_copy(str(settings.reference or model_path), ctx.device) if settings.kl_coef > 0 else None
+    # frozen, it needs no master weights: it is kept in the learner's compute precision
+    compute = torch.bfloat16 if settings.learner_dtype == "bfloat16" else torch.float32
+    reference = (
+        trainable_copy(str(settings.reference or model_path), ctx.device, compute) if settings.kl_coef > 0 else None
+    )
     if reference is not None and _vocab(reference) != _vocab(model):
         raise ConfigError(
             f"--reference {settings.reference} has a vocabulary of {_vocab(reference)} tokens and the model "

@@ -56,6 +56,25 @@ class ServerSettings(BaseModel):
     device: str = "cpu"
     engine: Literal["transformers", "vllm"] = "transformers"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    engine_devices: str | None = Field(default=None, description="the engine's device; None = --device")
+    learner_devices: str | None = Field(
+        default=None, description="the learner's device (under torchrun: one per local rank, comma-separated)"
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="vLLM's share of its GPU; None = what the learner leaves on a shared one"
+    )
+    learner_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="the learner's compute precision (bfloat16: autocast)"
+    )
+    optimizer_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="master weights, gradients and AdamW state (bfloat16 halves them)"
+    )
+    gradient_checkpointing: bool = Field(default=False, description="recompute activations in the backward pass")
+    micro_batch_tokens: int = Field(default=8192, ge=64, description="prefix-tree nodes per learner micro-batch")
+    memory_budget_gb: float | None = Field(
+        default=None, gt=0, description="plan for this many GiB per device instead of the device's total"
+    )
+    memory_check: bool = Field(default=True, description="refuse a layout whose memory plan does not fit")
     tool_call_parser: str | None = Field(
         default=None, description="tool-call format of the model family (vLLM's parser names; built-in: hermes)"
     )
@@ -165,6 +184,17 @@ class ServerSettings(BaseModel):
             raise ValueError(f"--reference {self.reference} does not exist; pass a local Hugging Face model directory")
         if self.reference is not None and self.kl_coef == 0:
             raise ValueError("--reference is only used by the KL penalty: set --kl-coef above 0 (e.g. 0.01)")
+        if self.optimizer_dtype == "bfloat16" and self.learner_dtype != "bfloat16":
+            raise ValueError(
+                "--optimizer-dtype bfloat16 keeps the weights themselves in bf16, so the learner computes in bf16: "
+                "add --learner-dtype bfloat16"
+            )
+        if self.gpu_memory_utilization is not None and self.engine != "vllm":
+            raise ValueError("--gpu-memory-utilization sets vLLM's share of its GPU: it needs --engine vllm")
+        if self.engine_devices is not None and "," in self.engine_devices:
+            raise ValueError(
+                f"--engine-devices {self.engine_devices}: the engine runs on one device; name one (e.g. cuda:1)"
+            )
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
             raise ValueError("API keys must be at least 8 characters long")
         if not is_loopback(self.host) and not self.auth_enabled and not self.insecure:
@@ -174,6 +204,16 @@ class ServerSettings(BaseModel):
                 "--api-key KEY), or pass --insecure to serve without one"
             )
         return self
+
+    @property
+    def engine_device(self) -> str:
+        return self.engine_devices or self.device
+
+    def learner_device_list(self) -> list[str] | None:
+        """``--learner-devices`` as a list (None: ``--device``, one per local rank on GPUs)."""
+        if not self.learner_devices:
+            return None
+        return [d.strip() for d in self.learner_devices.split(",") if d.strip()]
 
     @property
     def auth_enabled(self) -> bool:

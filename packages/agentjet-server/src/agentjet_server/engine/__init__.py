@@ -30,6 +30,7 @@ def create_engine(
     dtype: DType = "auto",
     version: int = 0,
     chat_template: str | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with."""
     torch_dtype = resolve_dtype(dtype, device)
@@ -44,6 +45,7 @@ def create_engine(
             dtype=torch_dtype,
             version=version,
             chat_template=chat_template,
+            engine_args={"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else None,
         )
     from agentjet_server.engine.hf import TransformersEngine
 

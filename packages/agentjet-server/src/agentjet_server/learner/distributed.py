@@ -65,14 +65,26 @@ class DistContext:
         return self.rank == 0
 
 
-def init_from_env(device: str = "cpu", timeout: timedelta = timedelta(minutes=30)) -> DistContext:
+def init_from_env(
+    device: str = "cpu", timeout: timedelta = timedelta(minutes=30), devices: list[str] | None = None
+) -> DistContext:
     """Join the process group torchrun describes in the environment (or none, alone).
 
     ``device`` is the user's choice (``cpu`` or ``cuda``); under torchrun on GPU each rank takes
-    ``cuda:<LOCAL_RANK>``.
+    ``cuda:<LOCAL_RANK>``. ``devices`` (``--learner-devices``) names each local rank's device instead.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if devices:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= len(devices):
+            raise ConfigError(
+                f"--learner-devices names {len(devices)} device(s) but this is local rank {local}: "
+                "name one device per process torchrun starts on this machine"
+            )
+        device = devices[local]
     if world <= 1:
+        if device.startswith("cuda") and ":" in device:
+            torch.cuda.set_device(device)
         return DistContext(device=device)
     missing = [name for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
@@ -85,8 +97,8 @@ def init_from_env(device: str = "cpu", timeout: timedelta = timedelta(minutes=30
     import torch.distributed as dist
 
     if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(local_rank)
+        device = device if devices else f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
         backend = "nccl"
     else:
         backend = "gloo"

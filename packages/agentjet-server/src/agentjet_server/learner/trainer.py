@@ -44,7 +44,7 @@ from agentjet_server.learner.losses import (
     k3_kl,
     tis_policy_loss,
 )
-from agentjet_server.learner.packing import MicroBatch, Packed, pack
+from agentjet_server.learner.packing import DENSE_TREE_MAX, MicroBatch, Packed, pack
 from agentjet_server.learner.policy import PolicyModel
 
 OffPolicy = Literal["decoupled", "tis", "none"]
@@ -74,6 +74,10 @@ class LearnerConfig:
     vf_coef: float = 0.5  # PPO: weight of the value loss
     value_clip: float = 0.2  # PPO: how far a value may move from its pre-update estimate
     advantage_norm: Literal["group", "batch"] = "group"  # PPO: whiten advantages per GRPO group or batch
+    # bfloat16: forward and backward under autocast; the weights, their gradients and the AdamW
+    # state keep the dtype the model was loaded in (fp32 master weights, or all bf16)
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    gradient_checkpointing: bool = False  # keep only each decoder layer's input; recompute the rest in backward
 
 
 @dataclass
@@ -122,6 +126,8 @@ class Learner:
         self.pad_id = pad_id
         self.ctx = ctx or DistContext(device=str(next(model.parameters()).device))
         self.device = next(model.parameters()).device
+        if config.gradient_checkpointing:
+            _checkpoint_layers(model)
         self.policy = PolicyModel(model, value_head=config.algorithm == "ppo")
         shard_model(self.policy, decoder_layers(model), self.ctx)
         # the value head learns from scratch while the policy is fine-tuned: it gets its own gradient
@@ -150,8 +156,14 @@ class Learner:
 
     def sequence_logprobs(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of each trained entry's token, and the policy's entropy there, ``[E]``."""
-        logprobs, entropy, _values = self.policy.run(batch)
+        with self.autocast():
+            logprobs, entropy, _values = self.policy.run(batch)
         return logprobs, entropy
+
+    def autocast(self) -> Any:
+        """The learner's compute precision around a forward pass (backward follows it)."""
+        wanted = self.config.compute_dtype == "bfloat16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=wanted)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0)."""
@@ -241,17 +253,26 @@ class Learner:
         passes), and the tokens all ranks process."""
         # segment-wise trees run a varying number of decoder passes per micro-batch; FSDP gathers
         # each layer once per pass, collectively, so sharded ranks must all use one pass (dense)
-        mode = "dense" if self.ctx.enabled else self.config.tree_attention
+        # a segment-wise tree carries keys and values between passes, which checkpointed layers don't keep
+        mode = "dense" if self.ctx.enabled or self.config.gradient_checkpointing else self.config.tree_attention
         out: list[MiniBatch] = []
         processed = 0
         for chunk in _split(sequences, self.config.mini_batches):
-            packed = pack(chunk, self.config.micro_batch_tokens)
+            packed = pack(chunk, self.micro_batch_tokens)
             processed += sum(p.size for p in packed)
             shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
             mine: list[MicroBatch | None] = [p.tensors(self.device, mode) for p in shares[self.ctx.rank]]
             mine += [None] * (max(len(s) for s in shares) - len(mine))
             out.append(MiniBatch(mine, float(sum(s.trained_tokens for s in chunk))))
         return out, processed
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Nodes per micro-batch: with checkpointed layers every tree runs dense, and a dense tree's
+        attention grows with the square of its size, so trees stay at ``DENSE_TREE_MAX``."""
+        if self.config.gradient_checkpointing:
+            return min(self.config.micro_batch_tokens, DENSE_TREE_MAX)
+        return self.config.micro_batch_tokens
 
     def _idle_pass(self) -> MicroBatch:
         """A one-token stand-in micro-batch for a rank with no sequences left; its loss is scaled by 0."""
@@ -278,7 +299,8 @@ class Learner:
             with torch.no_grad():
                 for m in micro:
                     part = m if m is not None else self._idle_pass()
-                    logprobs, _entropy, values = self.policy.run(part)
+                    with self.autocast():
+                        logprobs, _entropy, values = self.policy.run(part)
                     if m is None:
                         continue
                     if need_prox:
@@ -296,7 +318,8 @@ class Learner:
         if self.reference is not None and config.kl_coef > 0:
             with torch.no_grad():
                 for m in real:
-                    m.reference_logprobs = self.reference.run(m)[0]
+                    with self.autocast():
+                        m.reference_logprobs = self.reference.run(m)[0]
         if need_values:
             self._advantages(real)
 
@@ -426,7 +449,8 @@ class Learner:
         """This micro-batch's share of its mini-batch's loss (normalised by the mini-batch's
         ``tokens``) and its figures (means over its entries)."""
         config = self.config
-        logprobs, entropy, values = self.policy.run(part)
+        with self.autocast():
+            logprobs, entropy, values = self.policy.run(part)
         weights = part.weights
         if config.off_policy == "decoupled":
             assert part.proximal_logprobs is not None
@@ -482,6 +506,19 @@ class Learner:
         values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(values)
         return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))
+
+
+def _checkpoint_layers(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in the backward pass (non-reentrant checkpoints); transformers
+    5 calls it activation checkpointing, 4 gradient checkpointing."""
+    enable: Any = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise ValueError("gradient checkpointing needs a Hugging Face model (activation_checkpointing_enable)")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _split(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:

@@ -1,0 +1,130 @@
+"""The memory plan against measured peak memory: one learner step per layout, each in its own process.
+
+    python bench/memory.py                 # the 26M model and a deeper, narrower one; a few minutes on 2 cores
+
+For each model and layout (fp32; gradient checkpointing; bf16 autocast over fp32 master weights;
+all-bf16; bf16 with checkpointing) and micro-batch size, a fresh process loads the model, runs two
+learner steps on a batch of 512-token sequences (200 prompt tokens, 312 trained) and reports its
+peak resident memory (``ru_maxrss``); the estimate is ``agentjet_server.memory``'s plan for the
+learner's device with the same layout, which counts the runtime, weights, gradients, optimizer
+state and activations. Ratio = estimate / measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SHAPES = {
+    "26M": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8},
+    "deep": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 4},
+}
+LAYOUTS = {
+    "fp32": {},
+    "checkpointing": {"gradient_checkpointing": True},
+    "bf16 autocast": {"learner_dtype": "bfloat16"},
+    "all bf16": {"learner_dtype": "bfloat16", "optimizer_dtype": "bfloat16"},
+    "bf16 + checkpointing": {"learner_dtype": "bfloat16", "gradient_checkpointing": True},
+}
+PROMPT, LENGTH = 200, 512
+
+
+def build(shape: str, target: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from agentjet_server.embedded import ensure_embedded_model
+
+    source = ensure_embedded_model()
+    base = AutoConfig.from_pretrained(source)
+    settings = {**base.to_dict(), **SHAPES[shape]}
+    settings.pop("layer_types", None)
+    settings["num_key_value_heads"] = settings["num_attention_heads"] // 2
+    settings["head_dim"] = settings["hidden_size"] // settings["num_attention_heads"]
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(type(base)(**settings)).save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
+
+
+def child(model: str, layout: dict[str, object], tokens: int) -> None:
+    """One measurement (run in a fresh process): peak RSS over two learner steps."""
+    import resource
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.batching.batch import Batch, Sequence
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+
+    torch.set_num_threads(2)
+    pure = layout.get("optimizer_dtype") == "bfloat16"
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if pure else torch.float32)
+    config = LearnerConfig(
+        compute_dtype=str(layout.get("learner_dtype", "float32")),  # type: ignore[arg-type]
+        gradient_checkpointing=bool(layout.get("gradient_checkpointing", False)),
+        micro_batch_tokens=tokens,
+    )
+    learner = Learner(net, config, pad_id=0)
+    generator = torch.Generator().manual_seed(0)
+    sequences = []
+    for i in range(tokens // LENGTH):
+        ids = torch.randint(10, 1000, (LENGTH,), generator=generator).tolist()
+        trained = list(range(PROMPT, LENGTH))
+        sequences.append(Sequence(ids, trained, [-1.0] * len(trained), [1.0 if i % 2 else -1.0] * len(trained)))
+    batch = Batch(sequences, [0.0] * len(sequences), 1, 0, len(sequences))
+    for _ in range(2):
+        learner.step(batch)
+    print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def estimate(model: Path, layout: dict[str, object], tokens: int) -> int:
+    from agentjet_server.memory import RUNTIME_OVERHEAD, Layout, ModelShape, learner_items
+
+    chosen = Layout(micro_batch_tokens=tokens, trained_share=(LENGTH - PROMPT) / LENGTH, **layout)  # type: ignore[arg-type]
+    return RUNTIME_OVERHEAD["cpu"] + sum(i.bytes for i in learner_items(ModelShape.from_pretrained(model), chosen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="2048,8192", help="micro-batch sizes (tokens) to measure")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], json.loads(args.child[1]), int(args.child[2]))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in SHAPES:
+            model = build(shape, Path(tmp) / shape)
+            for tokens in (int(t) for t in args.tokens.split(",")):
+                for name, layout in LAYOUTS.items():
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--child", str(model), json.dumps(layout), str(tokens)],
+                        capture_output=True,
+                        text=True,
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                        check=True,
+                    )
+                    measured = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+                    planned = estimate(model, layout, tokens)
+                    rows.append((shape, tokens, name, measured, planned))
+                    print(
+                        f"{shape:>5} {tokens:>5} tokens  {name:<22} measured {measured / 2**20:7.0f} MiB  "
+                        f"estimate {planned / 2**20:7.0f} MiB  ratio {planned / measured:.2f}",
+                        flush=True,
+                    )
+    worst = max(abs(p / m - 1) for *_, m, p in rows)
+    print(f"\nlargest deviation of the estimate from the measured peak: {worst:.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""The memory plan: what the engine and the learner will hold on each device, before anything loads.
+
+``agentjet-server up`` prints it at start and refuses a layout that cannot fit, naming the flags
+that would make it fit. Everything is estimated from the model's config (parameter count from a
+model built on the meta device, no weights read):
+
+- engine: its weights in the engine's dtype and its KV cache (vLLM: the share of the device that
+  ``--gpu-memory-utilization`` reserves, weights included; the transformers engine: ``max_batch``
+  sequences of ``KV_TOKENS`` tokens);
+- learner: weights (fp32 master weights, or bf16 with ``--optimizer-dtype bfloat16``), their
+  gradients, AdamW's two moments, the bf16 copies of the weights autocast keeps for the backward
+  pass, a frozen reference model for a KL penalty, and the activations of one micro-batch
+  (``--micro-batch-tokens``): what each decoder layer saves for backward per token (all layers, or
+  with ``--gradient-checkpointing`` only each layer's input plus one layer's worth), a dense tree
+  mask's attention, and the output head's logits at trained tokens;
+- a fixed runtime overhead per process (torch's own allocations, or the CUDA context).
+
+The per-layer count follows what a Qwen2/Llama-style decoder layer keeps for backward: the inputs of
+both norms and their outputs, q/k/v and the attention output, and the MLP's gate, up, activation and
+product (``10 h + 4 i`` values per token). ``bench/memory.py`` compares the estimate with the
+measured peak on CPU (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+GIB = 1 << 30
+KV_TOKENS = 2048  # context per concurrent sequence the transformers engine's KV cache is planned for
+DENSE_TREE_MAX = 2048  # as learner.packing: larger trees run chain by chain, without a tree mask
+RUNTIME_OVERHEAD = {"cpu": int(0.35 * GIB), "cuda": int(1.0 * GIB)}  # per process: libraries, CUDA context
+HEADROOM = 0.95  # plan for at most this share of a device (fragmentation, allocator caches)
+
+DType = Literal["float32", "bfloat16"]
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs to know about a model: its size and the shape of its layers."""
+
+    parameters: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelShape:
+        """Read the config and count the parameters of a model built on the meta device."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config: Any = AutoConfig.from_pretrained(str(path))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        parameters = sum(p.numel() for p in model.parameters())
+        text: Any = getattr(config, "text_config", None) or config
+        hidden = int(text.hidden_size)
+        heads = int(text.num_attention_heads)
+        return cls(
+            parameters=parameters,
+            hidden=hidden,
+            intermediate=int(getattr(text, "intermediate_size", 4 * hidden)),
+            layers=int(text.num_hidden_layers),
+            heads=heads,
+            kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+            vocab=int(text.vocab_size),
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things go and in which precision (the flags of ``agentjet-server up``)."""
+
+    engine: str = "transformers"
+    engine_device: str = "cpu"
+    learner_device: str = "cpu"
+    engine_dtype: str = "float32"
+    learner_dtype: DType = "float32"  # compute precision of the learner's forward and backward
+    optimizer_dtype: DType = "float32"  # master weights, gradients and AdamW moments
+    gradient_checkpointing: bool = False
+    micro_batch_tokens: int = 8192
+    trained_share: float = 1.0  # share of a micro-batch's tokens that are trained (logits); 1 plans for the worst
+    max_batch: int = 64  # the transformers engine's concurrent sequences
+    gpu_memory_utilization: float | None = None  # vLLM's reserved share of its device
+    reference: bool = False  # a frozen reference model for the KL penalty
+    learner_ranks: int = 1  # FSDP2 shards weights, gradients and optimizer state over this many ranks
+
+
+@dataclass
+class Item:
+    name: str
+    bytes: int
+    note: str = ""
+
+
+@dataclass
+class DevicePlan:
+    device: str
+    capacity: int
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity * HEADROOM
+
+
+@dataclass
+class MemoryPlan:
+    layout: Layout
+    devices: list[DevicePlan]
+    activation_bytes_per_token: int
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    def describe(self) -> str:
+        lines = []
+        for d in self.devices:
+            state = "fits" if d.fits else "does NOT fit"
+            lines.append(
+                f"{d.device}: {_gib(d.total)} of {_gib(d.capacity)} planned ({state}; at most {HEADROOM:.0%} is used)"
+            )
+            for item in d.items:
+                lines.append(f"  {item.name:<22} {_gib(item.bytes):>10}" + (f"  {item.note}" if item.note else ""))
+        return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+def device_kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def device_capacity(device: str) -> int:
+    """Total memory of ``device`` (CPU: the machine's RAM)."""
+    if device_kind(device) == "cuda":
+        import torch
+
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def layer_bytes_per_token(shape: ModelShape, layout: Layout) -> int:
+    """What one decoder layer keeps for backward per token: the inputs and outputs of both RMS norms
+    (4 h, computed in fp32 also under bf16), and 6 h + 4 i more (q, k, v, the attention output, the
+    linear layers' inputs, the MLP's gate, up, activation and product). Under autocast the residual
+    stream stays fp32 and every linear layer keeps a bf16 copy of its input (one more h and i)."""
+    h, i = shape.hidden, shape.intermediate
+    if layout.learner_dtype == "float32":
+        return (10 * h + 4 * i) * 4
+    if layout.optimizer_dtype == "float32":  # autocast over fp32 weights
+        return 4 * h * 4 + (7 * h + 5 * i) * 2
+    return 2 * h * 4 + (8 * h + 4 * i) * 2  # all bf16: the norms' fp32 upcast remains
+
+
+def activation_bytes_per_token(shape: ModelShape, layout: Layout) -> int:
+    """What one micro-batch token keeps alive through the backward pass (besides attention)."""
+    b = _BYTES[layout.learner_dtype]
+    per_layer = layer_bytes_per_token(shape, layout)
+    if layout.gradient_checkpointing:
+        stored = shape.layers * shape.hidden * 4 + per_layer  # every layer's (fp32) input, one layer recomputed
+    else:
+        stored = shape.layers * per_layer
+    logits = int(3 * shape.vocab * 4 * layout.trained_share)  # fp32 logits, log-softmax and its exp
+    return stored + shape.hidden * b + logits  # and the embedding output
+
+
+def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
+    p = shape.parameters
+    ranks = max(1, layout.learner_ranks)
+    w = _BYTES[layout.optimizer_dtype]
+    compute = _BYTES[layout.learner_dtype]
+    shard = f" (1/{ranks} per rank)" if ranks > 1 else ""
+    items = [
+        Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B{shard}"),
+        Item("gradients", p * w // ranks),
+        Item("AdamW state", 2 * p * w // ranks, f"two moments, {layout.optimizer_dtype}"),
+    ]
+    if compute < w:
+        items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass"))
+    if layout.reference:
+        items.append(Item("reference model", p * compute, "frozen, for the KL penalty"))
+    # a micro-batch of up to DENSE_TREE_MAX tokens runs as one dense tree (checkpointed layers: always,
+    # in micro-batches of at most that size) and keeps softmax(QK^T) per head and layer; a larger one
+    # runs chain by chain without it. The peak is the larger of the two cases.
+    per_token = activation_bytes_per_token(shape, layout)
+    tokens = layout.micro_batch_tokens
+    if layout.gradient_checkpointing:
+        tokens = min(tokens, DENSE_TREE_MAX)
+    dense = min(tokens, DENSE_TREE_MAX)
+    # measured on CPU (bench/memory.py): a dense tree keeps its mask expanded per head in every layer
+    # (about 1.25 bytes per query-key pair, head and layer); a checkpointed layer recomputed in the
+    # backward pass holds its attention and the gradient of it while it runs (about 112 bytes per
+    # pair in fp32, 48 in bf16, whatever the number of heads)
+    if layout.gradient_checkpointing:
+        attention = dense * dense * (112 if compute == 4 else 48)
+    else:
+        attention = int(shape.layers * shape.heads * dense * dense * 1.25)
+    # chain by chain, each chain's keys and values are kept whole for the chains that continue it
+    chains = 4 * shape.layers * shape.kv_heads * shape.head_dim * compute
+    if not layout.gradient_checkpointing and (per_token + chains) * tokens >= per_token * dense + attention:
+        items.append(Item("activations", per_token * tokens, f"{per_token / 1024:.0f} KiB/token x {tokens} tokens"))
+        items.append(Item("chain keys and values", chains * tokens, "trees run chain by chain"))
+    else:
+        items.append(Item("activations", per_token * dense, f"{per_token / 1024:.0f} KiB/token x {dense} tokens"))
+        items.append(Item("tree attention", attention, f"a dense tree of {dense} tokens"))
+    return items
+
+
+def engine_items(shape: ModelShape, layout: Layout, capacity: int) -> list[Item]:
+    b = _BYTES.get(layout.engine_dtype, 4)
+    weights = shape.parameters * b
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * b
+    if layout.engine == "vllm" and device_kind(layout.engine_device) == "cuda":
+        util = layout.gpu_memory_utilization or 0.9
+        reserved = int(util * capacity)
+        if reserved - weights < kv_per_token * KV_TOKENS:  # not even one sequence of KV_TOKENS fits
+            reserved = weights + kv_per_token * KV_TOKENS
+            util = reserved / capacity
+        return [
+            Item("engine weights", weights, f"{layout.engine_dtype}"),
+            Item(
+                "engine KV cache",
+                max(0, reserved - weights),
+                f"--gpu-memory-utilization {util:.2f}: {max(0, reserved - weights) // kv_per_token:,} tokens",
+            ),
+        ]
+    kv = layout.max_batch * KV_TOKENS * kv_per_token
+    return [
+        Item("engine weights", weights, layout.engine_dtype),
+        Item("engine KV cache", kv, f"{layout.max_batch} sequences x {KV_TOKENS} tokens"),
+    ]
+
+
+def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryPlan:
+    """The plan per device; ``capacity`` maps each device of the layout to its memory."""
+    devices: dict[str, DevicePlan] = {}
+
+    def on(device: str) -> DevicePlan:
+        if device not in devices:
+            devices[device] = DevicePlan(device, capacity[device])
+            overhead = RUNTIME_OVERHEAD[device_kind(device)]
+            note = "CUDA context, libraries" if device_kind(device) == "cuda" else "libraries, allocator"
+            devices[device].items.append(Item("runtime", overhead, note))
+        return devices[device]
+
+    engine = on(layout.engine_device)
+    if layout.engine == "vllm" and device_kind(layout.engine_device) == "cuda" and not layout.gpu_memory_utilization:
+        # vLLM takes what the learner leaves (all but the headroom when the learner is elsewhere)
+        util = default_gpu_memory_utilization(shape, layout, engine.capacity)
+        layout = replace(layout, gpu_memory_utilization=util)
+    engine.items.extend(engine_items(shape, layout, engine.capacity))
+    learner = on(layout.learner_device)
+    if device_kind(layout.learner_device) == "cpu" and layout.learner_ranks > 1:
+        # torchrun's CPU ranks share this machine's memory: each holds its shard and its activations
+        ranks = layout.learner_ranks
+        learner.items.append(Item("runtime", RUNTIME_OVERHEAD["cpu"] * (ranks - 1), f"{ranks - 1} more ranks"))
+        learner.items.extend(
+            replace(i, bytes=i.bytes * ranks, note=f"{ranks} ranks") for i in learner_items(shape, layout)
+        )
+    else:
+        learner.items.extend(learner_items(shape, layout))
+    return MemoryPlan(layout, list(devices.values()), activation_bytes_per_token(shape, layout))
+
+
+def default_gpu_memory_utilization(shape: ModelShape, layout: Layout, capacity: int) -> float:
+    """vLLM's share of a device it shares with the learner: what the learner leaves, at most 0.9."""
+    if layout.engine_device != layout.learner_device:
+        return 0.9
+    learner = sum(i.bytes for i in learner_items(shape, layout)) + RUNTIME_OVERHEAD["cuda"]
+    return max(0.05, min(0.9, math.floor(1000 * (capacity * HEADROOM - learner) / capacity) / 1000))
+
+
+# what a user can change, cheapest in speed and exactness first
+_REMEDIES: list[tuple[str, dict[str, Any]]] = [
+    ("--gradient-checkpointing", {"gradient_checkpointing": True}),
+    ("--learner-dtype bfloat16", {"learner_dtype": "bfloat16"}),
+    ("--micro-batch-tokens 2048", {"micro_batch_tokens": 2048}),
+    ("--dtype bfloat16", {"engine_dtype": "bfloat16"}),
+    ("--optimizer-dtype bfloat16", {"optimizer_dtype": "bfloat16", "learner_dtype": "bfloat16"}),
+]
+
+
+def remedies(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> list[str] | None:
+    """The fewest flags (cheapest first among equals) that make the plan fit; ``None``: no choice
+    among them is enough."""
+    from itertools import combinations
+
+    useful = [
+        (flag, change)
+        for flag, change in _REMEDIES
+        if any(getattr(layout, k) != v for k, v in change.items())
+        and not (flag.startswith("--micro-batch-tokens") and layout.micro_batch_tokens <= 2048)
+    ]
+    for size in range(1, len(useful) + 1):
+        for chosen in combinations(useful, size):
+            changes: dict[str, Any] = {}
+            for _flag, change in chosen:
+                changes.update(change)
+            if plan(shape, replace(layout, **changes), capacity).fits:
+                return [flag for flag, _change in chosen]
+    return None
+
+
+def layout_for(settings: Any, learner_device: str, learner_ranks: int) -> Layout:
+    """The layout ``agentjet-server up``'s settings describe (``learner_device``: this rank's)."""
+    from agentjet_server.engine import resolve_dtype
+
+    engine_dtype = str(resolve_dtype(settings.dtype, settings.engine_device)).removeprefix("torch.")
+    return Layout(
+        engine=settings.engine,
+        engine_device=settings.engine_device,
+        learner_device=learner_device,
+        engine_dtype=engine_dtype,
+        learner_dtype=settings.learner_dtype,
+        optimizer_dtype=settings.optimizer_dtype,
+        gradient_checkpointing=settings.gradient_checkpointing,
+        micro_batch_tokens=settings.micro_batch_tokens,
+        max_batch=settings.max_batch,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        reference=settings.kl_coef > 0,
+        learner_ranks=learner_ranks,
+    )
+
+
+def capacities(layout: Layout, budget_gb: float | None) -> dict[str, int]:
+    devices = {layout.engine_device, layout.learner_device}
+    if budget_gb is not None:
+        return {d: int(budget_gb * GIB) for d in devices}
+    return {d: device_capacity(d) for d in devices}
+
+
+def check(settings: Any, model_path: str | Path, learner_device: str, learner_ranks: int) -> MemoryPlan:
+    """The plan for ``settings`` (its layout holds vLLM's share of its GPU, filled in when not given);
+    raises ``ConfigError`` (naming the flags that would make it fit) when it does not fit and
+    ``--memory-check`` is on."""
+    from agentjet_server.errors import ConfigError
+
+    shape = ModelShape.from_pretrained(model_path)
+    layout = layout_for(settings, learner_device, learner_ranks)
+    capacity = capacities(layout, settings.memory_budget_gb)
+    result = plan(shape, layout, capacity)
+    if result.fits or not settings.memory_check:
+        return result
+    fixes = remedies(shape, layout, capacity)
+    advice = (
+        f"it would fit with {' '.join(fixes)}"
+        if fixes
+        else "none of --gradient-checkpointing, --learner-dtype bfloat16, --micro-batch-tokens 2048, --dtype bfloat16 "
+        "and --optimizer-dtype bfloat16 is enough: put the engine and the learner on separate devices "
+        "(--engine-devices / --learner-devices), shard the learner over more devices with torchrun, or use a "
+        "smaller model"
+    )
+    raise ConfigError(
+        f"the model and this layout need more memory than there is:\n{result.describe()}\n{advice}; "
+        "or pass --no-memory-check to start anyway"
+    )

@@ -1,0 +1,246 @@
+"""The memory plan: estimates against a measured peak, refusals that name flags that fit, and the
+learner's precision and checkpointing options against fp32 numerics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentjet_server.batching.batch import Batch, Sequence
+from agentjet_server.errors import ConfigError
+from agentjet_server.learner.trainer import Learner, LearnerConfig
+from agentjet_server.memory import GIB, Layout, ModelShape, check, plan, remedies
+from agentjet_server.settings import ServerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+SEVEN_B = {  # Qwen2.5-7B's published shape
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module")
+def seven_b(tmp_path_factory) -> Path:
+    """A config-only model dir: the plan reads shapes, never weights (there are none)."""
+    target = tmp_path_factory.mktemp("qwen2-7b")
+    (target / "config.json").write_text(json.dumps(SEVEN_B))
+    return target
+
+
+def test_the_shape_comes_from_the_config_alone(seven_b):
+    shape = ModelShape.from_pretrained(seven_b)
+    assert 7.5e9 < shape.parameters < 7.7e9  # 7.62B, as published
+    assert (shape.layers, shape.kv_heads, shape.head_dim) == (28, 4, 128)
+
+
+def test_a_7b_model_on_one_gpu_is_refused_in_fp32_and_the_named_flags_make_it_fit(seven_b):
+    shape = ModelShape.from_pretrained(seven_b)
+    gpu = {"cuda:0": 141 * GIB}
+    layout = Layout(engine="vllm", engine_device="cuda:0", learner_device="cuda:0", engine_dtype="bfloat16")
+    fp32 = plan(shape, layout, gpu)
+    assert not fp32.fits
+    learner = {i.name: i.bytes for i in fp32.devices[0].items}
+    assert learner["AdamW state"] == 2 * shape.parameters * 4 and learner["learner weights"] == shape.parameters * 4
+    flags = remedies(shape, layout, gpu)
+    assert flags is not None and "--optimizer-dtype bfloat16" in flags  # fp32 master weights + AdamW: 122 GB
+    fixed = {
+        "--gradient-checkpointing": {"gradient_checkpointing": True},
+        "--learner-dtype bfloat16": {"learner_dtype": "bfloat16"},
+        "--micro-batch-tokens 2048": {"micro_batch_tokens": 2048},
+        "--dtype bfloat16": {"engine_dtype": "bfloat16"},
+        "--optimizer-dtype bfloat16": {"optimizer_dtype": "bfloat16", "learner_dtype": "bfloat16"},
+    }
+    changes: dict = {}
+    for flag in flags:
+        changes.update(fixed[flag])
+    assert plan(shape, replace(layout, **changes), gpu).fits
+    # no flag makes it fit a 24 GB card; separate devices halve what each holds
+    assert remedies(shape, layout, {"cuda:0": 24 * GIB}) is None
+    split = replace(layout, engine_device="cuda:1", **changes)
+    both = plan(shape, split, {"cuda:0": 141 * GIB, "cuda:1": 141 * GIB})
+    assert [d.device for d in both.devices] == ["cuda:1", "cuda:0"] and both.fits
+
+
+def test_sharding_divides_weights_gradients_and_optimizer_state_by_the_ranks(seven_b):
+    shape = ModelShape.from_pretrained(seven_b)
+    one = {
+        i.name: i.bytes
+        for i in plan(shape, Layout(learner_device="cuda:0"), {"cpu": GIB, "cuda:0": GIB}).devices[1].items
+    }
+    eight = {
+        i.name: i.bytes
+        for i in plan(shape, Layout(learner_device="cuda:0", learner_ranks=8), {"cpu": GIB, "cuda:0": GIB})
+        .devices[1]
+        .items
+    }
+    for name in ("learner weights", "gradients", "AdamW state"):
+        assert eight[name] == one[name] // 8
+    assert eight["activations"] == one["activations"]
+
+
+def test_up_refuses_a_layout_that_cannot_fit_before_loading_anything(seven_b, tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentjet_server",
+            "up",
+            "--model",
+            str(seven_b),
+            "--memory-budget-gb",
+            "200",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = " ".join((out.stdout + out.stderr).split())
+    assert "need more memory than there is" in text and "does NOT fit" in text
+    assert "it would fit with --gradient-checkpointing" in text and "--no-memory-check" in text
+    small = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentjet_server",
+            "up",
+            "--model",
+            str(seven_b),
+            "--memory-budget-gb",
+            "16",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    small_text = " ".join((small.stdout + small.stderr).split())
+    assert small.returncode == 2 and "separate devices" in small_text and "smaller model" in small_text
+
+
+def test_settings_refuse_contradictory_memory_flags(tmp_path):
+    with pytest.raises(ValueError, match="add --learner-dtype bfloat16"):
+        ServerSettings(optimizer_dtype="bfloat16")
+    with pytest.raises(ValueError, match="needs --engine vllm"):
+        ServerSettings(gpu_memory_utilization=0.5)
+    with pytest.raises(ValueError, match="one device"):
+        ServerSettings(engine_devices="cuda:0,cuda:1")
+
+
+def test_check_fits_the_embedded_model_and_can_be_overridden(model_dir):
+    settings = ServerSettings(memory_budget_gb=4)
+    assert check(settings, model_dir, "cpu", 1).fits
+    tight = ServerSettings(memory_budget_gb=0.3)
+    with pytest.raises(ConfigError, match="--no-memory-check"):
+        check(tight, model_dir, "cpu", 1)
+    assert not check(tight.model_copy(update={"memory_check": False}), model_dir, "cpu", 1).fits
+
+
+@pytest.mark.parametrize("layout", [{}, {"learner_dtype": "bfloat16", "gradient_checkpointing": True}])
+def test_estimate_is_within_20_percent_of_the_measured_peak(tmp_path, layout):
+    """bench/memory.py's measurement on a 4M-parameter model, in a fresh process per layout."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import memory as bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    model = tmp_path / "m"
+    bench.SHAPES["test"] = {
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+    }
+    bench.build("test", model)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "memory.py"), "--child", str(model), json.dumps(layout), "2048"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    measured = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+    estimated = bench.estimate(model, layout, 2048)
+    assert 0.8 <= estimated / measured <= 1.2, (estimated / 2**20, measured / 2**20)
+
+
+# -- numerics --------------------------------------------------------------------------------------
+
+
+def _batch(vocab: int) -> Batch:
+    """Two groups sharing a prompt each (a dense prefix tree), advantages of both signs."""
+    g = torch.Generator().manual_seed(3)
+    sequences = []
+    for group in range(2):
+        prompt = torch.randint(5, vocab - 5, (60,), generator=g).tolist()
+        for i in range(4):
+            completion = torch.randint(5, vocab - 5, (24,), generator=g).tolist()
+            trained = list(range(60, 84))
+            old = (-torch.rand(24, generator=g) * 3 - 4).tolist()  # about what a fresh model samples at
+            sequences.append(Sequence(prompt + completion, trained, old, [1.0 - 0.6 * i] * 24, group=group))
+    return Batch(sequences, [0.0] * 8, 2, 0, 8)
+
+
+def _step(model_dir: Path, config: LearnerConfig, dtype: torch.dtype = torch.float32) -> tuple[Learner, float]:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    learner = Learner(model, config, pad_id=0)
+    stats = learner.step(_batch(int(model.config.vocab_size)))
+    return learner, stats.loss
+
+
+def _grads(learner: Learner) -> torch.Tensor:
+    return torch.cat([p.grad.float().flatten() for p in learner.model.parameters() if p.grad is not None])
+
+
+def test_gradient_checkpointing_gives_the_same_step(model_dir):
+    plain, plain_loss = _step(model_dir, LearnerConfig(lr=1e-3, tree_attention="dense"))
+    ckpt, ckpt_loss = _step(model_dir, LearnerConfig(lr=1e-3, gradient_checkpointing=True))
+    assert abs(plain_loss - ckpt_loss) < 1e-6
+    assert torch.allclose(_grads(plain), _grads(ckpt), atol=1e-7, rtol=1e-5)
+    for a, b in zip(plain.model.parameters(), ckpt.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_bf16_learner_agrees_with_fp32_within_bf16_precision(model_dir):
+    fp32, fp32_loss = _step(model_dir, LearnerConfig(lr=1e-3))
+    auto, auto_loss = _step(model_dir, LearnerConfig(lr=1e-3, compute_dtype="bfloat16"))
+    pure, pure_loss = _step(model_dir, LearnerConfig(lr=1e-3, compute_dtype="bfloat16"), torch.bfloat16)
+    reference = _grads(fp32)
+    for learner, loss in ((auto, auto_loss), (pure, pure_loss)):
+        assert abs(loss - fp32_loss) <= 0.03 * abs(fp32_loss) + 1e-3, (loss, fp32_loss)
+        cosine = torch.nn.functional.cosine_similarity(_grads(learner), reference, dim=0)
+        assert cosine > 0.98, cosine
+    # autocast keeps fp32 master weights and AdamW state; all-bf16 keeps both in bf16
+    assert {p.dtype for p in auto.model.parameters()} == {torch.float32}
+    assert {s["exp_avg"].dtype for s in auto.optimizer.state.values()} == {torch.float32}
+    assert {p.dtype for p in pure.model.parameters()} == {torch.bfloat16}
+    assert {s["exp_avg"].dtype for s in pure.optimizer.state.values()} == {torch.bfloat16}
+    # the fp32-master step moves the weights as fp32 does, to within bf16's resolution of the gradient
+    moved = [(a - b).abs().max() for a, b in zip(auto.model.parameters(), fp32.model.parameters(), strict=True)]
+    assert max(moved) < 2e-3  # lr 1e-3: a sign flip of one update would show as 2e-3
