@@ -161,20 +161,13 @@ def test_check_fits_the_embedded_model_and_can_be_overridden(model_dir):
 
 @pytest.mark.parametrize("layout", [{}, {"learner_dtype": "bfloat16", "gradient_checkpointing": True}])
 def test_estimate_is_within_20_percent_of_the_measured_peak(tmp_path, layout):
-    """bench/memory.py's measurement on a 4M-parameter model, in a fresh process per layout."""
+    """bench/memory.py's measurement on the 26M model, in a fresh process per layout."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import memory as bench
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    model = tmp_path / "m"
-    bench.SHAPES["test"] = {
-        "hidden_size": 256,
-        "intermediate_size": 768,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-    }
-    bench.build("test", model)
+    model = bench.build("26M", tmp_path / "m")
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "memory.py"), "--child", str(model), json.dumps(layout), "2048"],
         capture_output=True,

@@ -60,7 +60,7 @@ class ModelShape:
 
         config: Any = AutoConfig.from_pretrained(str(path))
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
         parameters = sum(p.numel() for p in model.parameters())
         text: Any = getattr(config, "text_config", None) or config
         hidden = int(text.hidden_size)
