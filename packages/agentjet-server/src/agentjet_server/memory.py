@@ -205,6 +205,10 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
     tokens = layout.micro_batch_tokens
     if layout.gradient_checkpointing:
         tokens = min(tokens, DENSE_TREE_MAX)
+        if layout.micro_batch_tokens > tokens and device_kind(layout.learner_device) == "cpu":
+            # measured (bench/memory.py): a batch cut into several micro-batches leaves the CPU
+            # allocator holding about this much more than one micro-batch's peak
+            items.append(Item("allocator slack", int(0.25 * GIB), "several micro-batches in a row"))
     dense = min(tokens, DENSE_TREE_MAX)
     # measured on CPU (bench/memory.py): a dense tree keeps its mask expanded per head in every layer
     # (about 1.25 bytes per query-key pair, head and layer); a checkpointed layer recomputed in the
@@ -295,7 +299,10 @@ _REMEDIES: list[tuple[str, dict[str, Any]]] = [
     ("--learner-dtype bfloat16", {"learner_dtype": "bfloat16"}),
     ("--micro-batch-tokens 2048", {"micro_batch_tokens": 2048}),
     ("--dtype bfloat16", {"engine_dtype": "bfloat16"}),
-    ("--optimizer-dtype bfloat16", {"optimizer_dtype": "bfloat16", "learner_dtype": "bfloat16"}),
+    (
+        "--learner-dtype bfloat16 --optimizer-dtype bfloat16",
+        {"optimizer_dtype": "bfloat16", "learner_dtype": "bfloat16"},
+    ),
 ]
 
 
@@ -365,7 +372,7 @@ def check(settings: Any, model_path: str | Path, learner_device: str, learner_ra
         f"it would fit with {' '.join(fixes)}"
         if fixes
         else "none of --gradient-checkpointing, --learner-dtype bfloat16, --micro-batch-tokens 2048, --dtype bfloat16 "
-        "and --optimizer-dtype bfloat16 is enough: put the engine and the learner on separate devices "
+        "and --optimizer-dtype bfloat16 (with --learner-dtype bfloat16) is enough: put the engine and the learner on separate devices "
         "(--engine-devices / --learner-devices), shard the learner over more devices with torchrun, or use a "
         "smaller model"
     )
