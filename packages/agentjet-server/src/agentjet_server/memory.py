@@ -371,10 +371,10 @@ def check(settings: Any, model_path: str | Path, learner_device: str, learner_ra
     advice = (
         f"it would fit with {' '.join(fixes)}"
         if fixes
-        else "none of --gradient-checkpointing, --learner-dtype bfloat16, --micro-batch-tokens 2048, --dtype bfloat16 "
-        "and --optimizer-dtype bfloat16 (with --learner-dtype bfloat16) is enough: put the engine and the learner on separate devices "
-        "(--engine-devices / --learner-devices), shard the learner over more devices with torchrun, or use a "
-        "smaller model"
+        else "none of --gradient-checkpointing, --learner-dtype bfloat16, --micro-batch-tokens 2048, "
+        "--dtype bfloat16 and --optimizer-dtype bfloat16 (with --learner-dtype bfloat16) is enough: put the "
+        "engine and the learner on separate devices (--engine-devices / --learner-devices), shard the learner "
+        "over more devices with torchrun, or use a smaller model"
     )
     raise ConfigError(
         f"the model and this layout need more memory than there is:\n{result.describe()}\n{advice}; "
