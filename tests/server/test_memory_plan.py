@@ -98,53 +98,25 @@ def test_sharding_divides_weights_gradients_and_optimizer_state_by_the_ranks(sev
     assert eight["activations"] == one["activations"]
 
 
-def test_up_refuses_a_layout_that_cannot_fit_before_loading_anything(seven_b, tmp_path):
+def _up_with_budget(model: Path, budget_gb: int, state: Path) -> tuple[int, str]:
+    flags = ["--model", str(model), "--port", "0", "--memory-budget-gb", str(budget_gb), "--state-dir", str(state)]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agentjet_server",
-            "up",
-            "--model",
-            str(seven_b),
-            "--memory-budget-gb",
-            "200",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--port",
-            "0",
-        ],
+        [sys.executable, "-m", "agentjet_server", "up", *flags],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
     )
-    assert out.returncode == 2, out.stdout + out.stderr
-    text = " ".join((out.stdout + out.stderr).split())
+    return out.returncode, " ".join((out.stdout + out.stderr).split())
+
+
+def test_up_refuses_a_layout_that_cannot_fit_before_loading_anything(seven_b, tmp_path):
+    code, text = _up_with_budget(seven_b, 200, tmp_path / "state")  # the dir has no weights to load
+    assert code == 2, text
     assert "need more memory than there is" in text and "does NOT fit" in text
     assert "it would fit with --gradient-checkpointing" in text and "--no-memory-check" in text
-    small = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agentjet_server",
-            "up",
-            "--model",
-            str(seven_b),
-            "--memory-budget-gb",
-            "16",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    small_text = " ".join((small.stdout + small.stderr).split())
-    assert small.returncode == 2 and "separate devices" in small_text and "smaller model" in small_text
+    code, text = _up_with_budget(seven_b, 16, tmp_path / "state")
+    assert code == 2 and "separate devices" in text and "smaller model" in text
 
 
 def test_settings_refuse_contradictory_memory_flags(tmp_path):
