@@ -270,7 +270,7 @@ def main() -> None:
 
         print(f"\n2. ingestion alone: {args.pushers} pushers, batches of 64 x 2,048-token trajectories ...", flush=True)
         state = root / "ingest"
-        extra = ("--max-buffered", "1000000", "--max-buffer-bytes", str(16 << 30), "--max-body-bytes", str(64 << 20))
+        extra = ("--max-buffered", "1000000")
         with server(state, *extra) as (url, _process):
             accepted, took, errors = asyncio.run(ingest(url, args.ingest_seconds, args.pushers, 64))
         print("| ingestion | value |")
