@@ -230,3 +230,23 @@ def test_log_segments_are_readable_by_the_owner_only(tmp_path):
     log.close()
     assert stat.S_IMODE((tmp_path / "log").stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / "log" / "00000001.wal").stat().st_mode) == 0o600
+
+
+def test_a_trajectory_logged_as_its_model_wrote_it_reads_back_as_the_same_record(tmp_path):
+    """At ingest the log line embeds pydantic's own JSON (no dict, no json.dumps): what a restart
+    reads is the trajectory that was accepted, token for token, and an evaluation likewise."""
+    from agentjet_server.wal import Evaluated, decode, encode
+
+    t = traj(3).model_copy(update={"metadata": {"note": "ünïcode ✓", "x": 0.1}, "task_tag": "math"})
+    raw = t.model_dump_json().encode()
+    fast = decode(encode(Accepted(7, t.id, (), raw=raw)))
+    slow = decode(encode(Accepted(7, t.id, (), t.model_dump(mode="json"))))
+    assert fast == slow and isinstance(fast, Accepted) and fast.lsn == 7
+    assert Trajectory.model_validate(fast.trajectory) == t
+    evaluation = decode(encode(Evaluated(t.id, (), raw=raw)))
+    assert isinstance(evaluation, Evaluated) and Trajectory.model_validate(evaluation.trajectory) == t
+    s, log, buffered = store(tmp_path)
+    s.admit_batch([t], 0)
+    log.close()
+    [record] = [r for r in read_records(tmp_path) if isinstance(r, Accepted)]
+    assert Trajectory.model_validate(record.trajectory) == t

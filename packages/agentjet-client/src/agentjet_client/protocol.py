@@ -37,10 +37,22 @@ MAX_SEQUENCE_TOKENS = 1 << 20  # token ids in one list: far beyond any model's c
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
+def _all_log_probabilities(values: list[Any]) -> bool:
+    """Every item a finite number at most 1e-4 (checked by builtins, without a Python-level loop)."""
+    return (
+        set(map(type, values)) <= {int, float}
+        and all(map(math.isfinite, values))
+        and (not values or max(values) <= 1e-4)
+    )
+
+
 def _whole_numbers(value: Any, what: str) -> Any:
     """Check a long list of integers in one pass and fail at its first bad item, so a list of a
     million strings is one error, not a million (each would be rendered into the 400)."""
     if isinstance(value, list):
+        # the common case checked by builtins (a 2k-token list in microseconds); the loop finds the culprit
+        if set(map(type, value)) <= {int} and (not value or (min(value) >= 0 and max(value) <= INT64_MAX)):
+            return value
         for i, x in enumerate(value):
             if type(x) is not int or not 0 <= x <= INT64_MAX:
                 raise ValueError(
@@ -51,6 +63,8 @@ def _whole_numbers(value: Any, what: str) -> Any:
 
 def _log_probabilities(value: Any) -> Any:
     if isinstance(value, list):
+        if _all_log_probabilities(value):
+            return value
         for i, x in enumerate(value):
             if type(x) not in (int, float) or not math.isfinite(x) or x > 1e-4:
                 raise ValueError(
@@ -557,7 +571,7 @@ class Turn(_Strict):
             )
         if self.completion_versions is not None and len(self.completion_versions) != n:
             raise ValueError("completion_versions must have one entry per completion token")
-        if any(not math.isfinite(lp) or lp > 1e-4 for lp in self.completion_logprobs):
+        if not _all_log_probabilities(self.completion_logprobs):
             raise ValueError("completion_logprobs must be finite log-probabilities (<= 0)")
         if self.reward is not None and not math.isfinite(self.reward):
             raise ValueError("turn reward must be a finite number")

@@ -71,6 +71,9 @@ def _where(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+_CONTAINERS_OR_TEXT = {str, dict, list}
+
+
 def check_shape(data: Any, max_depth: int = MAX_DEPTH) -> None:
     """Refuse JSON nested deeper than ``max_depth`` or holding strings that are not valid Unicode
     (lone surrogates, from ``"\\ud800"`` escapes or raw bytes ED A0 80). One iterative pass."""
@@ -83,6 +86,8 @@ def check_shape(data: Any, max_depth: int = MAX_DEPTH) -> None:
                 param=path.split(".")[0] or None,
                 code="too_deep",
             )
+        if isinstance(node, list) and not _CONTAINERS_OR_TEXT & set(map(type, node)):
+            continue  # numbers only (token ids, log-probs): nothing to check, seen without a Python loop
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
             if isinstance(key, str):

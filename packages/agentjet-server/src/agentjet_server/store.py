@@ -163,14 +163,14 @@ class TrajectoryStore:
                 batch_signatures.update(signatures)
                 signed += len(signatures)
                 turns += len(trajectory.turns)
-                body = trajectory.model_dump(mode="json")
+                raw = trajectory.model_dump_json().encode()  # what the log line holds, written by pydantic
                 if trajectory.purpose == "eval":  # recorded, never buffered for training
                     evaluated += 1
-                    records.append(Evaluated(trajectory.id, signatures, body))
+                    records.append(Evaluated(trajectory.id, signatures, raw=raw))
                 else:
                     lsn = self.next_lsn + len(accepted)
                     accepted.append((trajectory, lsn))
-                    records.append(Accepted(lsn, trajectory.id, signatures, body))
+                    records.append(Accepted(lsn, trajectory.id, signatures, raw=raw))
                 results.append(TrajectoryResult(id=trajectory.id, status="accepted"))
             if accepted:  # raises before anything is logged, counted or answered
                 self._room(len(accepted), sum(footprint(t) for t, _ in accepted))

@@ -42,6 +42,7 @@ from agentjet_server.errors import StateError
 logger = logging.getLogger(__name__)
 
 ACCEPTED, REJECTED, VERSION, EVALUATED, CONFIGURED = "a", "r", "v", "e", "c"
+_ACCEPTED_JSON, _EVALUATED_JSON = json.dumps(ACCEPTED).encode(), json.dumps(EVALUATED).encode()
 RECENT = "recent.wal"  # bodies of the newest compacted trajectories, for inspection and the dashboard
 
 
@@ -54,6 +55,8 @@ class Accepted:
     id: str
     signatures: tuple[str, ...] = ()
     trajectory: dict[str, Any] | None = None
+    # at ingest: the trajectory's JSON as its model wrote it, logged as is (no dict, no json.dumps)
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Evaluated:
     id: str
     signatures: tuple[str, ...] = ()
     trajectory: dict[str, Any] | None = None
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,12 @@ def from_json(value: dict[str, Any]) -> Record | None:
 
 
 def encode(record: Record) -> bytes:
-    body = json.dumps(to_json(record), separators=(",", ":"), ensure_ascii=False).encode()
+    if isinstance(record, Accepted) and record.raw is not None:
+        body = b'{"k":%s,"n":%d,"t":%s}' % (_ACCEPTED_JSON, record.lsn, record.raw)
+    elif isinstance(record, Evaluated) and record.raw is not None:
+        body = b'{"k":%s,"t":%s}' % (_EVALUATED_JSON, record.raw)
+    else:
+        body = json.dumps(to_json(record), separators=(",", ":"), ensure_ascii=False).encode()
     return b"%08x %s\n" % (zlib.crc32(body), body)
 
 
