@@ -248,5 +248,6 @@ def test_a_trajectory_logged_as_its_model_wrote_it_reads_back_as_the_same_record
     s, log, buffered = store(tmp_path)
     s.admit_batch([t], 0)
     log.close()
+    assert buffered == [(t.id, 0)]
     [record] = [r for r in read_records(tmp_path) if isinstance(r, Accepted)]
     assert Trajectory.model_validate(record.trajectory) == t
