@@ -34,6 +34,8 @@ def test_cli_errors_are_one_clear_line():
     assert out.returncode == 2 and "cannot go with --model" in out.stderr and "Traceback" not in out.stderr
     out = run("agentjet-server", "up", "--model-size", "huge")
     assert out.returncode == 2 and "--model-size" in out.stderr and "'small'" in out.stderr
+    out = run("agentjet-server", "up", "--max-buffer-bytes", "1000")
+    assert out.returncode == 2 and "--max-buffer-bytes" in out.stderr and "1048576" in out.stderr, out.stderr
     examples = Path(__file__).resolve().parents[2] / "examples" / "digits"
     out = run("agentjet-client", "run", "--code-dir", str(examples), "--server", "http://a:1", "--server", "http://b:2")
     assert out.returncode == 2 and "give other agents' servers as NAME=URL" in out.stderr

@@ -155,6 +155,10 @@ def up(
         int | None,
         typer.Option(help="trajectories held for training before pushes get 429 (default: 4 batches' worth)"),
     ] = None,
+    max_buffer_bytes: Annotated[
+        int, typer.Option(help="approximate memory the training buffer may hold before pushes get 429")
+    ] = 2 << 30,
+    max_body_bytes: Annotated[int, typer.Option(help="largest trajectory batch a push may send, in bytes")] = 16 << 20,
     group_timeout: Annotated[
         float, typer.Option(help="seconds after which an incomplete GRPO group is trained as a smaller one")
     ] = 600.0,
