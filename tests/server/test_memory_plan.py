@@ -128,6 +128,18 @@ def test_settings_refuse_contradictory_memory_flags(tmp_path):
         ServerSettings(engine_devices="cuda:0,cuda:1")
 
 
+def test_under_torchrun_rank_0_plans_the_engine_on_its_device_and_the_other_ranks_only_their_shard(seven_b):
+    settings = ServerSettings(model=seven_b, device="cuda", engine="vllm", memory_budget_gb=141)
+    settings = settings.model_copy(update={"learner_dtype": "bfloat16", "optimizer_dtype": "bfloat16"})
+    main = check(settings, seven_b, "cuda:0", 8, serves=True)
+    other = check(settings, seven_b, "cuda:3", 8, serves=False)
+    assert [d.device for d in main.devices] == ["cuda:0"] and [d.device for d in other.devices] == ["cuda:3"]
+    assert "engine weights" in {i.name for i in main.devices[0].items}
+    assert not {"engine weights", "engine KV cache"} & {i.name for i in other.devices[0].items}
+    split = check(settings.model_copy(update={"engine_devices": "cuda:7"}), seven_b, "cuda:0", 8, serves=True)
+    assert [d.device for d in split.devices] == ["cuda:7", "cuda:0"]
+
+
 def test_check_fits_the_embedded_model_and_can_be_overridden(model_dir):
     settings = ServerSettings(memory_budget_gb=4)
     assert check(settings, model_dir, "cpu", 1).fits

@@ -314,7 +314,7 @@ def _memory_plan(settings: Any, path: Path, ctx: Any) -> Any:
     same); vLLM on a GPU it shares with the learner gets the share the learner leaves."""
     from agentjet_server import memory
 
-    plan = memory.check(settings, path, ctx.device, ctx.world_size)
+    plan = memory.check(settings, path, ctx.device, ctx.world_size, serves=ctx.is_main)
     if ctx.is_main:
         console.print("[cyan]agentjet[/cyan] memory plan:")
         console.print(escape(plan.describe()), style="dim")

@@ -81,7 +81,7 @@ class ModelShape:
 class Layout:
     """Where things go and in which precision (the flags of ``agentjet-server up``)."""
 
-    engine: str = "transformers"
+    engine: str = "transformers"  # or "vllm"; "none" where this process runs no engine
     engine_device: str = "cpu"
     learner_device: str = "cpu"
     engine_dtype: str = "float32"
@@ -271,7 +271,8 @@ def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryP
         # vLLM takes what the learner leaves (all but the headroom when the learner is elsewhere)
         util = default_gpu_memory_utilization(shape, layout, engine.capacity)
         layout = replace(layout, gpu_memory_utilization=util)
-    engine.items.extend(engine_items(shape, layout, engine.capacity))
+    if layout.engine != "none":  # "none": a torchrun rank other than 0 (rank 0 serves)
+        engine.items.extend(engine_items(shape, layout, engine.capacity))
     learner = on(layout.learner_device)
     if device_kind(layout.learner_device) == "cpu" and layout.learner_ranks > 1:
         # torchrun's CPU ranks share this machine's memory: each holds its shard and its activations
@@ -327,14 +328,17 @@ def remedies(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> lis
     return None
 
 
-def layout_for(settings: Any, learner_device: str, learner_ranks: int) -> Layout:
-    """The layout ``agentjet-server up``'s settings describe (``learner_device``: this rank's)."""
+def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: bool = True) -> Layout:
+    """The layout ``agentjet-server up``'s settings describe for one process: ``learner_device`` is
+    its rank's; the process that ``serves`` (rank 0) runs the engine, on ``--engine-devices`` or
+    its own device; the other torchrun ranks hold only their learner shard."""
     from agentjet_server.engine import resolve_dtype
 
-    engine_dtype = str(resolve_dtype(settings.dtype, settings.engine_device)).removeprefix("torch.")
+    engine_device = (settings.engine_devices or learner_device) if serves else learner_device
+    engine_dtype = str(resolve_dtype(settings.dtype, engine_device)).removeprefix("torch.")
     return Layout(
-        engine=settings.engine,
-        engine_device=settings.engine_device,
+        engine=settings.engine if serves else "none",
+        engine_device=engine_device,
         learner_device=learner_device,
         engine_dtype=engine_dtype,
         learner_dtype=settings.learner_dtype,
@@ -355,14 +359,16 @@ def capacities(layout: Layout, budget_gb: float | None) -> dict[str, int]:
     return {d: device_capacity(d) for d in devices}
 
 
-def check(settings: Any, model_path: str | Path, learner_device: str, learner_ranks: int) -> MemoryPlan:
+def check(
+    settings: Any, model_path: str | Path, learner_device: str, learner_ranks: int, serves: bool = True
+) -> MemoryPlan:
     """The plan for ``settings`` (its layout holds vLLM's share of its GPU, filled in when not given);
     raises ``ConfigError`` (naming the flags that would make it fit) when it does not fit and
     ``--memory-check`` is on."""
     from agentjet_server.errors import ConfigError
 
     shape = ModelShape.from_pretrained(model_path)
-    layout = layout_for(settings, learner_device, learner_ranks)
+    layout = layout_for(settings, learner_device, learner_ranks, serves)
     capacity = capacities(layout, settings.memory_budget_gb)
     result = plan(shape, layout, capacity)
     if result.fits or not settings.memory_check:
