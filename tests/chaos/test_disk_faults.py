@@ -64,8 +64,12 @@ def trajectories(count: int, prefix: str) -> list[Trajectory]:
 
 
 def push(url: str, trajectory: Trajectory) -> tuple[int, str]:
-    """``(200, status[: reason])`` or ``(503, message)``."""
-    r = httpx2.post(url + "/v1/trajectories", json={"trajectories": [trajectory.model_dump(mode="json")]}, timeout=30)
+    """``(200, status[: reason])`` or ``(503, message)``; a 429 (nothing acknowledged) is sent again."""
+    body = {"trajectories": [trajectory.model_dump(mode="json")]}
+    r = httpx2.post(url + "/v1/trajectories", json=body, timeout=30)
+    while r.status_code == 429:  # the buffer is full until the learner takes a batch: push again, as clients do
+        time.sleep(0.2)
+        r = httpx2.post(url + "/v1/trajectories", json=body, timeout=30)
     assert r.status_code in (200, 503), r.text  # never a 500
     if r.status_code == 503:
         return 503, r.json()["error"]["message"]
