@@ -1,11 +1,14 @@
 """vLLM engine vs transformers engine, same model, same requests, measured side by side in one run.
 
+The transformers engine is measured twice: continuously batched (what it serves with) and in waves
+(``continuous=False``: a newcomer waits for the running batch to finish, as it did before).
+
     .venv-vllm/bin/python bench/engines.py   # needs vLLM: `python3 scripts/dev.py test-vllm` sets up .venv-vllm
     .venv-vllm/bin/python bench/engines.py --size small --concurrency 8 --max-tokens 128
 
 For each engine, in its own subprocess (vLLM sets process-wide torch state) with the same
 thread count: decode throughput with N concurrent requests; 48 requests of 16-256 tokens arriving
-one every 20 ms (throughput and time to first token); then a weight update pushed while N
+one every 20 ms, three times (median throughput, time to first token); then a weight update pushed while N
 requests are in flight — the update's time as the learner sees it, and the longest gap between
 two tokens any request saw around it, next to the same engine's usual inter-token gap.
 
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+ENGINES = ("waves", "transformers", "vllm")
 SIZES = {
     "tiny": {},  # the embedded model's architecture
     "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8},
@@ -82,7 +86,7 @@ async def _burst(
     return sum(counts), time.perf_counter() - started, stamps
 
 
-async def _staggered(engine: Any, prompts: list[list[int]], arrivals: int, gap_s: float) -> dict[str, float]:
+async def _staggered(engine: Any, prompts: list[list[int]], arrivals: int, gap_s: float) -> dict[str, Any]:
     """Requests arriving one every ``gap_s`` with lengths from 16 to 256 tokens, like agents' turns:
     the time to first token shows whether a newcomer waits for the batch that is already running."""
     from agentjet_server.engine.base import SamplingParams
@@ -102,12 +106,7 @@ async def _staggered(engine: Any, prompts: list[list[int]], arrivals: int, gap_s
 
     started = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(arrivals)))
-    first.sort()
-    return {
-        "stagger_tokens_per_s": sum(counts) / (time.perf_counter() - started),
-        "ttft_p50_ms": first[len(first) // 2] * 1000,
-        "ttft_p95_ms": first[int(len(first) * 0.95)] * 1000,
-    }
+    return {"stagger_tokens_per_s": sum(counts) / (time.perf_counter() - started), "first": first}
 
 
 def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: int) -> dict[str, Any]:
@@ -115,7 +114,12 @@ def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: i
 
     from agentjet_server.engine import create_engine
 
-    engine = create_engine(kind, model, model_name="bench", device="cpu", max_batch=64)  # type: ignore[arg-type]
+    if kind == "waves":  # the transformers engine as it was: newcomers wait for the running batch
+        from agentjet_server.engine.hf import TransformersEngine
+
+        engine: Any = TransformersEngine(model, model_name="bench", max_batch=64, continuous=False)
+    else:
+        engine = create_engine(kind, model, model_name="bench", device="cpu", max_batch=64)  # type: ignore[arg-type]
     prompts = [engine.render([{"role": "user", "content": f"Tell me about item {i}."}]) for i in range(concurrency)]
     asyncio.run(_burst(engine, prompts[:2], 8, 0))  # warm-up
     tokens, seconds = 0, 0.0
@@ -125,7 +129,14 @@ def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: i
         tokens, seconds = tokens + n, seconds + s
         gaps += [b - a for st in stamps for a, b in itertools.pairwise(st)]
 
-    staggered = asyncio.run(_staggered(engine, prompts, 48, 0.02))
+    # three staggered runs (one is at the mercy of a noisy neighbour): median throughput, pooled first tokens
+    runs = [asyncio.run(_staggered(engine, prompts, 48, 0.02)) for _ in range(3)]
+    firsts = sorted(t for run in runs for t in run.pop("first"))
+    staggered = {
+        "stagger_tokens_per_s": statistics.median(run["stagger_tokens_per_s"] for run in runs),
+        "ttft_p50_ms": firsts[len(firsts) // 2] * 1000,
+        "ttft_p95_ms": firsts[int(len(firsts) * 0.95)] * 1000,
+    }
 
     from transformers import AutoModelForCausalLM
 
@@ -185,7 +196,7 @@ def main() -> None:
         )
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         results = {}
-        for kind in ("transformers", "vllm"):
+        for kind in ENGINES:
             print(f"measuring {kind} ...", flush=True)
             cmd = [sys.executable, __file__, "--child", kind, "--model", str(model)]
             cmd += ["--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens)]
@@ -195,7 +206,6 @@ def main() -> None:
             if proc.returncode != 0 or line is None:
                 sys.exit(f"{kind} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
             results[kind] = json.loads(line.removeprefix("RESULT "))
-    hf, vl = results["transformers"], results["vllm"]
     rows = [
         ("decode throughput (tokens/s)", "tokens_per_s", "{:.0f}"),
         ("inter-token gap p50 (ms)", "gap_p50_ms", "{:.1f}"),
@@ -207,11 +217,14 @@ def main() -> None:
         ("requests in flight at the update", "update_in_flight", "{}"),
         ("longest gap across the update (ms)", "gap_across_update_ms", "{:.1f}"),
     ]
-    print(f"\n| {'':42} | {'transformers':>12} | {'vLLM':>12} | {'vLLM / transformers':>19} |")
-    print(f"|{'-' * 44}|{'-' * 14}|{'-' * 14}|{'-' * 21}|")
+    waves, hf, vl = results["waves"], results["transformers"], results["vllm"]
+    heads = ("transformers, waves", "transformers", "vLLM", "transformers / waves", "vLLM / transformers")
+    print("\n| " + " | ".join([f"{'':42}", *(f"{h:>20}" for h in heads)]) + " |")
+    print("|" + "|".join(["-" * 44, *("-" * 22 for _ in heads)]) + "|")
     for label, key, fmt in rows:
-        ratio = vl[key] / hf[key] if hf[key] else float("nan")
-        print(f"| {label:42} | {fmt.format(hf[key]):>12} | {fmt.format(vl[key]):>12} | {ratio:>19.2f} |")
+        cells = [fmt.format(r[key]) for r in (waves, hf, vl)]
+        cells += [f"{a[key] / b[key]:.2f}" if b[key] else "nan" for a, b in ((hf, waves), (vl, hf))]
+        print("| " + " | ".join([f"{label:42}", *(f"{c:>20}" for c in cells)]) + " |")
 
 
 if __name__ == "__main__":

@@ -735,6 +735,28 @@ class TagInfo(_Strict):
         )
 
 
+class ReplicaInfo(_Strict):
+    """One engine replica of a server started with ``--engine-replicas N``."""
+
+    index: int
+    device: str
+    state: Literal["starting", "ready", "restarting", "stopped"]
+    pid: int | None = None
+    version: int | None = None  # the policy version of the weights it serves
+    in_flight: int = 0  # requests it is sampling now
+    requests: int = 0  # requests routed to it since the server started
+    tokens: int = 0  # tokens it sampled
+    restarts: int = 0  # times its process died and was started again
+    failovers: int = 0  # requests that were in flight when it died and went on on another replica
+
+    def summary(self) -> str:
+        return (
+            f"replica {self.index} ({self.device}, {self.state}, v{self.version}): in flight {self.in_flight}  "
+            f"requests {self.requests}  tokens {self.tokens}"
+            + (f"  restarts {self.restarts}  failed over {self.failovers}" if self.restarts or self.failovers else "")
+        )
+
+
 class ServerStatus(_Strict):
     """``GET /v1/status``: what the server is doing, and how many episodes it wants now."""
 
@@ -749,6 +771,7 @@ class ServerStatus(_Strict):
     context: ContextCounts = Field(default_factory=ContextCounts)
     paused: bool = False  # learning paused by the admin API (serving and ingestion go on)
     by_tag: dict[str, TagInfo] = Field(default_factory=dict, description="per task tag ('' for untagged)")
+    replicas: list[ReplicaInfo] = Field(default_factory=list, description="engine replicas (--engine-replicas > 1)")
 
     def budget_for(self, tag: str | None) -> int:
         """Episodes of task ``tag`` a runner may start now: the tag's own budget under ``--mix``,
@@ -779,6 +802,7 @@ class ServerStatus(_Strict):
                 for tag, info in sorted(self.by_tag.items())
                 if set(self.by_tag) != {""}
             )
+            + "".join(f"\n  {replica.summary()}" for replica in self.replicas)
         )
 
 

@@ -96,8 +96,19 @@ def up(
     engine: Annotated[str, typer.Option(help="inference engine: transformers or vllm")] = "transformers",
     dtype: Annotated[str, typer.Option(help="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16")] = "auto",
     engine_devices: Annotated[
-        str | None, typer.Option(help="the engine's device, e.g. cuda:1 (default: --device)")
+        str | None,
+        typer.Option(help="the engine's device, e.g. cuda:1, or one per replica: cuda:0,cuda:1 (default: --device)"),
     ] = None,
+    engine_replicas: Annotated[
+        int,
+        typer.Option(
+            help="engine processes serving the model (each on its own device; on CPU each with its share of "
+            "the cores); requests go to the least-loaded, an episode's calls to the one holding its prefix"
+        ),
+    ] = 1,
+    tensor_parallel_size: Annotated[
+        int, typer.Option(help="vLLM: devices per engine replica, for models that need several")
+    ] = 1,
     learner_devices: Annotated[
         str | None,
         typer.Option(
@@ -388,6 +399,8 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
         }
         if settings.gpu_memory_utilization is not None:
             options["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if settings.tensor_parallel_size > 1:
+            options["tensor_parallel_size"] = settings.tensor_parallel_size
         # the engine starts from the checkpoint's weights (HF format) when resuming
         engine_path = checkpoint.model_dir if checkpoint else path
         if checkpoint:
@@ -396,7 +409,28 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
                 f"(step {checkpoint.meta.step}, policy v{checkpoint.meta.version})"
             )
         engine: Engine
-        if settings.engine == "vllm" and ctx.enabled:
+        if settings.engine_replicas > 1:
+            from agentjet_server.engine.replicas import ReplicaSet, cpu_threads_per_replica
+
+            devices = settings.engine_device_list() if settings.engine_devices else [str(options["device"])]
+            on_cpu = all(d.startswith("cpu") for d in devices)
+            console.print(
+                f"[cyan]agentjet[/cyan] starting {settings.engine_replicas} {settings.engine} engine replicas on "
+                + (
+                    f"the CPU ({cpu_threads_per_replica(settings.engine_replicas)} threads each)"
+                    if on_cpu
+                    else ", ".join(devices)
+                )
+            )
+            engine = ReplicaSet(
+                settings.engine,
+                engine_path,
+                replicas=settings.engine_replicas,
+                devices=devices,
+                threads=cpu_threads_per_replica(settings.engine_replicas) if on_cpu else None,
+                **{k: v for k, v in options.items() if k != "device"},
+            )
+        elif settings.engine == "vllm" and ctx.enabled:
             # vLLM's engine core joins torch.distributed wherever it runs; this process belongs to the
             # learner ranks' group, so vLLM gets a process of its own
             from agentjet_server.engine.remote import EngineProcess

@@ -94,6 +94,7 @@ class Layout:
     gpu_memory_utilization: float | None = None  # vLLM's reserved share of its device
     reference: bool = False  # a frozen reference model for the KL penalty
     learner_ranks: int = 1  # FSDP2 shards weights, gradients and optimizer state over this many ranks
+    engine_replicas: int = 1  # engine processes; on CPU they share the machine's memory
 
 
 @dataclass
@@ -272,7 +273,13 @@ def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryP
         util = default_gpu_memory_utilization(shape, layout, engine.capacity)
         layout = replace(layout, gpu_memory_utilization=util)
     if layout.engine != "none":  # "none": a torchrun rank other than 0 (rank 0 serves)
-        engine.items.extend(engine_items(shape, layout, engine.capacity))
+        items = engine_items(shape, layout, engine.capacity)
+        replicas = layout.engine_replicas
+        if replicas > 1 and device_kind(layout.engine_device) == "cpu":
+            # replica processes of their own, side by side in this machine's memory
+            items = [replace(i, bytes=i.bytes * replicas, note=f"{i.note}; {replicas} replicas") for i in items]
+            items.append(Item("runtime", RUNTIME_OVERHEAD["cpu"] * replicas, f"{replicas} engine processes"))
+        engine.items.extend(items)  # on GPUs each replica has a device like this one
     learner = on(layout.learner_device)
     if device_kind(layout.learner_device) == "cpu" and layout.learner_ranks > 1:
         # torchrun's CPU ranks share this machine's memory: each holds its shard and its activations
@@ -334,7 +341,9 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
     its own device; the other torchrun ranks hold only their learner shard."""
     from agentjet_server.engine import resolve_dtype
 
-    engine_device = (settings.engine_devices or learner_device) if serves else learner_device
+    engine_device = (
+        (settings.engine_device_list()[0] if settings.engine_devices else learner_device) if serves else learner_device
+    )
     engine_dtype = str(resolve_dtype(settings.dtype, engine_device)).removeprefix("torch.")
     return Layout(
         engine=settings.engine if serves else "none",
@@ -349,6 +358,7 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         gpu_memory_utilization=settings.gpu_memory_utilization,
         reference=settings.kl_coef > 0,
         learner_ranks=learner_ranks,
+        engine_replicas=settings.engine_replicas if serves else 1,
     )
 
 

@@ -15,6 +15,7 @@ import torch
 
 from agentjet_client.protocol import (
     LearnerInfo,
+    ReplicaInfo,
     ServerStatus,
     TagInfo,
     TrajectoryBatch,
@@ -383,6 +384,7 @@ class SwarmRuntime:
             uptime_s=time.monotonic() - self.started,
             context=self.chat.context.model_copy(),
             paused=self.loop.paused,
+            replicas=[ReplicaInfo(**r) for r in getattr(self.engine, "replica_status", list)()],
         )
 
     def close(self, checkpoint: bool = True) -> None:

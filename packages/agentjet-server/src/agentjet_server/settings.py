@@ -56,7 +56,11 @@ class ServerSettings(BaseModel):
     device: str = "cpu"
     engine: Literal["transformers", "vllm"] = "transformers"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    engine_devices: str | None = Field(default=None, description="the engine's device; None = --device")
+    engine_devices: str | None = Field(
+        default=None, description="the engine's device, or one per replica (comma-separated); None = --device"
+    )
+    engine_replicas: int = Field(default=1, ge=1, description="engine processes serving the model, requests routed")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM: devices per engine replica")
     learner_devices: str | None = Field(
         default=None, description="the learner's device (under torchrun: one per local rank, comma-separated)"
     )
@@ -191,10 +195,19 @@ class ServerSettings(BaseModel):
             )
         if self.gpu_memory_utilization is not None and self.engine != "vllm":
             raise ValueError("--gpu-memory-utilization sets vLLM's share of its GPU: it needs --engine vllm")
-        if self.engine_devices is not None and "," in self.engine_devices:
+        devices = self.engine_device_list()
+        if len(devices) > 1 and len(devices) != self.engine_replicas:
             raise ValueError(
-                f"--engine-devices {self.engine_devices}: the engine runs on one device; name one (e.g. cuda:1)"
+                f"--engine-devices {self.engine_devices} names {len(devices)} devices for {self.engine_replicas} "
+                f"engine replica(s): name one device, or one per replica (--engine-replicas {len(devices)})"
             )
+        if self.engine_replicas > 1 and len(devices) == 1 and not devices[0].startswith("cpu"):
+            raise ValueError(
+                f"--engine-replicas {self.engine_replicas} on one {devices[0]}: each replica needs a device of its "
+                "own; name them, e.g. --engine-devices cuda:0,cuda:1 (replicas share only the CPU)"
+            )
+        if self.tensor_parallel_size > 1 and self.engine != "vllm":
+            raise ValueError("--tensor-parallel-size splits a model over devices with vLLM: it needs --engine vllm")
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
             raise ValueError("API keys must be at least 8 characters long")
         if not is_loopback(self.host) and not self.auth_enabled and not self.insecure:
@@ -207,7 +220,12 @@ class ServerSettings(BaseModel):
 
     @property
     def engine_device(self) -> str:
-        return self.engine_devices or self.device
+        return self.engine_device_list()[0]
+
+    def engine_device_list(self) -> list[str]:
+        """``--engine-devices`` as a list (one entry: every replica there), else ``--device``."""
+        named = [d.strip() for d in (self.engine_devices or "").split(",") if d.strip()]
+        return named or [self.device]
 
     def learner_device_list(self) -> list[str] | None:
         """``--learner-devices`` as a list (None: ``--device``, one per local rank on GPUs)."""

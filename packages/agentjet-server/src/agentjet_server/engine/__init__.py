@@ -31,12 +31,18 @@ def create_engine(
     version: int = 0,
     chat_template: str | None = None,
     gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int = 1,
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with."""
     torch_dtype = resolve_dtype(dtype, device)
     if kind == "vllm":
         from agentjet_server.engine.vllm import VLLMEngine
 
+        engine_args: dict[str, object] = {}
+        if gpu_memory_utilization:
+            engine_args["gpu_memory_utilization"] = gpu_memory_utilization
+        if tensor_parallel_size > 1:
+            engine_args["tensor_parallel_size"] = tensor_parallel_size
         return VLLMEngine(
             model_path,
             model_name=model_name,
@@ -45,7 +51,7 @@ def create_engine(
             dtype=torch_dtype,
             version=version,
             chat_template=chat_template,
-            engine_args={"gpu_memory_utilization": gpu_memory_utilization} if gpu_memory_utilization else None,
+            engine_args=engine_args or None,
         )
     from agentjet_server.engine.hf import TransformersEngine
 

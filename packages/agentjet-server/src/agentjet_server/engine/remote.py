@@ -58,8 +58,15 @@ _LAUNCHER_VARS = (
 
 class EngineProcess(TemplateEngine):
     def __init__(
-        self, kind: str, model_path: str | Path, *, startup_timeout: float = 600.0, **engine_kwargs: Any
+        self,
+        kind: str,
+        model_path: str | Path,
+        *,
+        startup_timeout: float = 600.0,
+        threads: int | None = None,
+        **engine_kwargs: Any,
     ) -> None:
+        """``threads``: torch's intra-op threads in the child (its share of the cores; None: torch's default)."""
         path = Path(model_path)
         check_model_dir(path)
         self.model_path = path
@@ -70,7 +77,9 @@ class EngineProcess(TemplateEngine):
         self._conn, child_conn = context.Pipe()
         self._send_lock = threading.Lock()
         self._process = context.Process(
-            target=_child_main, args=(child_conn, kind, str(path), engine_kwargs), name=f"agentjet-{kind}-engine"
+            target=_child_main,
+            args=(child_conn, kind, str(path), engine_kwargs, threads),
+            name=f"agentjet-{kind}-engine",
         )
         self._process.start()
         child_conn.close()
@@ -88,6 +97,15 @@ class EngineProcess(TemplateEngine):
         self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read, name="agentjet-engine-pipe", daemon=True)
         self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return int(self._process.pid or 0)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the child process is running and its pipe is open."""
+        return self._process.is_alive() and not self._closed.is_set()
 
     def _send(self, message: tuple[Any, ...]) -> None:
         with self._send_lock:
@@ -161,13 +179,15 @@ class EngineProcess(TemplateEngine):
         self._conn.close()
 
 
-def _child_main(conn: Any, kind: str, model_path: str, engine_kwargs: dict[str, Any]) -> None:
+def _child_main(conn: Any, kind: str, model_path: str, engine_kwargs: dict[str, Any], threads: int | None) -> None:
     # the parent stops this process (a "close" message, or the pipe closing when it dies);
     # Ctrl-C / SIGTERM to the process group must not kill the engine under a step in flight
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for name in _LAUNCHER_VARS:
         os.environ.pop(name, None)
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         from agentjet_server.engine import create_engine
 

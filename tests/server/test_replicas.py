@@ -1,0 +1,126 @@
+"""Engine replicas: routing with prefix affinity, weight fan-out with exact version tags, and a
+replica killed mid-request (the request goes on elsewhere; the replica comes back)."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from agentjet_server.engine.base import SamplingParams
+from agentjet_server.engine.replicas import BLOCK, ReplicaSet, prefix_blocks
+
+PROMPT = [{"role": "user", "content": "Tell me something."}]
+
+
+async def _drain(gen):
+    return [event async for event in gen]
+
+
+@pytest.fixture()
+def replicas(chatty_model_dir):
+    engine = ReplicaSet(
+        "transformers", chatty_model_dir, replicas=2, devices=["cpu"], threads=1, model_name=None, max_batch=64
+    )
+    yield engine
+    engine.close()
+
+
+def test_prefix_blocks_are_equal_exactly_for_equal_prefixes():
+    a = list(range(100))
+    b = a[:70] + [999] * 30
+    assert prefix_blocks(a)[:2] == prefix_blocks(b)[:2] and prefix_blocks(a)[2] != prefix_blocks(b)[2]
+    assert len(prefix_blocks(a)) == 100 // BLOCK and prefix_blocks(a[: BLOCK - 1]) == []
+
+
+def test_requests_spread_over_replicas_and_an_update_reaches_every_one(replicas, chatty_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    ids = replicas.render(PROMPT)
+
+    async def burst(n, seed):
+        jobs = [replicas.generate(ids, SamplingParams(max_tokens=24, seed=seed + i)) for i in range(n)]
+        return await asyncio.gather(*[_drain(j) for j in jobs])
+
+    outs = asyncio.run(burst(8, 0))
+    assert all(len(o) == 24 and {e.version for e in o} == {0} for o in outs)
+    before = [r["requests"] for r in replicas.replica_status()]
+    assert all(n >= 2 for n in before), before  # both replicas served
+
+    base = AutoModelForCausalLM.from_pretrained(chatty_model_dir).state_dict()
+    new = {k: v + 0.02 * torch.randn_like(v) for k, v in base.items()}
+    replicas.update_weights(new, 1)
+    assert replicas.version == 1 and [r["version"] for r in replicas.replica_status()] == [1, 1]
+    outs = asyncio.run(burst(8, 100))
+    after = [r["requests"] for r in replicas.replica_status()]
+    assert all(a - b >= 2 for a, b in zip(after, before, strict=True)), (before, after)
+    assert all({e.version for e in o} == {1} for o in outs)  # whichever replica sampled them
+    # and the new weights are the ones sampling: log-probs equal a plain forward pass with them
+    model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
+    model.load_state_dict(new)
+    for out in outs[:3]:
+        seq = ids + [e.token_id for e in out]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
+        expected = [float(logp[len(ids) - 1 + i, e.token_id]) for i, e in enumerate(out)]
+        assert max(abs(x - e.logprob) for x, e in zip(expected, out, strict=True)) < 1e-4
+
+
+def test_the_calls_of_one_episode_follow_their_prefix(replicas):
+    """Two episodes whose prompts grow turn by turn: each episode's calls stay on one replica,
+    though the replicas are equally loaded (idle) at every call and the load tie-break alone
+    would alternate them."""
+    system = {"a": "You are terse. " * 6, "b": "Answer in one word, please. " * 4}
+    history = {name: [{"role": "system", "content": system[name]}] for name in ("a", "b")}
+    placed: dict[str, set[int]] = {"a": set(), "b": set()}
+
+    async def turn(name, i):
+        history[name].append({"role": "user", "content": f"Question {i} for episode {name}: " + name * 40})
+        ids = replicas.render(history[name])
+        before = [r["requests"] for r in replicas.replica_status()]
+        out = await _drain(replicas.generate(ids, SamplingParams(max_tokens=8, seed=i)))
+        after = [r["requests"] for r in replicas.replica_status()]
+        placed[name].add(next(k for k in range(2) if after[k] > before[k]))
+        history[name].append({"role": "assistant", "content": replicas.decode([e.token_id for e in out])})
+
+    async def run():
+        for i in range(4):
+            for name in ("a", "b"):
+                await turn(name, i)
+
+    asyncio.run(run())
+    assert len(placed["a"]) == 1 and len(placed["b"]) == 1, placed
+    assert placed["a"] != placed["b"]  # b's first call went to the replica holding nothing of it
+
+
+def test_a_replica_killed_mid_request_is_restarted_and_the_request_finishes(replicas, chatty_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    new = {k: v + 0.01 for k, v in AutoModelForCausalLM.from_pretrained(chatty_model_dir).state_dict().items()}
+    replicas.update_weights(new, 3)
+    ids = replicas.render(PROMPT)
+    killed: list[int] = []
+
+    async def run():
+        events = []
+        async for event in replicas.generate(ids, SamplingParams(max_tokens=400, seed=1)):
+            events.append(event)
+            if len(events) == 20:
+                busy = next(r for r in replicas.replica_status() if r["in_flight"] == 1)
+                killed.append(busy["index"])
+                os.kill(busy["pid"], signal.SIGKILL)
+        return events
+
+    events = asyncio.run(run())
+    assert len(events) == 400 and events[-1].finish_reason == "length"
+    assert {e.version for e in events} == {3}
+    status = replicas.replica_status()
+    assert status[killed[0]]["failovers"] == 1
+    deadline = time.monotonic() + 120
+    while replicas.replica_status()[killed[0]]["state"] != "ready":
+        assert time.monotonic() < deadline, replicas.replica_status()
+        time.sleep(0.2)
+    back = replicas.replica_status()[killed[0]]
+    assert back["restarts"] == 1 and back["version"] == 3  # it came back with the newest weights
