@@ -33,6 +33,8 @@ LAYOUTS = {
     "bf16 autocast": {"learner_dtype": "bfloat16"},
     "all bf16": {"learner_dtype": "bfloat16", "optimizer_dtype": "bfloat16"},
     "bf16 + checkpointing": {"learner_dtype": "bfloat16", "gradient_checkpointing": True},
+    "LoRA rank 8": {"lora_rank": 8},
+    "LoRA rank 8 + checkpointing": {"lora_rank": 8, "gradient_checkpointing": True},
 }
 PROMPT, LENGTH = 200, 512
 
@@ -63,6 +65,7 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
     from transformers import AutoModelForCausalLM
 
     from agentjet_server.batching.batch import Batch, Sequence
+    from agentjet_server.learner.lora import LoraSpec
     from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     torch.set_num_threads(2)
@@ -72,6 +75,7 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
         compute_dtype=str(layout.get("learner_dtype", "float32")),  # type: ignore[arg-type]
         gradient_checkpointing=bool(layout.get("gradient_checkpointing", False)),
         micro_batch_tokens=tokens,
+        lora=LoraSpec(rank=int(str(layout["lora_rank"])), alpha=16.0) if layout.get("lora_rank") else None,
     )
     learner = Learner(net, config, pad_id=0)
     generator = torch.Generator().manual_seed(0)
@@ -83,6 +87,7 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
     batch = Batch(sequences, [0.0] * len(sequences), 1, 0, len(sequences))
     for _ in range(2):
         learner.step(batch)
+        learner.full_state_dict()  # the weights the engine gets after each step
     print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
@@ -96,6 +101,8 @@ def estimate(model: Path, layout: dict[str, object], tokens: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="2048,8192", help="micro-batch sizes (tokens) to measure")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="layouts to measure (comma-separated)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="model shapes to measure (comma-separated)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -103,10 +110,11 @@ def main() -> None:
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for shape in SHAPES:
+        for shape in args.shapes.split(","):
             model = build(shape, Path(tmp) / shape)
             for tokens in (int(t) for t in args.tokens.split(",")):
-                for name, layout in LAYOUTS.items():
+                for name in args.layouts.split(","):
+                    layout = LAYOUTS[name]
                     out = subprocess.run(
                         [sys.executable, __file__, "--child", str(model), json.dumps(layout), str(tokens)],
                         capture_output=True,

@@ -48,7 +48,7 @@ def make_trajectories(vocab: int, steps: int, seed: int = 0) -> list[Trajectory]
     return out
 
 
-def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
+def make_runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
     options: dict[str, object] = {"group_size": GROUP, "batch_groups": GROUPS, "max_staleness": 1000, "lr": 1e-2}
     settings = ServerSettings(state_dir=state_dir, **{**options, **extra})  # type: ignore[arg-type]
     engine = TransformersEngine(model_dir, model_name="agentjet-tiny")
@@ -93,10 +93,17 @@ def trajectories(model_dir: Path) -> list[Trajectory]:
     return make_trajectories(vocab, 2 * K)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "grpo-lora"])
 def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajectories, tmp_path, algorithm):
-    """GRPO, and PPO with its critic: the value head and its optimizer moments come back exactly too."""
+    """GRPO, PPO with its critic (the value head and its optimizer moments come back exactly too),
+    and GRPO training a LoRA adapter (the adapter and its optimizer come back; the base is rebuilt)."""
     half = K * GROUP * GROUPS
+    lora = {"lora_rank": 4} if algorithm.endswith("-lora") else {}
+    algorithm = algorithm.removesuffix("-lora")
+
+    def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
+        return make_runtime(model_dir, state_dir, **lora, **extra)
+
     straight = runtime(model_dir, tmp_path / "straight", checkpoint_every=0, algorithm=algorithm)
     try:
         assert push(straight, trajectories) == ["accepted"] * len(trajectories)
@@ -136,6 +143,12 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
             assert critic_diff <= 1e-6 and float(expected_critic["weight"].abs().max()) > 1e-4
         assert max_diff(at_checkpoint, expected) > 1e-3  # the comparison is not trivially true
         assert resumed.store.trained == trained == len(trajectories)
+        if lora:  # the adapter is what trained, and the checkpoint holds it in peft's format
+            assert resumed.loop.learner.trainable_parameters < 0.2 * sum(
+                p.numel() for p in resumed.loop.learner.model.parameters()
+            )
+            adapter = sorted((tmp_path / "crashy" / "checkpoints").glob("step-*/adapter/adapter_model.safetensors"))
+            assert adapter, "no adapter in the checkpoint"
         # the seen ids survived the crash: a resend is a duplicate, not a second training
         assert push(resumed, trajectories[:3] + trajectories[-3:]) == ["duplicate"] * 6
         assert resumed.store.accepted == len(trajectories)
@@ -146,7 +159,7 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
 def test_checkpoint_is_a_transformers_model_and_shutdown_saves_one(model_dir, trajectories, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    rt = runtime(model_dir, tmp_path / "state", checkpoint_every=0)
+    rt = make_runtime(model_dir, tmp_path / "state", checkpoint_every=0)
     push(rt, trajectories[: 2 * GROUP * GROUPS])
     wait_for(lambda: rt.loop.learner.steps == 2, "2 steps")
     live = weights(rt)
@@ -166,12 +179,12 @@ def test_checkpoint_is_a_transformers_model_and_shutdown_saves_one(model_dir, tr
 
 def test_buffered_trajectories_come_back_in_order(model_dir, trajectories, tmp_path):
     """Open and complete groups buffered at a checkpoint are put back, in the same order."""
-    rt = runtime(model_dir, tmp_path / "state", checkpoint_every=0)
+    rt = make_runtime(model_dir, tmp_path / "state", checkpoint_every=0)
     partial = trajectories[: GROUP + 2]  # one complete group (not a batch yet) and an open one
     push(rt, partial)
     before = rt.buffer.snapshot()
     rt.close()  # no step was taken, so no checkpoint: resume replays the whole log
-    again = runtime(model_dir, tmp_path / "state", resume=True)
+    again = make_runtime(model_dir, tmp_path / "state", resume=True)
     try:
         assert again.replayed == len(partial)
         assert again.buffer.snapshot() == before

@@ -6,7 +6,8 @@
       metrics.jsonl             the run's metrics history (a line per step, and one a minute)
       checkpoints/step-00000020/
         model/                  HF safetensors + config + tokenizer: loadable by transformers
-        trainer.pt              optimizer state (by parameter name), learner step, RNG
+        adapter/                with --lora-rank: the LoRA adapter in peft's format (vLLM loads it too)
+        trainer.pt              optimizer state (by parameter name), learner step, RNG (and the adapter)
         state.json              policy version, log position, buffered trajectories, counts
 
 A checkpoint is written into a ``.tmp`` directory, fsynced, then renamed into place, so the
@@ -219,6 +220,11 @@ class StateDir:
             for item in source_model.iterdir():  # tokenizer, chat template, ...: what the weights don't carry
                 if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and not (model_dir / item.name).exists():
                     shutil.copy2(item, model_dir / item.name)
+            if "adapter" in trainer_state:  # LoRA: the adapter alone too, as peft and vLLM load it
+                from agentjet_server.learner.lora import LoraSpec, write_adapter
+
+                spec = LoraSpec(**trainer_state["lora"])
+                write_adapter(tmp / "adapter", trainer_state["adapter"], spec, str(source_model))
             rest = {k: v for k, v in trainer_state.items() if k != "weights"}
             torch.save(rest, tmp / "trainer.pt")
             meta.created = time.time()

@@ -128,6 +128,16 @@ def up(
     gradient_checkpointing: Annotated[
         bool, typer.Option(help="keep only each layer's input and recompute the rest in the backward pass")
     ] = False,
+    lora_rank: Annotated[
+        int, typer.Option(help="train a LoRA adapter of this rank on the frozen model (0: train every weight)")
+    ] = 0,
+    lora_alpha: Annotated[
+        float | None, typer.Option(help="LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)")
+    ] = None,
+    lora_dropout: Annotated[float, typer.Option(help="LoRA: dropout on the adapter's input")] = 0.0,
+    lora_targets: Annotated[
+        str, typer.Option(help="LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)")
+    ] = "all-linear",
     micro_batch_tokens: Annotated[
         int, typer.Option(help="tokens per learner micro-batch (activation memory grows with it)")
     ] = 8192,

@@ -25,6 +25,7 @@ from agentjet_client.protocol import AdminConfig, AdminState, CheckpointInfo, Co
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.errors import InvalidRequestError, StateError
 from agentjet_server.learner.loop import TrainingLoop
+from agentjet_server.learner.lora import LoraSpec
 from agentjet_server.learner.trainer import LearnerConfig
 from agentjet_server.metrics import History
 from agentjet_server.recovery import LiveConfiguration
@@ -80,6 +81,16 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         compute_dtype=settings.learner_dtype,
         gradient_checkpointing=settings.gradient_checkpointing,
         micro_batch_tokens=settings.micro_batch_tokens,
+        lora=(
+            LoraSpec(
+                rank=settings.lora_rank,
+                alpha=settings.lora_alpha or 2.0 * settings.lora_rank,
+                dropout=settings.lora_dropout,
+                targets=settings.lora_targets,
+            )
+            if settings.lora_rank
+            else None
+        ),
     )
 
 

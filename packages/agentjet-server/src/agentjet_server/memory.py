@@ -95,6 +95,7 @@ class Layout:
     reference: bool = False  # a frozen reference model for the KL penalty
     learner_ranks: int = 1  # FSDP2 shards weights, gradients and optimizer state over this many ranks
     engine_replicas: int = 1  # engine processes; on CPU they share the machine's memory
+    lora_rank: int = 0  # a LoRA adapter of this rank on every linear layer instead of full fine-tuning
 
 
 @dataclass
@@ -184,17 +185,38 @@ def activation_bytes_per_token(shape: ModelShape, layout: Layout) -> int:
     return stored + shape.hidden * b + logits  # and the embedding output
 
 
+def adapter_parameters(shape: ModelShape, rank: int) -> int:
+    """A LoRA adapter of ``rank`` on every linear layer of the decoder: r x (inputs + outputs) each."""
+    h, i = shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h)
+    return shape.layers * rank * per_layer
+
+
 def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
     p = shape.parameters
     ranks = max(1, layout.learner_ranks)
     w = _BYTES[layout.optimizer_dtype]
     compute = _BYTES[layout.learner_dtype]
     shard = f" (1/{ranks} per rank)" if ranks > 1 else ""
-    items = [
-        Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B{shard}"),
-        Item("gradients", p * w // ranks),
-        Item("AdamW state", 2 * p * w // ranks, f"two moments, {layout.optimizer_dtype}"),
-    ]
+    if layout.lora_rank:
+        a = adapter_parameters(shape, layout.lora_rank)
+        items = [
+            Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B, frozen{shard}"),
+            Item("LoRA adapter", a * w // ranks, f"rank {layout.lora_rank}: {a / 1e6:.2f}M parameters"),
+            Item("gradients", a * w // ranks, "the adapter's only"),
+            Item("AdamW state", 2 * a * w // ranks, f"two moments, {layout.optimizer_dtype}"),
+            # the weights handed to the engine after a step: a copy, and the merged layers
+            Item("merged weights for the engine", 2 * p * w, "built after each step"),
+        ]
+        if device_kind(layout.learner_device) == "cpu":
+            items.append(Item("peft", int(0.1 * GIB), "the library (measured)"))
+    else:
+        items = [
+            Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B{shard}"),
+            Item("gradients", p * w // ranks),
+            Item("AdamW state", 2 * p * w // ranks, f"two moments, {layout.optimizer_dtype}"),
+        ]
     if compute < w:
         items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass"))
     if layout.reference:
@@ -224,6 +246,10 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
     if not layout.gradient_checkpointing and (per_token + chains) * tokens >= per_token * dense + attention:
         items.append(Item("activations", per_token * tokens, f"{per_token / 1024:.0f} KiB/token x {tokens} tokens"))
         items.append(Item("chain keys and values", chains * tokens, "trees run chain by chain"))
+        if layout.lora_rank and device_kind(layout.learner_device) == "cpu":
+            # measured (bench/memory.py): chain by chain, the adapters' extra temporaries leave the CPU
+            # allocator holding this much more (the tensors kept for backward are fewer than without LoRA)
+            items.append(Item("allocator slack", int(0.4 * per_token * tokens), "LoRA, chain by chain"))
     else:
         items.append(Item("activations", per_token * dense, f"{per_token / 1024:.0f} KiB/token x {dense} tokens"))
         items.append(Item("tree attention", attention, f"a dense tree of {dense} tokens"))
@@ -359,6 +385,7 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         reference=settings.kl_coef > 0,
         learner_ranks=learner_ranks,
         engine_replicas=settings.engine_replicas if serves else 1,
+        lora_rank=settings.lora_rank,
     )
 
 

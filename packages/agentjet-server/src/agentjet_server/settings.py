@@ -74,6 +74,12 @@ class ServerSettings(BaseModel):
         default="float32", description="master weights, gradients and AdamW state (bfloat16 halves them)"
     )
     gradient_checkpointing: bool = Field(default=False, description="recompute activations in the backward pass")
+    lora_rank: int = Field(default=0, ge=0, description="train a LoRA adapter of this rank (0: every weight)")
+    lora_alpha: float | None = Field(default=None, gt=0, description="LoRA scale numerator; None = 2 x rank")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    lora_targets: str = Field(
+        default="all-linear", description="layers that get adapters: all-linear, or names such as q_proj,v_proj"
+    )
     micro_batch_tokens: int = Field(default=8192, ge=64, description="prefix-tree nodes per learner micro-batch")
     memory_budget_gb: float | None = Field(
         default=None, gt=0, description="plan for this many GiB per device instead of the device's total"
@@ -206,6 +212,10 @@ class ServerSettings(BaseModel):
                 f"--engine-replicas {self.engine_replicas} on one {devices[0]}: each replica needs a device of its "
                 "own; name them, e.g. --engine-devices cuda:0,cuda:1 (replicas share only the CPU)"
             )
+        if self.lora_rank == 0 and (
+            self.lora_alpha is not None or self.lora_dropout or self.lora_targets != "all-linear"
+        ):
+            raise ValueError("--lora-alpha, --lora-dropout and --lora-targets shape an adapter: add --lora-rank R")
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
             raise ValueError("--tensor-parallel-size splits a model over devices with vLLM: it needs --engine vllm")
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):

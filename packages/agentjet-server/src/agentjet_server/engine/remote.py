@@ -35,6 +35,8 @@ from agentjet_server.errors import EngineError, ModelLoadError
 logger = logging.getLogger(__name__)
 
 # what torchrun puts in the environment; the child must not look like a rank
+_SPAWN_LOCK = threading.Lock()
+
 _LAUNCHER_VARS = (
     "RANK",
     "LOCAL_RANK",
@@ -66,7 +68,7 @@ class EngineProcess(TemplateEngine):
         threads: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
-        """``threads``: torch's intra-op threads in the child (its share of the cores; None: torch's default)."""
+        """``threads``: the child's OpenMP / torch threads (its share of the cores; None: the default)."""
         path = Path(model_path)
         check_model_dir(path)
         self.model_path = path
@@ -78,10 +80,21 @@ class EngineProcess(TemplateEngine):
         self._send_lock = threading.Lock()
         self._process = context.Process(
             target=_child_main,
-            args=(child_conn, kind, str(path), engine_kwargs, threads),
+            args=(child_conn, kind, str(path), engine_kwargs),
             name=f"agentjet-{kind}-engine",
         )
-        self._process.start()
+        with _SPAWN_LOCK:  # the child's thread count must be in its environment before torch loads
+            saved = os.environ.get("OMP_NUM_THREADS")
+            if threads is not None:
+                os.environ["OMP_NUM_THREADS"] = str(threads)
+            try:
+                self._process.start()
+            finally:
+                if threads is not None:
+                    if saved is None:
+                        os.environ.pop("OMP_NUM_THREADS", None)
+                    else:
+                        os.environ["OMP_NUM_THREADS"] = saved
         child_conn.close()
         if not self._conn.poll(startup_timeout):
             self._process.kill()
@@ -179,15 +192,13 @@ class EngineProcess(TemplateEngine):
         self._conn.close()
 
 
-def _child_main(conn: Any, kind: str, model_path: str, engine_kwargs: dict[str, Any], threads: int | None) -> None:
+def _child_main(conn: Any, kind: str, model_path: str, engine_kwargs: dict[str, Any]) -> None:
     # the parent stops this process (a "close" message, or the pipe closing when it dies);
     # Ctrl-C / SIGTERM to the process group must not kill the engine under a step in flight
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for name in _LAUNCHER_VARS:
         os.environ.pop(name, None)
-    if threads is not None:
-        torch.set_num_threads(threads)
     try:
         from agentjet_server.engine import create_engine
 

@@ -36,6 +36,7 @@ from agentjet_server.learner.distributed import (
     partition,
     shard_model,
 )
+from agentjet_server.learner.lora import LoraSpec, adapter_state, attach, merged
 from agentjet_server.learner.losses import (
     clipped_policy_loss,
     clipped_value_loss,
@@ -78,6 +79,7 @@ class LearnerConfig:
     # state keep the dtype the model was loaded in (fp32 master weights, or all bf16)
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     gradient_checkpointing: bool = False  # keep only each decoder layer's input; recompute the rest in backward
+    lora: LoraSpec | None = None  # train a LoRA adapter on the frozen model instead of every weight
 
 
 @dataclass
@@ -126,6 +128,9 @@ class Learner:
         self.pad_id = pad_id
         self.ctx = ctx or DistContext(device=str(next(model.parameters()).device))
         self.device = next(model.parameters()).device
+        self.lora = config.lora
+        if self.lora is not None:
+            attach(model, self.lora)  # in place: ``model`` keeps its interface, only the adapter trains
         if config.gradient_checkpointing:
             _checkpoint_layers(model)
         self.policy = PolicyModel(model, value_head=config.algorithm == "ppo")
@@ -134,8 +139,9 @@ class Learner:
         # clipping (the policy's gradient norm, often far above the bound, would scale it away)
         self._head = list(self.policy.value_head.parameters()) if self.policy.value_head is not None else []
         head_ids = {id(p) for p in self._head}
-        self._trunk = [p for p in self.policy.parameters() if id(p) not in head_ids]
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self._trunk = [p for p in trainable if id(p) not in head_ids]
+        self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.reference: PolicyModel | None = None
         if reference is not None:
             reference.requires_grad_(False)
@@ -166,8 +172,14 @@ class Learner:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=wanted)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0)."""
-        return full_state_dict(self.model, self.ctx)
+        """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0),
+        under the model's own names: with LoRA, each adapter merged into its base weight."""
+        state = full_state_dict(self.model, self.ctx)
+        return merged(state, self.lora) if self.lora is not None and state else state
+
+    @property
+    def trainable_parameters(self) -> int:
+        return sum(p.numel() for group in self.optimizer.param_groups for p in group["params"])
 
     def training_state(self) -> dict[str, Any]:
         """Everything a resumed learner needs, whole, on rank 0 (collective under FSDP; ``{}``
@@ -177,11 +189,12 @@ class Learner:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         optimizer = get_optimizer_state_dict(self.policy, self.optimizer, options=options)
-        weights = self.full_state_dict()
+        raw = full_state_dict(self.model, self.ctx)
+        weights = merged(raw, self.lora) if self.lora is not None and raw else raw
         critic = full_state_dict(self.policy.value_head, self.ctx) if self.policy.value_head is not None else None
         if not self.ctx.is_main:
             return {}
-        state = {
+        state: dict[str, Any] = {
             "weights": weights,
             "optimizer": optimizer,
             "steps": self.steps,
@@ -190,6 +203,9 @@ class Learner:
         }
         if critic is not None:
             state["critic"] = critic
+        if self.lora is not None:
+            state["adapter"] = adapter_state(raw)
+            state["lora"] = self.lora.as_dict()
         return state
 
     def load_training_state(self, state: dict[str, Any] | None) -> None:
@@ -201,9 +217,15 @@ class Learner:
         )
 
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.ctx.enabled)
-        weights: dict[str, Any] = (
-            {f"lm.{k}": v for k, v in self._complete_tied(state["weights"]).items()} if state else {}
-        )
+        if state:
+            _check_lora(state.get("lora"), self.lora)
+        weights: dict[str, Any] = {}
+        if state and self.lora is not None:
+            # the base is the run's --model, as it was; only the adapter was trained
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.ctx.enabled, strict=False)
+            weights = {f"lm.{k}": v for k, v in state["adapter"].items()}
+        elif state:
+            weights = {f"lm.{k}": v for k, v in self._complete_tied(state["weights"]).items()}
         if state and self.policy.value_head is not None:
             if "critic" not in state:
                 raise ValueError(
@@ -506,6 +528,24 @@ class Learner:
         values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(values)
         return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))
+
+
+def _check_lora(saved: dict[str, Any] | None, current: LoraSpec | None) -> None:
+    """A checkpoint resumes only with the adapter settings it was trained with (or without LoRA)."""
+    if saved is None and current is None:
+        return
+    if saved is None:
+        raise ValueError(
+            "the checkpoint was trained without LoRA (every weight); resume it without --lora-rank, or start "
+            "LoRA on its model (--model <checkpoint>/model) in a new state dir"
+        )
+    if current is None:
+        raise ValueError(
+            f"the checkpoint trained a LoRA adapter (rank {saved['rank']}); resume it with the same "
+            f"--lora-rank {saved['rank']} --lora-alpha {saved['alpha']} --lora-targets {saved['targets']}"
+        )
+    if LoraSpec(**saved) != current:
+        raise ValueError(f"the checkpoint's adapter was trained with {saved}; resume with the same --lora-* settings")
 
 
 def _checkpoint_layers(model: torch.nn.Module) -> None:
