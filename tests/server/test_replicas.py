@@ -124,3 +124,28 @@ def test_a_replica_killed_mid_request_is_restarted_and_the_request_finishes(repl
         time.sleep(0.2)
     back = replicas.replica_status()[killed[0]]
     assert back["restarts"] == 1 and back["version"] == 3  # it came back with the newest weights
+
+
+def test_replica_layouts_that_cannot_work_are_refused_with_what_to_pass():
+    from agentjet_server.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="one per replica"):
+        ServerSettings(engine_devices="cuda:0,cuda:1")
+    with pytest.raises(ValueError, match="each replica needs a device of its own"):
+        ServerSettings(engine_replicas=2, device="cuda")
+    with pytest.raises(ValueError, match="needs --engine vllm"):
+        ServerSettings(tensor_parallel_size=2)
+    ok = ServerSettings(engine_replicas=2, engine_devices="cuda:0,cuda:1", engine="vllm")
+    assert ok.engine_device_list() == ["cuda:0", "cuda:1"] and ok.engine_device == "cuda:0"
+    assert ServerSettings(engine_replicas=3).engine_device_list() == ["cpu"]  # CPU replicas share it
+
+
+def test_the_memory_plan_counts_each_cpu_replica(model_dir):
+    from agentjet_server.memory import Layout, ModelShape, plan
+
+    shape = ModelShape.from_pretrained(model_dir)
+    one, three = (plan(shape, Layout(engine_replicas=n), {"cpu": 64 << 30}) for n in (1, 3))
+    engine = [i for i in one.devices[0].items if i.name.startswith("engine")]
+    engine3 = [i for i in three.devices[0].items if i.name.startswith("engine")]
+    assert sum(i.bytes for i in engine3) == 3 * sum(i.bytes for i in engine)
+    assert three.devices[0].total > one.devices[0].total + 2 * sum(i.bytes for i in engine)
