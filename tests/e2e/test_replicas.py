@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentjet_server.wal import Accepted, read_records
 from tests.conftest import CACHE, ServerProcess
@@ -91,6 +92,7 @@ def run_with_replicas(tmp_path: Path, engine: str) -> None:
         back = status["replicas"][1]["requests"]
         probes = asyncio.run(_probe(url, 8))
         after = server.status()
+        metrics = httpx2.get(url + "/metrics").text
     finally:
         done.set()
         server.stop()
@@ -107,6 +109,16 @@ def run_with_replicas(tmp_path: Path, engine: str) -> None:
     at_kill: list[int] = seen["at_kill"]  # type: ignore[assignment]
     assert min(at_kill) >= 20, at_kill  # both replicas served before the kill
     assert after["replicas"][1]["requests"] > back, after["replicas"]
+    # /metrics has each replica's counters
+    samples = {
+        (sample.name, sample.labels.get("replica")): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    assert samples[("agentjet_replica_restarts_total", "1")] == 1 and samples[("agentjet_replica_up", "0")] == 1
+    assert (
+        samples[("agentjet_replica_requests_total", "0")] > 0 and samples[("agentjet_replica_requests_total", "1")] > 0
+    )
     assert {v for versions in probes for v in versions} == {status["policy_version"]}
     assert replicas[1]["restarts"] == 1 and replicas[1]["pid"] != seen["killed"]
     assert {r["version"] for r in replicas} == {status["policy_version"]}

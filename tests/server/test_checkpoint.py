@@ -48,7 +48,7 @@ def make_trajectories(vocab: int, steps: int, seed: int = 0) -> list[Trajectory]
     return out
 
 
-def make_runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
+def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
     options: dict[str, object] = {"group_size": GROUP, "batch_groups": GROUPS, "max_staleness": 1000, "lr": 1e-2}
     settings = ServerSettings(state_dir=state_dir, **{**options, **extra})  # type: ignore[arg-type]
     engine = TransformersEngine(model_dir, model_name="agentjet-tiny")
@@ -101,10 +101,10 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     lora = {"lora_rank": 4} if algorithm.endswith("-lora") else {}
     algorithm = algorithm.removesuffix("-lora")
 
-    def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
-        return make_runtime(model_dir, state_dir, **lora, **extra)
+    def start(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
+        return runtime(model_dir, state_dir, **lora, **extra)
 
-    straight = runtime(model_dir, tmp_path / "straight", checkpoint_every=0, algorithm=algorithm)
+    straight = start(model_dir, tmp_path / "straight", checkpoint_every=0, algorithm=algorithm)
     try:
         assert push(straight, trajectories) == ["accepted"] * len(trajectories)
         # the version moves after the step's weights are live, a moment after the step count
@@ -116,7 +116,7 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     finally:
         straight.close()
 
-    first = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K, algorithm=algorithm)
+    first = start(model_dir, tmp_path / "crashy", checkpoint_every=K, algorithm=algorithm)
     push(first, trajectories[:half])
     wait_for(lambda: first.loop.saved_step == K, "the checkpoint at step K")
     at_checkpoint = weights(first)
@@ -125,7 +125,7 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     first.close(checkpoint=False)  # the crash: what the learner did after step K is gone
     assert first.loop.learner.steps > K
 
-    resumed = runtime(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True, algorithm=algorithm)
+    resumed = start(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True, algorithm=algorithm)
     try:
         assert resumed.loop.learner.steps == K and resumed.version == K  # numbering continues
         assert resumed.status().learner.last_checkpoint_step == K
@@ -159,7 +159,7 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
 def test_checkpoint_is_a_transformers_model_and_shutdown_saves_one(model_dir, trajectories, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    rt = make_runtime(model_dir, tmp_path / "state", checkpoint_every=0)
+    rt = runtime(model_dir, tmp_path / "state", checkpoint_every=0)
     push(rt, trajectories[: 2 * GROUP * GROUPS])
     wait_for(lambda: rt.loop.learner.steps == 2, "2 steps")
     live = weights(rt)
@@ -179,12 +179,12 @@ def test_checkpoint_is_a_transformers_model_and_shutdown_saves_one(model_dir, tr
 
 def test_buffered_trajectories_come_back_in_order(model_dir, trajectories, tmp_path):
     """Open and complete groups buffered at a checkpoint are put back, in the same order."""
-    rt = make_runtime(model_dir, tmp_path / "state", checkpoint_every=0)
+    rt = runtime(model_dir, tmp_path / "state", checkpoint_every=0)
     partial = trajectories[: GROUP + 2]  # one complete group (not a batch yet) and an open one
     push(rt, partial)
     before = rt.buffer.snapshot()
     rt.close()  # no step was taken, so no checkpoint: resume replays the whole log
-    again = make_runtime(model_dir, tmp_path / "state", resume=True)
+    again = runtime(model_dir, tmp_path / "state", resume=True)
     try:
         assert again.replayed == len(partial)
         assert again.buffer.snapshot() == before

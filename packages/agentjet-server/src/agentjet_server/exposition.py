@@ -100,6 +100,25 @@ class RuntimeCollector(Collector):
             "agentjet_engine_requests", "Engine requests (one per choice)", value=serving.requests
         )
         yield _gauge("agentjet_engine_requests_in_flight", "Engine requests generating now", serving.in_flight)
+        if snap.replicas:  # --engine-replicas: each replica's share
+            per = (
+                (GaugeMetricFamily, "agentjet_replica_up", "1 while the engine replica serves", "state"),
+                (GaugeMetricFamily, "agentjet_replica_in_flight", "Requests the replica is sampling now", "in_flight"),
+                (CounterMetricFamily, "agentjet_replica_requests", "Requests routed to the replica", "requests"),
+                (CounterMetricFamily, "agentjet_replica_tokens", "Tokens the replica sampled", "tokens"),
+                (
+                    CounterMetricFamily,
+                    "agentjet_replica_restarts",
+                    "Times the replica's process was restarted",
+                    "restarts",
+                ),
+            )
+            for kind, name, doc, key in per:
+                family = kind(name, doc, labels=["replica"])
+                for replica in snap.replicas:
+                    value = replica[key] == "ready" if key == "state" else replica[key]
+                    family.add_metric([str(replica["index"])], float(value))
+                yield family
         yield _histogram(
             "agentjet_engine_time_to_first_token_seconds",
             "Seconds from an engine request to its first token",

@@ -189,6 +189,7 @@ class Snapshot:
     checkpoint_step: int | None
     learner_error: str | None
     by_tag: dict[str, TagInfo] = field(default_factory=dict)
+    replicas: list[dict[str, Any]] = field(default_factory=list)  # engine replicas (--engine-replicas)
 
 
 class History:

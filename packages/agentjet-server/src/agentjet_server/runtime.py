@@ -274,6 +274,7 @@ class SwarmRuntime:
             checkpoint_step=self.last_checkpoint_step,
             learner_error=self.loop.error,
             by_tag=self.by_tag(),
+            replicas=getattr(self.engine, "replica_status", list)(),
         )
 
     @property
