@@ -86,7 +86,7 @@ def ensure_env(
         "-e",
         str(ROOT / "packages" / "agentjet-client") + client_extras,
         "-e",
-        str(ROOT / "packages" / "agentjet-server") + ("[lora]" if where == VENV else ""),
+        str(ROOT / "packages" / "agentjet-server") + "[lora]",
     )
     stamp.write_text(wanted)
     return bin_dir

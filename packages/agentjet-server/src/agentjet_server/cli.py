@@ -389,6 +389,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
 
     from agentjet_server.app import create_app
     from agentjet_server.checkpoint import StateDir
+    from agentjet_server.control import learner_config
     from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
     from agentjet_server.runtime import SwarmRuntime
@@ -411,8 +412,19 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
             options["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if settings.tensor_parallel_size > 1:
             options["tensor_parallel_size"] = settings.tensor_parallel_size
+        # vLLM in this process serves a LoRA adapter through its LoRA support (replicas and torchrun's
+        # engine process take the merged weights); it starts from the base model, and on --resume
+        # the runtime gives it the checkpoint's adapter
+        adapters = settings.lora_rank > 0 and settings.engine == "vllm" and settings.engine_replicas == 1
+        adapters = adapters and not ctx.enabled
+        if adapters and "lm_head" in settings.lora_targets.split(","):
+            adapters = False  # vLLM takes no adapter on the output head
+            console.print("[cyan]agentjet[/cyan] vLLM takes no LoRA adapter on lm_head: it gets merged weights")
+        if adapters:
+            options["lora"] = learner_config(settings).lora
+            options["version"] = 0
         # the engine starts from the checkpoint's weights (HF format) when resuming
-        engine_path = checkpoint.model_dir if checkpoint else path
+        engine_path = checkpoint.model_dir if checkpoint and not adapters else path
         if checkpoint:
             console.print(
                 f"[cyan]agentjet[/cyan] resuming from {checkpoint.path} "

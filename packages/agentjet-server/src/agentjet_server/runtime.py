@@ -231,7 +231,10 @@ class SwarmRuntime:
             if checkpoint is not None and engine.version != checkpoint.meta.version:
                 # an engine built from the original model: give it the checkpoint's weights and version
                 assert trainer_state is not None
-                engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
+                if getattr(engine, "serves_adapters", False):  # the base model, and the trained adapter
+                    engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)  # type: ignore[attr-defined]
+                else:
+                    engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
             model: Any = learner.model
             vocab = int(model.config.vocab_size)
             runtime = cls(engine, settings, learner, vocab, state, Path(model_path), live, log)

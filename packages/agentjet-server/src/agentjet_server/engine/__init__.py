@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.learner.lora import LoraSpec
 
 EngineKind = Literal["transformers", "vllm"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -32,8 +33,10 @@ def create_engine(
     chat_template: str | None = None,
     gpu_memory_utilization: float | None = None,
     tensor_parallel_size: int = 1,
+    lora: LoraSpec | None = None,
 ) -> Engine:
-    """The engine ``agentjet-server up --engine KIND`` serves with."""
+    """The engine ``agentjet-server up --engine KIND`` serves with. ``lora``: vLLM serves the LoRA
+    adapter the learner trains (the transformers engine always takes merged weights)."""
     torch_dtype = resolve_dtype(dtype, device)
     if kind == "vllm":
         from agentjet_server.engine.vllm import VLLMEngine
@@ -52,6 +55,7 @@ def create_engine(
             version=version,
             chat_template=chat_template,
             engine_args=engine_args or None,
+            lora=lora,
         )
     from agentjet_server.engine.hf import TransformersEngine
 

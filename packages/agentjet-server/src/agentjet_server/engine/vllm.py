@@ -25,6 +25,8 @@ import itertools
 import logging
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -39,6 +41,7 @@ from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream, WeightSlot
 from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
 from agentjet_server.errors import ConfigError, EngineError, ModelLoadError
+from agentjet_server.learner.lora import LoraSpec, write_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,16 @@ class _Request(TokenStream):
     prompt_ids: list[int]
     params: SamplingParams
     output_ids: list[int] = field(default_factory=list)
+    adapter: int | None = None  # serving a LoRA adapter: the version of the one this request runs on
+
+
+@dataclass
+class _Adapter:
+    """A LoRA adapter registered with vLLM, for one policy version."""
+
+    version: int
+    request: Any  # vllm.lora.request.LoRARequest
+    path: Path
 
 
 @dataclass
@@ -61,6 +74,15 @@ class UpdateRecord:
 
 
 _WAKE = object()
+MAX_LIVE_ADAPTERS = 8  # adapter versions vLLM keeps loaded at once (requests in flight keep theirs)
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+    for slot in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    raise ConfigError(f"--lora-rank {rank}: vLLM serves adapters of rank 512 at most")
 
 
 def _set_vllm_env(device: str) -> None:
@@ -89,7 +111,10 @@ class VLLMEngine(TemplateEngine):
         chat_template: str | None = None,
         enforce_eager: bool | None = None,
         engine_args: Mapping[str, Any] | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
+        """``lora``: the learner trains this adapter; vLLM serves it through its LoRA support and each
+        update moves the adapter alone (``update_adapter``), not the model."""
         path = Path(model_path)
         check_model_dir(path)
         self.model_path = path
@@ -122,6 +147,12 @@ class VLLMEngine(TemplateEngine):
             "enable_prefix_caching": True,
             "enforce_eager": (not device.startswith("cuda")) if enforce_eager is None else enforce_eager,
         }
+        self.lora = lora
+        if lora is not None:
+            # vLLM sizes its LoRA buffers by these; a request keeps the adapter it started on, so a
+            # few versions can be live at once
+            args.update(enable_lora=True, max_lora_rank=_lora_rank_slot(lora.rank), max_loras=MAX_LIVE_ADAPTERS)
+            args.update(max_cpu_loras=MAX_LIVE_ADAPTERS)
         args.update(engine_args or {})
         started = time.perf_counter()
         try:
@@ -140,6 +171,9 @@ class VLLMEngine(TemplateEngine):
         self._weights = WeightSlot()
         self._closed = threading.Event()
         self.updates: deque[UpdateRecord] = deque(maxlen=256)
+        self._adapters: dict[int, _Adapter] = {}  # by version; the newest serves new requests
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix="agentjet-lora-")) if lora is not None else None
+        self._adapter_slot = WeightSlot()
         self.steps_run = 0
         self.largest_batch = 0
         self._thread = threading.Thread(target=self._run, name="agentjet-vllm", daemon=True)
@@ -171,6 +205,19 @@ class VLLMEngine(TemplateEngine):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights.offer(state_dict, version, lambda: self._inbox.put(_WAKE), self._closed)
 
+    @property
+    def serves_adapters(self) -> bool:
+        return self.lora is not None
+
+    def update_adapter(self, adapter: Mapping[str, torch.Tensor], version: int) -> None:
+        """Serve new requests with ``adapter`` (the learner's LoRA tensors) as policy ``version``;
+        requests in flight finish on the adapter they started with. Returns once it is live."""
+        if self.lora is None or self._adapter_dir is None:
+            raise EngineError("this engine was started without LoRA; it takes whole weights (update_weights)")
+        path = self._adapter_dir / f"v{version}"
+        write_adapter(path, dict(adapter), self.lora, str(self.model_path))
+        self._adapter_slot.offer({}, version, lambda: self._inbox.put(_WAKE), self._closed)
+
     def close(self) -> None:
         if self._closed.is_set():
             return
@@ -180,6 +227,8 @@ class VLLMEngine(TemplateEngine):
         core = getattr(self._engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
     # ----------------------------------------------------------------------------- engine thread
 
@@ -188,6 +237,7 @@ class VLLMEngine(TemplateEngine):
         while not self._closed.is_set():
             try:
                 self._apply_pending_weights()
+                self._apply_pending_adapter()
                 self._admit(block=not self._live)
                 if not self._live:
                     continue
@@ -252,17 +302,25 @@ class VLLMEngine(TemplateEngine):
             output_kind=self._delta,
         )
         prompt = {"prompt_token_ids": request.prompt_ids, "cache_salt": f"agentjet-v{self._version}"}
+        adapter = self._adapters.get(self._version)
         try:
-            self._engine.add_request(request.request_id, prompt, params)
+            if adapter is not None:
+                self._engine.add_request(request.request_id, prompt, params, lora_request=adapter.request)
+            else:
+                self._engine.add_request(request.request_id, prompt, params)
         except Exception as exc:  # vLLM refused this request (too long, bad parameter)
             request.push(EngineError(f"vLLM refused the request: {exc}"))
             return
+        if self.lora is not None:  # its tokens come from this version's adapter to the end
+            request.adapter = self._version
         self._live[request.request_id] = request
 
     def _deliver(self, output: Any, version: int) -> None:
         request = self._live.get(output.request_id)
         if request is None:
             return
+        if request.adapter is not None:
+            version = request.adapter
         completion = output.outputs[0]
         token_ids = list(completion.token_ids)
         for j, token in enumerate(token_ids):
@@ -291,6 +349,36 @@ class VLLMEngine(TemplateEngine):
         if output.finished:  # finished without a token this step (aborted inside vLLM)
             self._live.pop(request.request_id, None)
             request.push(EngineError(f"vLLM ended the request ({completion.finish_reason})"))
+
+    def _apply_pending_adapter(self) -> None:
+        """Register the newest adapter with vLLM (between steps); drop old ones nobody runs on."""
+        update = self._adapter_slot.take()
+        if update is not None:
+            started = time.perf_counter()
+            try:
+                from vllm.lora.request import LoRARequest
+
+                assert self._adapter_dir is not None
+                path = self._adapter_dir / f"v{update.version}"
+                request = LoRARequest(f"agentjet-v{update.version}", update.version + 1, str(path))
+                self._engine.add_lora(request)
+                self._adapters[update.version] = _Adapter(update.version, request, path)
+                self._version = update.version
+                logger.info("vLLM serves LoRA adapter v%d to new requests", update.version)
+                self.updates.append(UpdateRecord(update.version, time.perf_counter() - started, len(self._live)))
+            except Exception as exc:  # reported to the learner that asked for it
+                update.error = exc
+            finally:
+                update.applied.set()
+        users: dict[int, int] = {}
+        for request in self._live.values():
+            if request.adapter is not None:
+                users[request.adapter] = users.get(request.adapter, 0) + 1
+        for version, adapter in list(self._adapters.items()):
+            if version != self._version and not users.get(version):
+                self._engine.remove_lora(adapter.request.lora_int_id)
+                shutil.rmtree(adapter.path, ignore_errors=True)
+                del self._adapters[version]
 
     def _apply_pending_weights(self) -> None:
         update = self._weights.take()

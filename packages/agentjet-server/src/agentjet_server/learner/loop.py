@@ -277,9 +277,11 @@ class TrainingLoop:
             distributed.broadcast(self.learner.ctx, batch)
         stats = self.learner.step(batch)
         started = time.perf_counter()
-        weights = self.learner.full_state_dict()
         new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
-        self.engine.update_weights(weights, new_version)
+        if getattr(self.engine, "serves_adapters", False):  # vLLM serving the LoRA adapter: move it alone
+            self.engine.update_adapter(self.learner.adapter_weights(), new_version)  # type: ignore[attr-defined]
+        else:
+            self.engine.update_weights(self.learner.full_state_dict(), new_version)
         update_seconds = time.perf_counter() - started
         self.live = (new_version, self.learner.steps)
         self.last = stats

@@ -5,9 +5,10 @@
 with the head adapted too, ``--lora-targets all-linear,lm_head``):
 the learner wraps its model's linear layers with peft's LoRA modules in place, so the model keeps
 its Hugging Face interface (decoder, output head) and the rest of the learner runs unchanged;
-only the adapter's parameters get gradients and AdamW state. After each step the engine receives
-the merged weights, ``W + (B @ A) * alpha / R`` under the base names, so any engine serves them
-and every token is tagged as before. Checkpoints keep the merged model (loadable as is), the
+only the adapter's parameters get gradients and AdamW state. After each step a vLLM engine in the
+server's process gets the adapter alone (``VLLMEngine.update_adapter``: vLLM's LoRA support);
+any other engine gets the merged weights, ``W + (B @ A) * alpha / R`` under the base names, and
+every token is tagged as before. Checkpoints keep the merged model (loadable as is), the
 adapter (``adapter/``, peft's format: loadable by peft and by vLLM's LoRA support) and the
 adapter's optimizer state; ``--resume`` rebuilds the base from ``--model`` and loads the adapter.
 """

@@ -177,6 +177,12 @@ class Learner:
         state = full_state_dict(self.model, self.ctx)
         return merged(state, self.lora) if self.lora is not None and state else state
 
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """With LoRA: the adapter's tensors on CPU (collective under FSDP, like ``full_state_dict``)."""
+        if self.lora is None:
+            raise ValueError("the learner trains every weight (no --lora-rank): it has no adapter")
+        return adapter_state(full_state_dict(self.model, self.ctx))
+
     @property
     def trainable_parameters(self) -> int:
         return sum(p.numel() for group in self.optimizer.param_groups for p in group["params"])

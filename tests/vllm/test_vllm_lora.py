@@ -1,0 +1,146 @@
+"""vLLM serving the LoRA adapter the learner trains (``--engine vllm --lora-rank R``): each update
+moves the adapter alone, a request keeps the adapter it started on (its tokens carry that
+version), the log-probs equal the learner's merged model, a client run trains, and ``--resume``
+serves the checkpoint's adapter on the base model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import CACHE, ServerProcess
+
+pytest.importorskip("vllm")
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ASK = [{"role": "user", "content": "Say something."}]
+
+
+def _adapted(model_dir: Path, seed: int):
+    """A model with a random (non-zero) LoRA adapter, and the learner around it."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.lora import LoraSpec
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(lora=LoraSpec(rank=8, alpha=16.0)), pad_id=0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.05)
+    return learner
+
+
+def test_vllm_serves_the_adapter_with_the_learners_logprobs_and_per_request_versions(chatty_model_dir):
+    from agentjet_server.engine.base import SamplingParams
+    from agentjet_server.engine.vllm import VLLMEngine
+    from agentjet_server.learner.lora import LoraSpec
+
+    engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny", lora=LoraSpec(rank=8, alpha=16.0))
+    try:
+        assert engine.serves_adapters
+        ids = engine.render(ASK)
+        first, second = _adapted(chatty_model_dir, 1), _adapted(chatty_model_dir, 2)
+        adapter = first.adapter_weights()
+        assert all(".lora_" in name for name in adapter)  # the update is the adapter, not the model
+        engine.update_adapter(adapter, 1)
+        early: list = []
+        late: list = []
+
+        async def run() -> None:
+            async def old_request() -> None:
+                async for event in engine.generate(ids, SamplingParams(max_tokens=60, seed=3)):
+                    early.append(event)
+                    if len(early) == 5:
+                        await asyncio.to_thread(engine.update_adapter, second.adapter_weights(), 2)
+
+            await old_request()
+            async for event in engine.generate(ids, SamplingParams(max_tokens=30, seed=4)):
+                late.append(event)
+
+        asyncio.run(run())
+        # a request keeps the adapter it started on: all its tokens carry that version
+        assert {e.version for e in early} == {1} and {e.version for e in late} == {2}
+        for learner, events in ((first, early), (second, late)):
+            seq = ids + [e.token_id for e in events]
+            with torch.no_grad():
+                logp = torch.log_softmax(learner.model(input_ids=torch.tensor([seq])).logits[0].float(), -1)
+            expected = [float(logp[len(ids) - 1 + j, e.token_id]) for j, e in enumerate(events)]
+            worst = max(abs(a - e.logprob) for a, e in zip(expected, events, strict=True))
+            assert worst < 1e-3, f"vLLM's LoRA log-probs differ from the learner's by {worst}"
+        assert [u.version for u in engine.updates][-2:] == [1, 2]
+    finally:
+        engine.close()
+
+
+def _probe_logprobs(url: str) -> tuple[list[int], list[int], list[float], list[int]]:
+    import httpx2
+
+    body = {"model": "agentjet-tiny", "messages": ASK, "max_tokens": 12, "seed": 5}
+    reply = httpx2.post(url + "/v1/chat/completions", json=body, timeout=60).json()
+    ext = reply["choices"][0]["agentjet"]
+    return ext["prompt_token_ids"], ext["completion_token_ids"], ext["completion_logprobs"], ext["completion_versions"]
+
+
+def _plain_logprobs(model_path: Path, prompt: list[int], completion: list[int]) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([prompt + completion])).logits[0].float(), -1)
+    return [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(completion)]
+
+
+def test_a_client_run_trains_the_adapter_vllm_serves_and_resume_serves_it_again(model_dir, tmp_path):
+    """Adapters on every linear layer (vLLM takes none on the output head): the run trains with an
+    adapter update per step; after ``--resume`` vLLM, started from the base model, samples exactly
+    what the checkpoint's merged model computes, at the checkpoint's version."""
+    env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), "AGENTJET_DIGITS": "3,8"}
+    state = tmp_path / "state"
+    args = ["--engine", "vllm", "--lora-rank", "16", "--lora-alpha", "64", "--lr", "2e-3"]
+    args += ["--batch-groups", "2", "--group-size", "16", "--state-dir", str(state), "--log-level", "info"]
+    command = [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
+    command += ["--group-size", "16", "--concurrency", "16", "--seed", "0"]
+    server = ServerProcess(args, tmp_path / "server.log", env=env)
+    try:
+        proc = subprocess.run(
+            [*command, "--server", server.url, "--episodes", "1600"], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        status = server.wait_trained()
+    finally:
+        server.stop()
+    out = proc.stdout.replace("\n", " ")
+    first = float(re.search(r"first 10% ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    last = float(re.search(r"last 20% ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    print(f"vLLM serving the adapter, digits 3 and 8: first 10% {first:.3f} -> last 20% {last:.3f}")
+    assert status["learner"]["last_error"] is None and status["policy_version"] >= 20
+    version = status["policy_version"]
+    checkpoint = sorted((state / "checkpoints").glob("step-*"))[-1]
+
+    server = ServerProcess([*args, "--resume"], tmp_path / "resumed.log", env=env)
+    try:
+        assert server.status()["policy_version"] == version
+        prompt, completion, logprobs, versions = _probe_logprobs(server.url)
+    finally:
+        server.stop()
+    assert set(versions) == {version}
+    assert f"vLLM serves LoRA adapter v{version} to new requests" in (tmp_path / "resumed.log").read_text()
+    trained = _plain_logprobs(checkpoint / "model", prompt, completion)
+    base = _plain_logprobs(model_dir, prompt, completion)
+    assert max(abs(a - b) for a, b in zip(logprobs, trained, strict=True)) < 1e-3  # the checkpoint's adapter
+    assert max(abs(a - b) for a, b in zip(logprobs, base, strict=True)) > 1e-2  # not the bare base model
