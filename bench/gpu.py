@@ -1,13 +1,21 @@
-"""What a lent GPU measures in one short run: the transformers engine and the learner on CUDA.
+"""What a lent GPU measures in one short run: engines, replicas, the learner's layouts and LoRA on CUDA.
 
-    python bench/gpu.py --budget-s 300       # prints a table; exits early once the budget is spent
+    python bench/gpu.py --budget-s 420          # prints tables; skips what the budget no longer allows
+    python bench/gpu.py --qwen-0.5b             # the model built from Qwen2.5-0.5B's published shape
+    python bench/gpu.py --smoke                 # a tiny model on CPU: checks the script runs (no figures)
 
 No vLLM on the lent machine, so the engine measured is the transformers one (bf16); vLLM on GPU
 is covered by ``pytest -m gpu`` where the official wheel is installed. All ratios are measured
-side by side in this run on the same model:
+side by side in this run on the same model (random weights built from a config):
 
-- engine: decode tokens/s with 8 concurrent requests vs 1 (what batching buys), and a weight
-  update's time with requests in flight;
+- engine: decode tokens/s with 8 concurrent requests vs 1 (what batching buys), a weight update's
+  time with requests in flight, and staggered arrivals (48 requests one every 20 ms) continuously
+  batched vs in waves: first-token latency and tokens/s;
+- replicas: two engine processes on the same GPU against one engine (``ReplicaSet``): tokens/s
+  with 16 concurrent requests, and the weight fan-out's time against one engine's update;
+- learner layouts (fp32, checkpointing, bf16 autocast, all-bf16, LoRA rank 16, LoRA +
+  checkpointing): step time and peak CUDA memory (``max_memory_allocated``) next to the memory
+  plan's estimate for the same layout (runtime excluded: the allocator does not see it);
 - learner: one GRPO step's time and trained tokens/s, plain module vs FSDP2 in one process
   (``fully_shard`` on a world of 1: the sharding bookkeeping's own cost), then the full-weight
   gather the engine receives.
@@ -28,7 +36,15 @@ from typing import Any
 import torch
 
 
-def build(target: Path, hidden: int, layers: int, vocab: int) -> int:
+def build(
+    target: Path,
+    hidden: int,
+    layers: int,
+    vocab: int,
+    intermediate: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+) -> int:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from agentjet_server.embedded import ensure_embedded_model
@@ -36,10 +52,10 @@ def build(target: Path, hidden: int, layers: int, vocab: int) -> int:
     config = Qwen2Config(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=hidden * 3,
+        intermediate_size=intermediate or hidden * 3,
         num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(1, hidden // 256),
+        num_attention_heads=heads or hidden // 64,
+        num_key_value_heads=kv_heads or max(1, hidden // 256),
         max_position_embeddings=4096,
         tie_word_embeddings=False,
     )
@@ -59,10 +75,10 @@ async def _burst(engine: Any, prompt: list[int], n: int, max_tokens: int) -> int
     return sum(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-def engine_rows(model: Path, max_tokens: int) -> list[tuple[str, str]]:
+def engine_rows(model: Path, max_tokens: int, device: str, dtype: torch.dtype) -> list[tuple[str, str]]:
     from agentjet_server.engine.hf import TransformersEngine
 
-    engine = TransformersEngine(model, device="cuda", dtype=torch.bfloat16)
+    engine = TransformersEngine(model, device=device, dtype=dtype)
     prompt = engine.render([{"role": "user", "content": "Tell me a long story."}])
     asyncio.run(_burst(engine, prompt, 2, 8))
     rates = {}
@@ -90,6 +106,132 @@ def engine_rows(model: Path, max_tokens: int) -> list[tuple[str, str]]:
         ("batching speed-up (8 vs 1)", f"{rates[8] / rates[1]:.2f}x"),
         ("weight update with 8 in flight (ms)", f"{took[0] * 1000:.1f}"),
     ]
+
+
+def staggered_rows(model: Path, device: str, dtype: torch.dtype) -> list[tuple[str, str]]:
+    import sys
+
+    from agentjet_server.engine.hf import TransformersEngine
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engines import _staggered  # bench/engines.py: the same staggered workload
+
+    rows = []
+    for label, continuous in (("waves", False), ("continuous", True)):
+        engine = TransformersEngine(model, device=device, dtype=dtype, continuous=continuous)
+        prompts = [engine.render([{"role": "user", "content": f"Tell me about item {i}."}]) for i in range(8)]
+        asyncio.run(_burst(engine, prompts[0], 2, 8))
+        result = asyncio.run(_staggered(engine, prompts, 48, 0.02))
+        engine.close()
+        first = sorted(result["first"])
+        rows.append((f"staggered, {label}: first token p50 (ms)", f"{first[len(first) // 2] * 1000:.1f}"))
+        rows.append((f"staggered, {label}: tokens/s", f"{result['stagger_tokens_per_s']:.0f}"))
+    return rows
+
+
+def replica_rows(model: Path, device: str, max_tokens: int) -> list[tuple[str, str]]:
+    from agentjet_server.engine import create_engine
+    from agentjet_server.engine.replicas import ReplicaSet, cpu_threads_per_replica
+
+    options: dict[str, Any] = {
+        "model_name": "bench",
+        "max_batch": 64,
+        "dtype": "bfloat16" if device != "cpu" else "float32",
+    }
+    rows = []
+    rates, updates = {}, {}
+    for label in ("1 engine", "2 replicas"):
+        if label == "1 engine":
+            engine: Any = create_engine("transformers", model, device=device, **options)
+        else:
+            threads = cpu_threads_per_replica(2) if device == "cpu" else None  # as `up` does on CPU
+            engine = ReplicaSet("transformers", model, replicas=2, devices=[device], threads=threads, **options)
+        prompt = engine.render([{"role": "user", "content": "Tell me a long story."}])
+        asyncio.run(_burst(engine, prompt, 4, 8))
+        started = time.perf_counter()
+        tokens = asyncio.run(_burst(engine, prompt, 16, max_tokens))
+        rates[label] = tokens / (time.perf_counter() - started)
+        from transformers import AutoModelForCausalLM
+
+        weights = AutoModelForCausalLM.from_pretrained(model).state_dict()
+        started = time.perf_counter()
+        engine.update_weights(weights, 1)
+        updates[label] = time.perf_counter() - started
+        engine.close()
+        rows.append((f"{label}: tokens/s, 16 concurrent", f"{rates[label]:.0f}"))
+        rows.append((f"{label}: weight update (ms)", f"{updates[label] * 1000:.1f}"))
+    rows.append(("2 replicas / 1 engine, tokens/s", f"{rates['2 replicas'] / rates['1 engine']:.2f}x"))
+    rows.append(("fan-out to 2 / one update", f"{updates['2 replicas'] / updates['1 engine']:.2f}x"))
+    return rows
+
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "fp32": {},
+    "checkpointing": {"gradient_checkpointing": True},
+    "bf16 autocast": {"learner_dtype": "bfloat16"},
+    "all bf16": {"learner_dtype": "bfloat16", "optimizer_dtype": "bfloat16"},
+    "LoRA rank 16": {"lora_rank": 16},
+    "LoRA rank 16 + checkpointing": {"lora_rank": 16, "gradient_checkpointing": True},
+}
+
+
+def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[tuple[str, str]]:
+    """Each layout: step time and peak memory against the plan (CUDA only for memory)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.batching.batch import Batch, Sequence
+    from agentjet_server.learner.lora import LoraSpec
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+    from agentjet_server.memory import Layout, ModelShape, learner_items
+
+    shape = ModelShape.from_pretrained(model)
+    generator = torch.Generator().manual_seed(0)
+    sequences = []
+    for i in range(8):  # 8 x 1024 tokens, 512 trained each: one 8,192-token micro-batch
+        ids = torch.randint(10, 1000, (1024,), generator=generator).tolist()
+        trained = list(range(512, 1024))
+        sequences.append(Sequence(ids, trained, [-1.0] * len(trained), [1.0 if i % 2 else -1.0] * len(trained)))
+    batch = Batch(sequences, [0.0] * len(sequences), 1, 0, len(sequences))
+    rows = []
+    full_step = None
+    for name, layout in LAYOUTS.items():
+        if time.monotonic() > deadline:
+            rows.append((f"{name}", "(budget spent)"))
+            continue
+        pure = layout.get("optimizer_dtype") == "bfloat16"
+        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if pure else torch.float32).to(device)
+        rank = int(layout.get("lora_rank", 0))
+        config = LearnerConfig(
+            compute_dtype=layout.get("learner_dtype", "float32"),
+            gradient_checkpointing=bool(layout.get("gradient_checkpointing", False)),
+            lora=LoraSpec(rank=rank, alpha=2.0 * rank) if rank else None,
+        )
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        learner = Learner(net, config, pad_id=0)
+        learner.step(batch)  # warm-up; creates the optimizer state
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(steps):
+            learner.step(batch)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        took = (time.perf_counter() - started) / steps
+        full_step = full_step or took
+        plan = Layout(learner_device=device, micro_batch_tokens=8192, trained_share=0.5, **layout)
+        estimate = sum(i.bytes for i in learner_items(shape, plan) if i.name not in ("peft", "allocator slack"))
+        if device.startswith("cuda"):
+            peak = torch.cuda.max_memory_allocated()
+            memory = f"{peak / 2**30:.2f} GiB (plan {estimate / 2**30:.2f}, {estimate / peak:.2f})"
+        else:
+            memory = f"n/a on CPU (plan {estimate / 2**30:.2f} GiB)"
+        rows.append((f"{name}: step (s), vs fp32", f"{took:.3f} ({took / full_step:.2f}x)"))
+        rows.append((f"{name}: trainable parameters", f"{learner.trainable_parameters / 1e6:.1f}M"))
+        rows.append((f"{name}: peak memory", memory))
+        del learner, net
+    return rows
 
 
 def learner_rows(model: Path, groups: int, steps: int) -> list[tuple[str, str]]:
@@ -171,26 +313,43 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--qwen-0.5b", dest="qwen", action="store_true", help="Qwen2.5-0.5B's shape (494M)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=420)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on CPU: only checks that it runs")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/gpu.py needs CUDA; on CPU use bench/engines.py and bench/latency.py")
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu.py needs CUDA; on CPU use bench/engines.py and bench/latency.py (or --smoke)")
+    device = "cpu" if args.smoke else "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
     deadline = time.monotonic() + args.budget_s
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "m"
-        params = build(model, args.hidden, args.layers, args.vocab)
-        print(f"GPU: {torch.cuda.get_device_name()}  model: {params / 1e6:.1f}M parameters", flush=True)
-        rows = engine_rows(model, args.max_tokens)
-        for row in rows:
-            print(f"  {row[0]:45} {row[1]:>12}", flush=True)
-        if time.monotonic() < deadline:
-            for row in learner_rows(model, args.groups, args.steps):
-                print(f"  {row[0]:45} {row[1]:>12}", flush=True)
+        if args.smoke:
+            params = build(model, 128, 2, 1024)
+        elif args.qwen:
+            params = build(model, 896, 24, 151936, intermediate=4864, heads=14, kv_heads=2)
         else:
-            print("  (budget spent before the learner part)")
+            params = build(model, args.hidden, args.layers, args.vocab)
+        name = torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke run)"
+        print(f"device: {name}  model: {params / 1e6:.1f}M parameters", flush=True)
+        parts = [
+            ("engine", lambda: engine_rows(model, args.max_tokens, device, dtype)),
+            ("staggered arrivals", lambda: staggered_rows(model, device, dtype)),
+            ("replicas", lambda: replica_rows(model, device, args.max_tokens)),
+            ("learner layouts", lambda: layout_rows(model, device, args.steps, deadline)),
+        ]
+        if not args.smoke:
+            parts.append(("learner, plain vs FSDP2", lambda: learner_rows(model, args.groups, args.steps)))
+        for title, measure in parts:
+            if time.monotonic() > deadline:
+                print(f"{title}: budget spent, skipped", flush=True)
+                continue
+            print(f"{title}:", flush=True)
+            for row in measure():
+                print(f"  {row[0]:45} {row[1]:>12}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,13 @@ from agentjet_server.errors import EngineError
 PROMPT = [{"role": "user", "content": "Tell me something."}]
 
 
+def _plain_logprobs(model, prompt, events):
+    seq = prompt + [e.token_id for e in events]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
+    return [float(logp[len(prompt) - 1 + i, e.token_id]) for i, e in enumerate(events)]
+
+
 def collect(engine, ids, params):
     async def run():
         return [event async for event in engine.generate(ids, params)]
@@ -71,11 +78,7 @@ def test_engine_logprobs_match_a_plain_forward_pass(chatty_model_dir):
     try:
         ids = engine.render(PROMPT)
         events = collect(engine, ids, SamplingParams(max_tokens=12, seed=3))
-        model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
-        seq = ids + [e.token_id for e in events]
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
-        expected = [float(logp[len(ids) - 1 + i, e.token_id]) for i, e in enumerate(events)]
+        expected = _plain_logprobs(AutoModelForCausalLM.from_pretrained(chatty_model_dir), ids, events)
         assert max(abs(a - b.logprob) for a, b in zip(expected, events, strict=True)) < 1e-4
     finally:
         engine.close()
@@ -131,13 +134,6 @@ def test_create_engine_honours_dtype(model_dir):
         assert next(engine.model.parameters()).dtype == torch.bfloat16
     finally:
         engine.close()
-
-
-def _plain_logprobs(model, prompt, events):
-    seq = prompt + [e.token_id for e in events]
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
-    return [float(logp[len(prompt) - 1 + i, e.token_id]) for i, e in enumerate(events)]
 
 
 def test_requests_join_and_leave_a_running_batch_and_stay_exact(chatty_model_dir):

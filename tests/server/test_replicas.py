@@ -11,6 +11,7 @@ import torch
 
 from agentjet_server.engine.base import SamplingParams
 from agentjet_server.engine.replicas import BLOCK, ReplicaSet, prefix_blocks
+from tests.server.test_engine import _plain_logprobs
 
 PROMPT = [{"role": "user", "content": "Tell me something."}]
 
@@ -61,10 +62,7 @@ def test_requests_spread_over_replicas_and_an_update_reaches_every_one(replicas,
     model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
     model.load_state_dict(new)
     for out in outs[:3]:
-        seq = ids + [e.token_id for e in out]
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0], -1)
-        expected = [float(logp[len(ids) - 1 + i, e.token_id]) for i, e in enumerate(out)]
+        expected = _plain_logprobs(model, ids, out)
         assert max(abs(x - e.logprob) for x, e in zip(expected, out, strict=True)) < 1e-4
 
 
