@@ -439,7 +439,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
             console.print(
                 f"[cyan]agentjet[/cyan] starting {settings.engine_replicas} {settings.engine} engine replicas on "
                 + (
-                    f"the CPU ({cpu_threads_per_replica(settings.engine_replicas)} threads each)"
+                    f"the CPU ({cpu_threads_per_replica(settings.engine_replicas)} thread(s) each)"
                     if on_cpu
                     else ", ".join(devices)
                 )
