@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +56,20 @@ def test_wandb_logs_offline_into_the_state_dir(tmp_path, monkeypatch):
     history.append("eval", policy_version=1, reward=0.75, tag="", agent_rewards={})
     history.close()
     [run] = list((tmp_path / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    # wandb's service process writes the file; it is complete once it holds the run's exit record
+    deadline = time.monotonic() + 30
+    while not wandb_records(run, "exit") and time.monotonic() < deadline:
+        time.sleep(0.1)
     rows = wandb_history(run)
     assert [(r["train/x"], r["train/loss"], r["train/reward_by_tag/math"]) for r in rows if "train/x" in r] == [
         (1, 0.5, 0.25)
-    ]
+    ], rows
     assert [(r["eval/x"], r["eval/reward"]) for r in rows if "eval/x" in r] == [(1, 0.75)]
     assert (tmp_path / "wandb" / "run-id").exists()  # a resumed server logs into the same run
 
 
-def wandb_history(path: Path) -> list[dict[str, Any]]:
-    """The history rows of an offline W&B run file: a LevelDB-style log (32 KiB blocks of records
+def _wandb_records(path: Path) -> list[Any]:
+    """The records of an offline W&B run file: a LevelDB-style log (32 KiB blocks of records
     with a 7-byte header: crc, length, full/first/middle/last) of ``Record`` protobufs, after a
     7-byte file header."""
     from wandb.proto import wandb_internal_pb2
@@ -90,13 +95,23 @@ def wandb_history(path: Path) -> list[dict[str, Any]]:
             pending += chunk
         elif kind == 4:
             records.append(pending + chunk)
-    rows = []
+    parsed = []
     for raw in records:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
-            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
-    return rows
+        parsed.append(record)
+    return parsed
+
+
+def wandb_records(path: Path, kind: str) -> list[Any]:
+    return [r for r in _wandb_records(path) if r.WhichOneof("record_type") == kind]
+
+
+def wandb_history(path: Path) -> list[dict[str, Any]]:
+    return [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+        for record in wandb_records(path, "history")
+    ]
 
 
 def test_a_missing_package_is_a_clear_error(tmp_path, monkeypatch):
