@@ -57,7 +57,7 @@ def ensure_env(
     where: Path = VENV,
     extra: list[str] | None = None,
     remove: list[str] | None = None,
-    client_extras: str = "[langchain,agentscope,anthropic]",
+    client_extras: str = "[langchain,agentscope,anthropic,research]",
 ) -> Path:
     """A virtual environment with torch (CPU), pytest, ``extra`` and both packages (the client with
     ``client_extras``, for the framework examples and tests); returns its bin dir."""

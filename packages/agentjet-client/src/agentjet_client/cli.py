@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentjet_client.errors import AgentJetError
+from agentjet_client.research.cli import app as research_app
 from agentjet_client.runner import RunConfig, RunReport
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (grep-able)
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line
+app.add_typer(research_app, name="research")
 
 
 def _fail(message: str) -> None:

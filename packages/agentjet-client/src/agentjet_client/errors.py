@@ -4,7 +4,8 @@
     ├── ServerError          the server answered with an error (status_code, message)
     │   └── RejectedRequest  a 4xx: the request itself is wrong; retrying will not help
     ├── ServerUnreachable    no answer from the server (after retries)
-    └── AgentLoadError       the code dir has no usable @swarm_agent, or it fails to import
+    ├── AgentLoadError       the code dir has no usable @swarm_agent, or it fails to import
+    └── StudyError           a research study file is invalid, or its --out dir belongs to another
 
 Capture never raises into agent code: its failures are logged and counted on the recorder.
 """
@@ -33,3 +34,7 @@ class ServerUnreachable(AgentJetError):
 
 class AgentLoadError(AgentJetError):
     """The agent code could not be loaded."""
+
+
+class StudyError(AgentJetError):
+    """A study file is invalid, or a study's output directory cannot be used as asked."""

@@ -1,0 +1,139 @@
+"""``agentjet-client research run | status | report``: the study runner's commands."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from agentjet_client.errors import AgentJetError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Automated research: run a study of many training runs, watch it, read its report.",
+)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    study_file: Annotated[Path, typer.Argument(help="the study (TOML): search space, budgets, base server and client")],
+    out: Annotated[Path, typer.Option(help="the study's directory: trials, logs, report (reuse it to continue)")],
+    log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+) -> None:
+    """Run a study: each trial its own server and client, early stopping, crash resume, a report.
+
+    Example (the worked study in docs/research.md: two learning rates x two group sizes on the demo):
+    agentjet-client research run examples/research/digits_study.toml --out runs/digits
+
+    Killed or interrupted, the same command continues: finished trials are kept, running ones are
+    re-attached or resumed from their checkpoints. Watch it from another shell with
+    agentjet-client research status runs/digits
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentjet_client.research.runner import StudyRunner
+
+    def say(message: str) -> None:
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(message)}")
+
+    try:
+        runner = StudyRunner(study_file, out, say=say)
+        runner.run()
+    except AgentJetError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(code=130) from None
+    _show(out.resolve())
+    console.print(f"[bold]report[/bold]: {out.resolve() / 'report.md'}")
+
+
+@app.command()
+def status(out: Annotated[Path, typer.Argument(help="the study's --out directory")]) -> None:
+    """Show a study's progress: every trial's phase, episodes, reward, metric and why it ended.
+
+    Example: agentjet-client research status runs/digits
+    """
+    if not (out / "study.json").exists():
+        _fail(f"{out} holds no study (no study.json); give the --out of `agentjet-client research run`")
+    _show(out.resolve())
+
+
+@app.command()
+def report(out: Annotated[Path, typer.Argument(help="the study's --out directory")]) -> None:
+    """Write the study's report again (report.md, plots/, best-server.toml) from its files.
+
+    Example: agentjet-client research report runs/digits
+    """
+    from agentjet_client.research.runner import study_for
+
+    if not (out / "study.json").exists():
+        _fail(f"{out} holds no study (no study.json); give the --out of `agentjet-client research run`")
+    try:
+        study = study_for(out)
+        from agentjet_client.research.report import write_report
+
+        path = write_report(out.resolve(), study)
+    except AgentJetError as exc:
+        _fail(str(exc))
+    console.print(f"report: {path}")
+
+
+def _show(out: Path) -> None:
+    from agentjet_client.research.report import load_records
+    from agentjet_client.research.runner import load_state, study_for
+
+    state = load_state(out)
+    records = load_records(out)
+    state_metric = study_for(out).study.metric
+    done = sum(r.phase == "done" for r in records)
+    running = [r for r in records if r.phase not in ("pending", "interrupted", "done")]
+    work = [
+        (r.target_episodes if r.phase == "done" else min(r.episodes, r.target_episodes), r.target_episodes)
+        for r in records
+    ]
+    share = sum(a for a, _ in work) / max(1, sum(b for _, b in work))  # a trial that ended counts whole
+    runner = "finished" if state.finished_at else ("running" if _runner_alive(out) else "not running")
+    console.print(
+        f"study [bold]{escape(state.name)}[/bold] ({out}): {done}/{len(records)} trials done, {len(running)} running; "
+        f"{share:.0%} of the work; study time {state.seconds() / 60:.1f} min; runner {runner}"
+    )
+    if runner == "not running":
+        console.print(f"  continue it with: agentjet-client research run {state.study_file} --out {out}")
+    for r in records:  # a line per trial (grep-able; a table would wrap in a narrow terminal or a log)
+        settings = "  ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in r.settings.items())
+        phase = r.status if r.phase == "done" else r.phase
+        reward = f"reward {r.last_reward:.3f}" if r.last_reward is not None else "reward -"
+        metric = f"{state_metric}={r.metric:.3f}" if r.metric is not None else f"{state_metric}=-"
+        resumes = f"  resumes {r.resumes}" if r.resumes else ""
+        note = r.reason if r.phase == "done" else (r.events[-1] if r.events else "")
+        console.print(
+            f"  [bold]{r.id}[/bold] {phase:<10} {r.episodes:>7,}/{r.target_episodes:<7,} {reward}  {metric}{resumes}"
+            f"  {escape(settings)}" + (f"\n        {escape(note)}" if note else "")
+        )
+
+
+def _runner_alive(out: Path) -> bool:
+    """A runner holds the study's lock while it runs (the lock goes with its process, even on SIGKILL)."""
+    path = out / "runner.lock"
+    if not path.exists():
+        return False
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False

@@ -1,0 +1,238 @@
+"""What a study found: ``DIR/report.md`` (a leaderboard of every trial, its settings, its metric and
+why it ended), ``DIR/best-server.toml`` (the best trial's server settings, a job file for
+``agentjet-server up --config``) and ``DIR/plots/*.png`` (matplotlib: reward against episodes and
+against running time for every trial, the metric against each searched setting).
+
+It reads only the files the runner writes, so ``agentjet-client research report DIR`` rebuilds it
+at any time, and the runner rewrites it whenever a trial finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from agentjet_client.research.study import Study
+from agentjet_client.research.trial import TrialDir, TrialRecord, write_atomic
+
+PLOTS_EXTRA = "pip install 'agentjet-client[research]' (matplotlib) for the plots"
+
+
+def load_records(out: Path) -> list[TrialRecord]:
+    state = json.loads((out / "study.json").read_text())
+    return [TrialDir(out, trial_id).load() for trial_id in state["trials"]]
+
+
+def ranked(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Best metric first; trials without one (failed, skipped, running) after, in trial order."""
+    scored = sorted((r for r in records if r.metric is not None), key=lambda r: (-(r.metric or 0.0), r.index))
+    return scored + [r for r in records if r.metric is None]
+
+
+def best_trial(records: list[TrialRecord]) -> TrialRecord | None:
+    """The best trial that ran its budget (one stopped early or failed is not a configuration to use)."""
+    finished = [r for r in ranked(records) if r.status == "finished" and r.metric is not None]
+    return finished[0] if finished else None
+
+
+def write_report(out: Path, study: Study) -> Path:
+    records = load_records(out)
+    state = json.loads((out / "study.json").read_text())
+    plots, plot_note = _plots(out, study, records)
+    best = best_trial(records)
+    keys = sorted(study.space)
+    metric = study.study.metric
+    counts = {s: sum(r.status == s for r in records) for s in ("finished", "stopped", "failed", "skipped")}
+    running = sum(r.phase != "done" for r in records)
+    lines = [
+        f"# Study: {state['name']}",
+        "",
+        f"{study.study.search} search over {', '.join(f'`{k}`' for k in keys)}; metric `{metric}` (higher is better). "
+        f"{len(records)} trials: {counts['finished']} finished, {counts['stopped']} stopped early, "
+        f"{counts['failed']} failed, {counts['skipped']} skipped"
+        + (f", {running} not done yet" if running else "")
+        + ".",
+        f"Study time {_duration(state.get('active_s', 0.0))}; {state['parallel']} trial(s) at once "
+        f"({state['parallel_reason']}). Study file: `study.toml`. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.",
+        "",
+        "## Best configuration",
+        "",
+    ]
+    if best is not None:
+        server = study.server_settings(best.settings)
+        client = study.client_settings(best.settings, Path(state["study_file"]).parent)
+        command = client_command(client, server, best.target_episodes)
+        header = [
+            f"best trial {best.id} of study '{state['name']}': {metric} {best.metric:.3f}",
+            f"settings: {'  '.join(f'{k}={v}' for k, v in best.settings.items())}",
+            "serve it:   agentjet-server up --config best-server.toml",
+            f"train it:   {command}",
+        ]
+        write_atomic(out / "best-server.toml", "".join(f"# {h}\n" for h in header) + toml_text(server))
+        lines += [
+            f"**{best.id}**: {_settings(best.settings)} — `{metric}` **{best.metric:.3f}** "
+            f"after {best.episodes:,} episodes ({_duration(best.seconds())}).",
+            "",
+            "Ready to run (`best-server.toml` is an `agentjet-server up` job file with every server setting):",
+            "",
+            "```bash",
+            f"agentjet-server up --config {out / 'best-server.toml'}",
+            command,
+            "```",
+        ]
+    else:
+        lines.append("No trial has finished its budget yet.")
+    lines += ["", "## Leaderboard", ""]
+    lines.append(
+        "| rank | trial | " + " | ".join(f"`{k}`" for k in keys) + f" | {metric} | episodes | time | resumes | ended |"
+    )
+    lines.append("|---:|---|" + "---|" * len(keys) + "---:|---:|---:|---:|---|")
+    for rank, record in enumerate(ranked(records), 1):
+        value = f"{record.metric:.3f}" if record.metric is not None else "-"
+        ended = record.status or record.phase
+        why = f"{ended}: {record.reason}" if record.reason else ended
+        cells = [str(rank) if record.metric is not None else "", record.id]
+        cells += [_cell(record.settings.get(k)) for k in keys]
+        cells += [value, f"{record.episodes:,}", _duration(record.seconds()), str(record.resumes), _escape(why)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Plots", ""]
+    if plots:
+        lines += [f"![{title}](plots/{name})\n" for name, title in plots]
+    else:
+        lines.append(plot_note)
+    lines += ["", "## Trials", ""]
+    for record in records:
+        lines.append(f"- **{record.id}** ({_settings(record.settings)}): {'; '.join(record.events[-8:]) or '-'}")
+    path = out / "report.md"
+    write_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def client_command(client: Any, server: dict[str, Any], episodes: int) -> str:
+    group = client.group_size or int(server.get("group_size", 16))
+    env = "".join(f"{k}={v} " for k, v in client.env.items())
+    parts = [
+        f"{env}agentjet-client run --code-dir {client.code_dir} --server http://127.0.0.1:8000",
+        f"--episodes {episodes} --group-size {group} --concurrency {client.concurrency}",
+    ]
+    if client.eval_every:
+        parts.append(f"--eval-every {client.eval_every} --eval-episodes {client.eval_episodes}")
+    return " ".join(parts + client.args)
+
+
+def toml_text(settings: dict[str, Any]) -> str:
+    """Flat ``key = value`` lines (an `up` job file)."""
+    return "".join(f"{key} = {_toml(value)}\n" for key, value in settings.items() if value is not None)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value))
+
+
+def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tuple[str, str]], str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], f"No plots: {PLOTS_EXTRA}."
+    folder = out / "plots"
+    folder.mkdir(exist_ok=True)
+    series = {r.id: TrialDir(out, r.id).points() for r in records}
+    made: list[tuple[str, str]] = []
+    for kind, label in (("train", "training reward"), ("eval", "evaluation reward")):
+        if not any(p["kind"] == kind for points in series.values() for p in points):
+            continue
+        for x, xlabel, suffix in (("episodes", "training episodes", "episodes"), ("t", "running time (min)", "time")):
+            fig, ax = plt.subplots(figsize=(8, 4.5))
+            for record in records:
+                points = [p for p in series[record.id] if p["kind"] == kind]
+                if not points:
+                    continue
+                along = [p[x] / 60 if x == "t" else p[x] for p in points]
+                ax.plot(
+                    along,
+                    [p["reward"] for p in points],
+                    marker="." if len(points) < 30 else None,
+                    label=_legend(record),
+                )
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(label)
+            ax.set_title(f"{label} against {xlabel.split(' (')[0]}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="best")
+            name = f"{'reward' if kind == 'train' else 'eval'}_vs_{suffix}.png"
+            fig.tight_layout()
+            fig.savefig(folder / name, dpi=100)
+            plt.close(fig)
+            made.append((name, f"{label} against {xlabel}"))
+    scored = [r for r in records if r.metric is not None]
+    for key in sorted(study.space):
+        if not scored:
+            break
+        fig, ax = plt.subplots(figsize=(6, 4))
+        values: list[Any] = [r.settings.get(key) for r in scored]
+        metrics = [r.metric or 0.0 for r in scored]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if numeric:
+            xs: list[Any] = values
+            positive = [float(v) for v in values if v > 0]
+            if len(positive) == len(values) and max(positive) >= 10 * min(positive):
+                ax.set_xscale("log")
+        else:
+            labels = sorted({str(v) for v in values})
+            xs = [labels.index(str(v)) for v in values]
+            ax.set_xticks(range(len(labels)), [Path(x).name if "/" in x else x for x in labels], fontsize=8)
+        colours = ["tab:blue" if r.status == "finished" else "tab:red" for r in scored]
+        ax.scatter(xs, metrics, c=colours)
+        for x, y, record in zip(xs, metrics, scored, strict=True):
+            ax.annotate(record.id, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(key)
+        ax.set_ylabel(study.study.metric)
+        ax.set_title(f"{study.study.metric} against {key} (red: stopped early)")
+        ax.grid(alpha=0.3)
+        name = f"metric_vs_{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}.png"
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=100)
+        plt.close(fig)
+        made.append((name, f"{study.study.metric} against {key}"))
+    return made, ""
+
+
+def _legend(record: TrialRecord) -> str:
+    return f"{record.id} " + " ".join(f"{k.split('.')[-1]}={_cell(v)}" for k, v in record.settings.items())
+
+
+def _settings(settings: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}` = {_cell(v)}" for k, v in settings.items())
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str) and "/" in value:
+        return Path(value).name
+    return str(value)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-"
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"

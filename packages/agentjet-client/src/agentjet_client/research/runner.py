@@ -1,0 +1,657 @@
+"""The study runner: ``agentjet-client research run STUDY.toml --out DIR``.
+
+It plans the trials (``study.py``), runs as many at once as the machine holds, each as its own
+``agentjet-server up`` (own port and state dir) and ``agentjet-client run``, follows each through
+the server's public API (``monitor.py``), ends trials early (``stopping.py``), resumes crashed ones,
+evaluates each at the end of its budget, stops its server through the admin API (which writes a
+checkpoint), and writes the report (``report.py``) as trials finish.
+
+Nothing lives only in the runner's memory: ``DIR/study.json`` and every ``trial.json`` are
+rewritten at each change, and trial processes run in sessions of their own. Killed (even by
+SIGKILL) and started again with the same ``--out``, the runner keeps finished trials as they are,
+re-attaches to trial processes that are still running, and resumes the others from their
+checkpoints. Ctrl-C stops every running trial with a checkpoint first; the same command continues.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx2
+from pydantic import BaseModel, Field
+
+from agentjet_client.errors import StudyError
+from agentjet_client.research.monitor import Observation, Probe, eval_rounds
+from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
+from agentjet_client.research.study import Study, load_study, machine_parallel
+from agentjet_client.research.trial import Process, TrialDir, TrialRecord, last_lines, pid_alive, write_atomic
+
+STOP_WAIT_S = 120.0  # a server asked to stop that has not exited by then gets SIGTERM
+UNREACHABLE_S = 60.0  # a running server that answers nothing this long is killed and resumed
+
+
+class StudyState(BaseModel):
+    """``DIR/study.json``."""
+
+    name: str
+    study_file: str
+    study_hash: str
+    trials: list[str]
+    parallel: int
+    parallel_reason: str
+    rung: int = 0
+    created_at: float = Field(default_factory=time.time)
+    active_s: float = 0.0  # the runner's running time before the current start
+    runner_pid: int | None = None
+    runner_started_at: float | None = None
+    finished_at: float | None = None
+
+    def seconds(self, now: float | None = None) -> float:
+        if self.runner_started_at is None:
+            return self.active_s
+        return self.active_s + ((now or time.time()) - self.runner_started_at)
+
+
+def load_state(out: Path) -> StudyState:
+    return StudyState.model_validate_json((out / "study.json").read_text())
+
+
+@dataclass
+class Live:
+    """What the runner holds in memory for a running trial (rebuilt from disk after a restart)."""
+
+    files: TrialDir
+    probe: Probe
+    server: Process | None = None
+    client: Process | None = None
+    evaluator: Process | None = None
+    window: RewardWindow = field(default_factory=lambda: RewardWindow(1))
+    train: list[Point] = field(default_factory=list)
+    evals: list[Point] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    unreachable_since: float | None = None
+    phase_since: float = field(default_factory=time.monotonic)
+
+
+class StudyRunner:
+    def __init__(
+        self,
+        study_path: Path,
+        out: Path,
+        say: Callable[[str], None] = print,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.study_path = study_path.resolve()
+        self.study, self.study_hash = load_study(self.study_path)
+        self.out = out.resolve()
+        self.say = say
+        self.sleep = sleep
+        self.records: dict[str, TrialRecord] = {}
+        self.live: dict[str, Live] = {}
+        self.state: StudyState | None = None
+        self._lock: TextIO | None = None
+        self._server_command = _resolve(self.study.study.server_command)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> StudyState:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            state = self._open()
+            self._attach()
+            try:
+                while self._tick(state):
+                    self.sleep(self.study.study.poll_seconds)
+            except KeyboardInterrupt:
+                self._interrupt(state)
+                raise
+            state.finished_at = time.time()
+            self._save_state(state, running=False)
+            self.write_report()
+            return state
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for live in self.live.values():
+                live.probe.close()
+            self._release_lock()
+
+    def _tick(self, state: StudyState) -> bool:
+        """One round over every trial; False once the study is done."""
+        for trial_id in list(self.live):
+            record = self.records[trial_id]
+            self._advance(record, self.live[trial_id])
+            if record.phase == "done":
+                self.live.pop(trial_id).probe.close()
+                self._finished(record)
+        self._promote(state)
+        limit = self.study.study.total_minutes
+        if limit is not None and state.seconds() >= limit * 60:
+            self._out_of_budget(limit)
+        pending = [r for r in self.records.values() if r.phase in ("pending", "interrupted")]
+        for record in pending[: max(0, state.parallel - len(self.live))]:
+            self._start(record)
+        self._save_state(state)
+        return bool(self.live) or any(r.phase != "done" for r in self.records.values())
+
+    # -- opening, re-attaching --------------------------------------------------------------------
+    def _open(self) -> StudyState:
+        path = self.out / "study.json"
+        if path.exists():
+            state = load_state(self.out)
+            if state.study_hash != self.study_hash:
+                raise StudyError(
+                    f"{self.out} holds the study from {state.study_file} as it was then, and {self.study_path} "
+                    f"has changed since (or is another study); give a new --out, or restore the file "
+                    f"(its copy is {self.out / 'study.toml'})"
+                )
+            for trial_id in state.trials:
+                self.records[trial_id] = TrialDir(self.out, trial_id).load()
+            done = sum(r.phase == "done" for r in self.records.values())
+            self.say(f"continuing the study in {self.out}: {done} of {len(state.trials)} trials done")
+        else:
+            parallel, why = machine_parallel(self.study.study)
+            configurations = self.study.configurations()
+            ids = [f"t{i:03d}" for i in range(len(configurations))]
+            state = StudyState(
+                name=self.study.study.name,
+                study_file=str(self.study_path),
+                study_hash=self.study_hash,
+                trials=ids,
+                parallel=parallel,
+                parallel_reason=why,
+            )
+            shutil.copyfile(self.study_path, self.out / "study.toml")
+            for index, (trial_id, settings) in enumerate(zip(ids, configurations, strict=True)):
+                record = TrialRecord(
+                    id=trial_id, index=index, settings=settings, target_episodes=self.study.trial.episodes
+                )
+                self.records[trial_id] = record
+                TrialDir(self.out, trial_id).save(record)
+            what = self.study.study.search + (
+                f", {self.study.study.rungs} rungs, eta {self.study.study.eta}"
+                if self.study.study.search == "halving"
+                else ""
+            )
+            self.say(f"study '{state.name}': {len(ids)} trials ({what}), metric {self.study.study.metric}")
+        self.say(f"{state.parallel} trial(s) at once ({state.parallel_reason})")
+        state.runner_pid = os.getpid()
+        state.runner_started_at = time.time()
+        self.state = state
+        self._save_state(state)
+        return state
+
+    def _attach(self) -> None:
+        """Trials a killed runner left mid-way: their processes, if still theirs, or a resume."""
+        for record in self.records.values():
+            if record.phase in ("pending", "done", "interrupted"):
+                continue
+            live = self._live(record)
+            marker = str(live.files.path)
+            for name in ("server", "client", "evaluator"):
+                pid = getattr(record, f"{'eval' if name == 'evaluator' else name}_pid")
+                if pid is not None and pid_alive(pid, marker):
+                    setattr(live, name, Process(pid, marker))
+            if live.server is None:
+                record.note("its server was gone when the runner came back")
+            self.say(
+                f"{record.id}: re-attached ({record.phase}; server "
+                f"{'running, pid ' + str(record.server_pid) if live.server else 'gone'})"
+            )
+
+    def _live(self, record: TrialRecord) -> Live:
+        files = TrialDir(self.out, record.id)
+        live = Live(files, Probe(f"http://127.0.0.1:{record.port}"))
+        live.window = RewardWindow(self.study.stop.window)
+        live.window.restore(record.window)
+        for point in files.points():
+            (live.train if point["kind"] == "train" else live.evals).append(Point.from_json(point))
+        self.live[record.id] = live
+        return live
+
+    # -- one trial's steps ------------------------------------------------------------------------
+    def _start(self, record: TrialRecord) -> None:
+        """Start (or resume) a pending or interrupted trial's server."""
+        files = TrialDir(self.out, record.id)
+        files.path.mkdir(parents=True, exist_ok=True)
+        resume = record.server_starts > 0
+        if record.port is None or not _port_free(record.port):
+            record.port = _free_port()
+        if not resume:
+            from agentjet_client.research.report import toml_text
+
+            files.server_config.write_text(toml_text(self.study.server_settings(record.settings)))
+            record.started_at = time.time()
+            self.say(f"{record.id} starts: {describe(record.settings)}")
+        else:
+            self.say(f"{record.id} resumes from its checkpoint (rung {record.rung}, {record.target_episodes} episodes)")
+        if record.phase == "pending":
+            record.after_start = "training"
+        record.status = "running"
+        record.run_started_at = time.time()
+        live = self.live.get(record.id) or self._live(record)
+        live.probe.close()
+        live.probe = Probe(f"http://127.0.0.1:{record.port}")
+        self._spawn_server(record, live, resume)
+
+    def _spawn_server(self, record: TrialRecord, live: Live, resume: bool) -> None:
+        files = live.files
+        command = [*self._server_command, "up", "--config", str(files.server_config), "--port", str(record.port)]
+        command += ["--state-dir", str(files.state), "--resume" if resume else "--fresh", "--log-level", "warning"]
+        env = dict(os.environ)
+        study = self.study.study
+        if study.devices:
+            command += ["--device", study.devices[record.index % len(study.devices)]]
+        elif self.state is not None and self.state.parallel > 1:
+            env["OMP_NUM_THREADS"] = str(study.cores_per_trial)  # torch's threads: the trial's share of the cores
+        live.server = Process.spawn(command, files.server_log, env, str(files.path))
+        record.server_pid = live.server.pid
+        record.server_starts += 1
+        record.phase = "starting"
+        live.phase_since = time.monotonic()
+        files.save(record)
+
+    def _spawn_client(self, record: TrialRecord, live: Live, evaluation: bool = False) -> Process:
+        client = self.study.client_settings(record.settings, self.study_path.parent)
+        files = live.files
+        url = f"http://127.0.0.1:{record.port}"
+        command = [sys.executable, "-m", "agentjet_client"]
+        if evaluation:
+            command += ["eval", "--code-dir", str(client.code_dir), "--server", url]
+            command += ["--episodes", str(self.study.trial.eval_episodes or client.eval_episodes)]
+            command += ["--spool-dir", str(files.path / "eval-spool")]
+        else:
+            group = client.group_size or int(self.study.server_settings(record.settings).get("group_size", 16))
+            remaining = max(1, record.target_episodes - record.episodes)
+            command += ["run", "--code-dir", str(client.code_dir), "--server", url, "--episodes", str(remaining)]
+            command += ["--group-size", str(group), "--spool-dir", str(files.spool)]
+            command += ["--eval-every", str(client.eval_every), "--eval-episodes", str(client.eval_episodes)]
+            if client.seed is not None:
+                command += ["--seed", str(client.seed)]
+            command += client.args
+        command += ["--concurrency", str(client.concurrency), "--timeout", str(client.timeout)]
+        env = {**os.environ, **client.env}
+        return Process.spawn(command, files.eval_log if evaluation else files.client_log, env, str(files.path))
+
+    def _advance(self, record: TrialRecord, live: Live) -> None:
+        if record.phase == "stopping":
+            self._await_exit(record, live)
+            return
+        code = live.server.returncode() if live.server is not None else -1
+        if code is not None:
+            self._server_died(record, live, code)
+            return
+        if record.phase == "starting":
+            if live.probe.healthy():
+                self._started(record, live)
+            elif time.monotonic() - live.phase_since > self.study.trial.start_timeout_s:
+                record.note(f"no answer within {self.study.trial.start_timeout_s:.0f}s of starting")
+                assert live.server is not None
+                live.server.end(signal.SIGKILL, 0)
+            return
+        try:
+            observation = live.probe.observe(record.history_seq)
+        except (httpx2.HTTPError, ValueError):
+            now = time.monotonic()
+            live.unreachable_since = live.unreachable_since or now
+            if now - live.unreachable_since > UNREACHABLE_S:
+                record.note(f"its server answered nothing for {UNREACHABLE_S:.0f}s: killed, to be resumed")
+                assert live.server is not None
+                live.server.end(signal.SIGKILL, 0)
+            return
+        live.unreachable_since = None
+        self._observe(record, live, observation)
+        if record.phase == "training":
+            self._check_training(record, live)
+        elif record.phase == "evaluating":
+            self._check_evaluation(record, live)
+
+    def _started(self, record: TrialRecord, live: Live) -> None:
+        record.phase = record.after_start
+        live.phase_since = time.monotonic()
+        if record.phase == "training" and (live.client is None or live.client.returncode() is not None):
+            live.client = self._spawn_client(record, live)
+            record.client_pid = live.client.pid
+            record.client_starts += 1
+        elif record.phase == "evaluating":
+            self._spawn_evaluation(record, live)
+        live.files.save(record)
+
+    def _observe(self, record: TrialRecord, live: Live, observation: Observation) -> None:
+        now = time.time()
+        record.episodes = max(record.episodes, observation.train_episodes)
+        window = live.window.add(observation.train_sum, observation.train_count)
+        if window is not None:
+            point = Point(record.seconds(now), record.episodes, window[0], window[1])
+            live.train.append(point)
+            live.files.append_point("train", point.to_json())
+            record.last_reward = point.reward
+        for line in observation.lines:
+            if line.get("kind") == "step":
+                live.steps.append(line)
+        del live.steps[:-16]
+        if record.phase == "training":  # the in-run evaluation rounds (--eval-every), one point per version
+            for version, rewards in sorted(eval_rounds(observation.lines).items()):
+                point = Point(record.seconds(now), record.episodes, sum(rewards) / len(rewards), len(rewards), version)
+                live.evals.append(point)
+                live.files.append_point("eval", point.to_json())
+        if record.phase != "evaluating":
+            record.history_seq = observation.last_seq
+        record.window = live.window.state()
+
+    def _check_training(self, record: TrialRecord, live: Live) -> None:
+        reason = stop_reason(self.study.stop, live.train, live.evals, live.steps)
+        minutes = self.study.trial.minutes
+        if reason is not None:
+            self._end_training(record, live, "stopped", reason)
+            return
+        if minutes is not None and record.seconds() >= minutes * 60:
+            self._end_training(record, live, "finished", f"time budget: {minutes:g} min, {record.episodes} episodes")
+            return
+        assert live.client is not None
+        code = live.client.returncode()
+        if code is None:
+            return
+        if code == 0 or (code == -1 and "done:" in last_lines(live.files.client_log, 6)):
+            self._end_training(record, live, "finished", f"budget: {record.episodes} episodes")
+            return
+        record.resumes += 1
+        why = f"its client exited ({code}): {last_lines(live.files.client_log)}"
+        if record.resumes > self.study.study.max_resumes:
+            self._fail(record, live, f"{why}; {record.resumes - 1} restart(s) did not help")
+            return
+        record.note(f"{why}; restarted ({record.resumes}/{self.study.study.max_resumes})")
+        self.say(
+            f"{record.id}: client exited ({code}); restarting it ({record.resumes}/{self.study.study.max_resumes})"
+        )
+        live.client = self._spawn_client(record, live)
+        record.client_pid = live.client.pid
+        record.client_starts += 1
+        live.files.save(record)
+
+    def _end_training(self, record: TrialRecord, live: Live, status: str, reason: str) -> None:
+        if live.client is not None:
+            live.client.end(signal.SIGINT, 15.0)
+        record.status = status  # type: ignore[assignment]
+        record.reason = reason
+        record.note(reason)
+        self.say(f"{record.id} {'stopped early' if status == 'stopped' else 'trained'}: {reason}")
+        if self.study.study.metric == "eval_reward":
+            self._spawn_evaluation(record, live)
+        else:
+            record.metric = train_metric(live.train)
+            self._stop_server(record, live)
+        live.files.save(record)
+
+    def _spawn_evaluation(self, record: TrialRecord, live: Live) -> None:
+        try:  # the final round's episodes are the evaluation lines after this one
+            _, record.eval_from_seq = live.probe.history(record.history_seq, "eval")
+        except (httpx2.HTTPError, ValueError):
+            record.eval_from_seq = record.history_seq
+        live.evaluator = self._spawn_client(record, live, evaluation=True)
+        record.eval_pid = live.evaluator.pid
+        record.phase = "evaluating"
+        record.after_start = "evaluating"
+        live.phase_since = time.monotonic()
+
+    def _check_evaluation(self, record: TrialRecord, live: Live) -> None:
+        assert live.evaluator is not None
+        code = live.evaluator.returncode()
+        if code is None:
+            return
+        try:
+            lines, _ = live.probe.history(record.eval_from_seq, "eval")
+        except (httpx2.HTTPError, ValueError):
+            return  # asked again next round
+        rewards = [r for values in eval_rounds(lines).values() for r in values]
+        if rewards:
+            record.metric = sum(rewards) / len(rewards)
+            record.note(f"final evaluation: {record.metric:.3f} over {len(rewards)} episodes")
+            self._stop_server(record, live)
+            return
+        record.resumes += 1
+        why = f"the final evaluation recorded nothing (exit {code}): {last_lines(live.files.eval_log)}"
+        if record.resumes > self.study.study.max_resumes:
+            self._fail(record, live, why)
+            return
+        record.note(why + "; run again")
+        self._spawn_evaluation(record, live)
+        live.files.save(record)
+
+    def _stop_server(self, record: TrialRecord, live: Live) -> None:
+        try:
+            message = live.probe.stop()
+            record.note(f"stopped through the admin API: {message}")
+        except (httpx2.HTTPError, ValueError) as exc:
+            record.note(f"the admin stop failed ({exc}); SIGTERM (the server checkpoints on it)")
+            if live.server is not None:
+                live.server.send(signal.SIGTERM)
+        record.phase = "stopping"
+        live.phase_since = time.monotonic()
+        live.files.save(record)
+
+    def _await_exit(self, record: TrialRecord, live: Live) -> None:
+        if live.server is not None and live.server.returncode() is None:
+            if time.monotonic() - live.phase_since > STOP_WAIT_S:
+                live.server.end(signal.SIGTERM, 30.0)
+            return
+        self._done(record)
+
+    def _server_died(self, record: TrialRecord, live: Live, code: int) -> None:
+        log = last_lines(live.files.server_log)
+        if record.phase == "starting" and record.server_starts == 1 and code == 2:  # `up` refused the settings
+            self._fail(record, live, f"its server refused the settings: {log}")
+            return
+        record.resumes += 1
+        what = f"its server died ({'exit ' + str(code) if code != -1 else 'gone'}; log: {log})"
+        if record.resumes > self.study.study.max_resumes:
+            self._fail(record, live, f"{what}; {self.study.study.max_resumes} resume(s) did not help")
+            return
+        record.note(f"{what}; resumed with --resume ({record.resumes}/{self.study.study.max_resumes})")
+        self.say(f"{record.id}: server died; resuming it ({record.resumes}/{self.study.study.max_resumes})")
+        if record.phase == "evaluating" and live.evaluator is not None:
+            live.evaluator.end(signal.SIGKILL, 0)  # the round is run again once the server is back
+        if record.phase in ("training", "evaluating"):
+            record.after_start = record.phase
+        self._spawn_server(record, live, resume=True)  # the client keeps its episodes in its spool meanwhile
+
+    def _fail(self, record: TrialRecord, live: Live, reason: str) -> None:
+        for process in (live.client, live.evaluator):
+            if process is not None:
+                process.end(signal.SIGKILL, 0)
+        if live.server is not None:
+            live.server.end(signal.SIGTERM, 30.0)
+        record.status = "failed"
+        record.reason = reason
+        record.note("failed: " + reason)
+        self.say(f"{record.id} failed: {reason}")
+        self._done(record)
+
+    def _done(self, record: TrialRecord) -> None:
+        record.phase = "done"
+        record.ended_at = time.time()
+        if record.run_started_at is not None:
+            record.active_s += record.ended_at - record.run_started_at
+            record.run_started_at = None
+        record.server_pid = record.client_pid = record.eval_pid = None
+        TrialDir(self.out, record.id).save(record)
+
+    def _finished(self, record: TrialRecord) -> None:
+        metric = f"{self.study.study.metric} {record.metric:.3f}" if record.metric is not None else "no metric"
+        self.say(f"{record.id} {record.status}: {metric} ({record.seconds():.0f}s, {record.episodes} episodes)")
+        self.write_report()
+
+    # -- study-wide -------------------------------------------------------------------------------
+    def _promote(self, state: StudyState) -> None:
+        """Successive halving: once every trial of the current rung is done, continue the best
+        1/eta of those that finished (not stopped early, not failed) on eta times the episodes."""
+        study = self.study.study
+        if study.search != "halving" or state.rung + 1 >= study.rungs:
+            return
+        members = [r for r in self.records.values() if r.rung == state.rung and r.status != "skipped"]
+        if not members or any(r.phase != "done" for r in members):
+            return
+        ranked = sorted(
+            (r for r in members if r.status == "finished" and r.metric is not None),
+            key=lambda r: r.metric or 0.0,
+            reverse=True,
+        )
+        keep = ranked[: max(1, math.ceil(len(members) / study.eta))]
+        state.rung += 1
+        target = self.study.trial.episodes * study.eta**state.rung
+        for record in members:
+            if record in keep:
+                record.rung = state.rung
+                record.target_episodes = target
+                record.phase = "interrupted"  # resumed from its checkpoint by the next tick
+                record.after_start = "training"
+                record.status = None
+                record.note(f"promoted to rung {state.rung} ({target} episodes in all)")
+            else:
+                record.reason = f"{record.reason}; not promoted past rung {state.rung - 1}"
+            TrialDir(self.out, record.id).save(record)
+        self.say(f"halving: rung {state.rung} continues {', '.join(r.id for r in keep)} to {target} episodes")
+
+    def _out_of_budget(self, limit: float) -> None:
+        for record in self.records.values():
+            if record.phase in ("pending", "interrupted"):
+                fresh = record.server_starts == 0
+                record.status = "skipped" if fresh else "stopped"
+                when = "started" if fresh else "resumed"
+                record.reason = f"the study's budget ({limit:g} min) ran out before it {when}"
+                self._done(record)
+            elif record.phase in ("starting", "training") and record.id in self.live:
+                live = self.live[record.id]
+                if record.phase == "starting":  # evaluated once its server answers
+                    if record.after_start == "training":
+                        record.after_start = "evaluating"
+                        record.status = "stopped"
+                        record.reason = f"the study's budget ({limit:g} min) ran out"
+                    continue
+                self._end_training(record, live, "stopped", f"the study's budget ({limit:g} min) ran out")
+
+    def _interrupt(self, state: StudyState) -> None:
+        self.say("interrupted: stopping the running trials with a checkpoint each")
+        for trial_id, live in self.live.items():
+            record = self.records[trial_id]
+            for process in (live.client, live.evaluator):
+                if process is not None:
+                    process.end(signal.SIGINT, 15.0)
+            if live.server is not None and live.server.returncode() is None:
+                try:
+                    live.probe.stop()
+                except (httpx2.HTTPError, ValueError):
+                    live.server.send(signal.SIGTERM)
+                live.server.end(signal.SIGTERM, STOP_WAIT_S)
+            if record.phase in ("starting", "training", "evaluating"):
+                record.after_start = "evaluating" if record.phase == "evaluating" else record.after_start
+                record.phase = "interrupted"
+            if record.run_started_at is not None:
+                record.active_s += time.time() - record.run_started_at
+                record.run_started_at = None
+            record.server_pid = record.client_pid = record.eval_pid = None
+            record.note("interrupted with the runner")
+            live.files.save(record)
+        self._save_state(state, running=False)
+        self.say(f"run the same command to continue (finished trials are kept): --out {self.out}")
+
+    def _save_state(self, state: StudyState, running: bool = True) -> None:
+        if not running and state.runner_started_at is not None:
+            state.active_s = state.seconds()
+            state.runner_started_at = None
+            state.runner_pid = None
+        for record_id, live in self.live.items():
+            live.files.save(self.records[record_id])
+        write_atomic(self.out / "study.json", state.model_dump_json(indent=1))
+
+    def write_report(self) -> Path:
+        from agentjet_client.research.report import write_report
+
+        return write_report(self.out, self.study)
+
+    # -- the lock ---------------------------------------------------------------------------------
+    def _take_lock(self) -> None:
+        handle = (self.out / "runner.lock").open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise StudyError(
+                f"another runner ({holder}) is running the study in {self.out}; watch it with "
+                f"`agentjet-client research status {self.out}`"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._lock = handle
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def train_metric(train: list[Point]) -> float | None:
+    """Mean training reward over the last 20% of the episodes."""
+    if not train:
+        return None
+    last = train[-1].episodes
+    tail = [p for p in train if p.episodes >= 0.8 * last] or train[-1:]
+    return sum(p.reward * p.n for p in tail) / sum(p.n for p in tail)
+
+
+def describe(settings: dict[str, Any]) -> str:
+    return "  ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _resolve(command: list[str]) -> list[str]:
+    """The server command with its program found: on PATH, or beside this Python (a venv's bin)."""
+    program = command[0]
+    found = shutil.which(program) or shutil.which(program, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise StudyError(
+            f"cannot find `{program}` to start trial servers: pip install agentjet-server on this machine, "
+            "or set [study] server_command to its path"
+        )
+    return [found, *command[1:]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def study_for(out: Path) -> Study:
+    """The study a --out dir was made from (its copy of the file)."""
+    study, _ = load_study(out / "study.toml", check_code=False)
+    return study

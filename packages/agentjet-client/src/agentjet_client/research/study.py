@@ -1,0 +1,314 @@
+"""A study: what ``agentjet-client research run STUDY.toml`` reads, and the trials it plans.
+
+A study file is TOML with six tables::
+
+    [study]                     # how the study searches and what it optimises
+    name = "digits: lr x group size"
+    search = "grid"             # grid (every combination), random (`trials` draws), halving
+    metric = "eval_reward"      # mean reward of a final evaluation round; or train_reward
+    parallel = "auto"           # trials at once: auto = what the machine holds (see `machine_parallel`)
+    max_resumes = 2             # a crashed trial is resumed this many times, then marked failed
+    total_minutes = 15          # trials not started by then are skipped; running ones are stopped
+
+    [trial]                     # the budget of one trial
+    episodes = 10000
+    minutes = 4
+
+    [server]                    # `agentjet-server up` options shared by every trial (a job file)
+    batch_groups = 10
+
+    [client]                    # the `agentjet-client run` every trial makes
+    code_dir = "../digits"      # relative to the study file
+    env = { AGENTJET_DIGITS = "3,8" }
+
+    [space]                     # what is searched: server.* and client.* settings
+    "server.lr" = [1e-3, 3e-3]
+    "server.group_size" = [8, 16]
+    "client.code_dir" = ["../digits", "../digits_v2"]   # agent code variants
+
+    [stop]                      # early stopping (``stopping.py``)
+    max_drop = 0.5
+
+A random search draws each trial's settings from the space: a list is a choice, a table
+``{ log_uniform = [1e-4, 1e-2] }``, ``{ uniform = [a, b] }`` or ``{ int_uniform = [a, b] }`` a
+range. Successive halving (``search = "halving"``) starts every configuration of the grid (or
+``trials`` random draws) on ``trial.episodes``, continues the best ``1/eta`` of them from their
+checkpoints to ``eta`` times the episodes, and so on for ``rungs`` rounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import random
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentjet_client.errors import StudyError
+
+# `up` options the runner sets for each trial itself
+RUNNER_SERVER_OPTIONS = ("host", "port", "state_dir", "resume", "fresh", "config")
+CLIENT_SPACE_KEYS = ("code_dir", "concurrency", "group_size", "timeout")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StudySection(_Section):
+    name: str = "study"
+    search: Literal["grid", "random", "halving"] = "grid"
+    metric: Literal["eval_reward", "train_reward"] = "eval_reward"
+    trials: int | None = Field(default=None, ge=1, description="random draws (random search; halving may use it)")
+    seed: int = 0
+    parallel: int | Literal["auto"] = "auto"
+    cores_per_trial: int = Field(default=2, ge=1)
+    memory_per_trial_gb: float = Field(default=3.0, gt=0)
+    devices: list[str] = Field(default_factory=list, description="one trial per device: its server gets --device")
+    max_resumes: int = Field(default=2, ge=0)
+    total_minutes: float | None = Field(default=None, gt=0)
+    eta: int = Field(default=2, ge=2, description="halving: keep the best 1/eta at each rung")
+    rungs: int = Field(default=2, ge=1, description="halving: rounds, each eta times the episodes of the last")
+    server_command: list[str] = Field(default_factory=lambda: ["agentjet-server"])
+    poll_seconds: float = Field(default=2.0, gt=0)
+
+    @field_validator("parallel")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError('parallel is a number of trials at once (1 or more), or "auto"')
+        return value
+
+    @field_validator("server_command", mode="before")
+    @classmethod
+    def _command(cls, value: object) -> object:
+        return value.split() if isinstance(value, str) else value
+
+
+class TrialSection(_Section):
+    episodes: int = Field(ge=1, description="training episodes per trial (halving: at the first rung)")
+    minutes: float | None = Field(default=None, gt=0, description="a trial running longer is stopped")
+    eval_episodes: int = Field(default=0, ge=0, description="final evaluation round (0 = one per eval task)")
+    start_timeout_s: float = Field(default=300.0, gt=0, description="a server must answer within this")
+
+
+class ClientSection(_Section):
+    code_dir: Path
+    concurrency: int = Field(default=32, ge=1)
+    group_size: int | None = Field(default=None, ge=1, description="None: the trial server's group_size")
+    seed: int | None = 0
+    timeout: float = Field(default=300.0, gt=0)
+    eval_every: int = Field(default=0, ge=0)
+    eval_episodes: int = Field(default=0, ge=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list, description="more `agentjet-client run` arguments")
+
+
+class StopSection(_Section):
+    """Early stopping; see ``stopping.py`` for what each rule reads."""
+
+    window: int = Field(default=400, ge=1, description="training episodes per reward point")
+    min_episodes: int = Field(default=0, ge=0, description="no plateau before this many episodes")
+    reward_floor: float = Field(default=0.0, description="the lowest reward an episode can get")
+    max_drop: float | None = Field(default=0.5, gt=0, le=1, description="collapse: share of (best - floor) lost")
+    drop_points: int = Field(default=2, ge=1, description="consecutive points below the line before a collapse")
+    plateau_points: int = Field(default=0, ge=0, description="points without a new best (0: no plateau rule)")
+    plateau_delta: float = Field(default=0.01, ge=0, description="what counts as a new best")
+    min_entropy: float | None = Field(default=None, ge=0)
+    max_entropy: float | None = Field(default=None, gt=0)
+    max_kl: float | None = Field(default=None, gt=0)
+
+
+class Study(_Section):
+    study: StudySection = Field(default_factory=StudySection)
+    trial: TrialSection
+    server: dict[str, Any] = Field(default_factory=dict)
+    client: ClientSection
+    space: dict[str, Any] = Field(default_factory=dict)
+    stop: StopSection = Field(default_factory=StopSection)
+
+    @model_validator(mode="after")
+    def _check(self) -> Study:
+        taken = [k for k in self.server if k.replace("-", "_") in RUNNER_SERVER_OPTIONS]
+        if taken:
+            raise ValueError(
+                f"[server] sets {', '.join(taken)}; the runner gives every trial its own port and state dir: "
+                "leave them out"
+            )
+        for key, values in self.space.items():
+            section, _, name = key.partition(".")
+            if section not in ("server", "client") or not name:
+                raise ValueError(f"[space] key '{key}': write server.NAME (an `up` option) or client.NAME")
+            if section == "server" and name.replace("-", "_") in RUNNER_SERVER_OPTIONS:
+                raise ValueError(f"[space] key '{key}': the runner sets {name} for each trial")
+            if section == "client" and name not in CLIENT_SPACE_KEYS and not name.startswith("env."):
+                raise ValueError(
+                    f"[space] key '{key}': the client settings a study can search are "
+                    f"{', '.join(CLIENT_SPACE_KEYS)} and env.NAME"
+                )
+            _check_domain(key, values, ranges=self.study.search == "random" or bool(self.study.trials))
+        if self.study.search == "random" and self.study.trials is None:
+            raise ValueError('search = "random" draws [study] trials configurations: set trials (e.g. 8)')
+        if not self.space:
+            raise ValueError('[space] is empty: name at least one setting to search, e.g. "server.lr" = [1e-3, 3e-3]')
+        return self
+
+    # -- planning ---------------------------------------------------------------------------------
+    def configurations(self) -> list[dict[str, Any]]:
+        """Each trial's searched settings (``{"server.lr": 0.001, ...}``), in trial order."""
+        keys = sorted(self.space)
+        if self.study.search == "random" or (self.study.search == "halving" and self.study.trials):
+            rng = random.Random(self.study.seed)
+            return [{k: _draw(self.space[k], rng) for k in keys} for _ in range(self.study.trials or 1)]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.space[k] for k in keys))]
+
+    def server_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The trial's `up` job file: the base [server] with the trial's server.* values."""
+        out = {k.replace("-", "_"): v for k, v in self.server.items()}
+        out.update(
+            {k.removeprefix("server.").replace("-", "_"): v for k, v in settings.items() if k.startswith("server.")}
+        )
+        return out
+
+    def client_settings(self, settings: dict[str, Any], base_dir: Path) -> ClientSection:
+        """The trial's client run: the base [client] with the trial's client.* values, code dirs
+        made absolute (relative ones are relative to the study file)."""
+        data = self.client.model_dump()
+        env = dict(data["env"])
+        for key, value in settings.items():
+            if key.startswith("client.env."):
+                env[key.removeprefix("client.env.")] = str(value)
+            elif key.startswith("client."):
+                data[key.removeprefix("client.")] = value
+        data["env"] = env
+        code_dir = Path(data["code_dir"]).expanduser()
+        data["code_dir"] = code_dir if code_dir.is_absolute() else (base_dir / code_dir).resolve()
+        return ClientSection.model_validate(data)
+
+
+def _check_domain(key: str, values: Any, ranges: bool) -> None:
+    if isinstance(values, list):
+        if not values:
+            raise ValueError(f"[space] {key} is an empty list; give it at least one value")
+        return
+    if isinstance(values, dict) and len(values) == 1:
+        ((kind, bounds),) = values.items()
+        if kind in ("uniform", "log_uniform", "int_uniform"):
+            if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int | float) for b in bounds)):
+                raise ValueError(f"[space] {key}: {kind} takes [low, high], two numbers")
+            low, high = bounds
+            if not low <= high or (kind == "log_uniform" and low <= 0):
+                raise ValueError(
+                    f"[space] {key}: {kind} needs low <= high{' and low > 0' if kind == 'log_uniform' else ''}"
+                )
+            if not ranges:
+                raise ValueError(
+                    f"[space] {key} is a range ({kind}); a grid needs lists of values. Give a list, "
+                    'or use search = "random" (or halving with [study] trials)'
+                )
+            return
+    raise ValueError(
+        f"[space] {key} = {values!r}: give a list of values, or {{ uniform = [a, b] }}, "
+        "{ log_uniform = [a, b] } or { int_uniform = [a, b] } for random search"
+    )
+
+
+def _draw(values: Any, rng: random.Random) -> Any:
+    if isinstance(values, list):
+        return rng.choice(values)
+    ((kind, (low, high)),) = values.items()
+    if kind == "uniform":
+        return round(rng.uniform(low, high), 6)
+    if kind == "int_uniform":
+        return rng.randint(int(low), int(high))
+    return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.3g}")
+
+
+def load_study(path: Path, check_code: bool = True) -> tuple[Study, str]:
+    """The study in ``path`` and the hash of its text (a restarted runner checks it is the same)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise StudyError(f"cannot read the study file {path}: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise StudyError(f"the study file {path} is not valid TOML: {exc}") from exc
+    if "space" in data:  # dotted keys written bare (server.lr = [...]) arrive as nested tables
+        data["space"] = _flatten(data["space"])
+    try:
+        study = Study.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"[{'.'.join(str(x) for x in e['loc'])}] {str(e['msg']).removeprefix('Value error, ')}"
+            if e["loc"]
+            else str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
+        )
+        raise StudyError(f"the study file {path} is not a valid study: {problems} (see docs/research.md)") from exc
+    for settings in [{}, *study.configurations()[:64]] if check_code else []:
+        code_dir = study.client_settings(settings, path.parent).code_dir
+        if not (code_dir / "agent.py").exists():
+            raise StudyError(
+                f"{path}: client code_dir {code_dir} has no agent.py (paths are relative to the study file)"
+            )
+    return study, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        is_domain = (
+            isinstance(value, dict)
+            and len(value) == 1
+            and next(iter(value))
+            in (
+                "uniform",
+                "log_uniform",
+                "int_uniform",
+            )
+        )
+        if isinstance(value, dict) and not is_domain:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def machine_parallel(section: StudySection) -> tuple[int, str]:
+    """How many trials run at once, and why. Each trial is a server (the model, its learner and
+    engine) plus a client: on CPU it wants ``cores_per_trial`` cores (its torch threads are set to
+    that) and ``memory_per_trial_gb`` of memory; with ``devices`` listed, one trial per device."""
+    if section.devices:
+        n = len(section.devices)
+        reason = f"one trial per listed device ({n})"
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        free_gb = _available_memory_gb()
+        by_cores = max(1, cores // section.cores_per_trial)
+        by_memory = max(1, int(free_gb // section.memory_per_trial_gb)) if free_gb is not None else by_cores
+        n = min(by_cores, by_memory)
+        memory = f", {free_gb:.1f} GiB free / {section.memory_per_trial_gb:g} GiB per trial" if free_gb else ""
+        reason = f"{cores} cores / {section.cores_per_trial} per trial{memory}"
+    if section.parallel != "auto":
+        if section.parallel > n:
+            return section.parallel, f"as set in the study (the machine suggests {n}: {reason})"
+        return section.parallel, "as set in the study"
+    return n, reason
+
+
+def _available_memory_gb() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        return None
+    return None
