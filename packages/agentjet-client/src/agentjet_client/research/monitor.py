@@ -116,10 +116,25 @@ class Probe:
         self._http.close()
 
 
-def eval_rounds(lines: list[dict[str, Any]]) -> dict[int, list[float]]:
-    """Evaluation episodes' rewards by the policy version that played them."""
-    rounds: dict[int, list[float]] = {}
+@dataclass(frozen=True)
+class EvalEpisode:
+    """An evaluation episode from the history: its round, the policy version it started at, its reward."""
+
+    round: str
+    version: int
+    reward: float
+
+
+def eval_episodes(lines: list[dict[str, Any]]) -> list[EvalEpisode]:
+    """The history's evaluation episodes, each with its round: the runner names an evaluation
+    group ``eval:<task>@<client id>:<round>``, so the episodes of one round stay together even
+    when the policy changed during it."""
+    out = []
     for line in lines:
-        if line.get("kind") == "eval" and isinstance(line.get("reward"), int | float) and math.isfinite(line["reward"]):
-            rounds.setdefault(int(line.get("policy_version", 0)), []).append(float(line["reward"]))
-    return rounds
+        reward = line.get("reward")
+        if line.get("kind") != "eval" or not isinstance(reward, int | float) or not math.isfinite(reward):
+            continue
+        task, version = str(line.get("task_id", "")), int(line.get("policy_version", 0))
+        key = task.rsplit("@", 1)[1] if task.startswith("eval:") and "@" in task else f"v{version}"
+        out.append(EvalEpisode(key, version, float(reward)))
+    return out

@@ -154,24 +154,26 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
     series = {r.id: TrialDir(out, r.id).points() for r in records}
     made: list[tuple[str, str]] = []
     for kind, label in (("train", "training reward"), ("eval", "evaluation reward")):
-        if not any(p["kind"] == kind for points in series.values() for p in points):
+        kinds = (kind,) if kind == "train" else ("eval", "final")  # the final round closes each curve
+        if not any(p["kind"] in kinds for points in series.values() for p in points):
             continue
         for x, xlabel, suffix in (("episodes", "training episodes", "episodes"), ("t", "running time (min)", "time")):
             fig, ax = plt.subplots(figsize=(8, 4.5))
             for record in records:
-                points = [p for p in series[record.id] if p["kind"] == kind]
+                points = [p for p in series[record.id] if p["kind"] in kinds]
                 if not points:
                     continue
                 along = [p[x] / 60 if x == "t" else p[x] for p in points]
-                ax.plot(
-                    along,
-                    [p["reward"] for p in points],
-                    marker="." if len(points) < 30 else None,
-                    label=_legend(record),
-                )
+                marker = "." if len(points) < 30 else None
+                line = ax.plot(along, [p["reward"] for p in points], marker=marker, label=_legend(record))
+                finals = [(a, p["reward"]) for a, p in zip(along, points, strict=True) if p["kind"] == "final"]
+                if finals:
+                    stars_x, stars_y = [a for a, _ in finals], [r for _, r in finals]
+                    ax.scatter(stars_x, stars_y, marker="*", s=120, color=line[0].get_color(), zorder=3)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(label)
-            ax.set_title(f"{label} against {xlabel.split(' (')[0]}")
+            final = " (*: final round)" if kind == "eval" else ""
+            ax.set_title(f"{label} against {xlabel.split(' (')[0]}{final}")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="best")
             name = f"{'reward' if kind == 'train' else 'eval'}_vs_{suffix}.png"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,7 +33,7 @@ import httpx2
 from pydantic import BaseModel, Field
 
 from agentjet_client.errors import StudyError
-from agentjet_client.research.monitor import Observation, Probe, eval_rounds
+from agentjet_client.research.monitor import Observation, Probe, eval_episodes
 from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
 from agentjet_client.research.study import Study, load_study, machine_parallel
 from agentjet_client.research.trial import Process, TrialDir, TrialRecord, last_lines, pid_alive, write_atomic
@@ -68,6 +69,23 @@ def load_state(out: Path) -> StudyState:
 
 
 @dataclass
+class EvalRound:
+    """The episodes of one evaluation round as they arrive."""
+
+    t: float
+    episodes: int
+    version: int | None = None
+    rewards: list[float] = field(default_factory=list)
+
+    def add(self, version: int, reward: float) -> None:
+        self.version = version if self.version is None else min(self.version, version)
+        self.rewards.append(reward)
+
+    def point(self) -> Point:
+        return Point(self.t, self.episodes, sum(self.rewards) / len(self.rewards), len(self.rewards), self.version)
+
+
+@dataclass
 class Live:
     """What the runner holds in memory for a running trial (rebuilt from disk after a restart)."""
 
@@ -80,6 +98,7 @@ class Live:
     train: list[Point] = field(default_factory=list)
     evals: list[Point] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    rounds: dict[str, EvalRound] = field(default_factory=dict)  # evaluation rounds still arriving
     unreachable_since: float | None = None
     phase_since: float = field(default_factory=time.monotonic)
 
@@ -218,7 +237,8 @@ class StudyRunner:
         live.window = RewardWindow(self.study.stop.window)
         live.window.restore(record.window)
         for point in files.points():
-            (live.train if point["kind"] == "train" else live.evals).append(Point.from_json(point))
+            if point["kind"] in ("train", "eval"):
+                (live.train if point["kind"] == "train" else live.evals).append(Point.from_json(point))
         self.live[record.id] = live
         return live
 
@@ -343,14 +363,21 @@ class StudyRunner:
             if line.get("kind") == "step":
                 live.steps.append(line)
         del live.steps[:-16]
-        if record.phase == "training":  # the in-run evaluation rounds (--eval-every), one point per version
-            for version, rewards in sorted(eval_rounds(observation.lines).items()):
-                point = Point(record.seconds(now), record.episodes, sum(rewards) / len(rewards), len(rewards), version)
-                live.evals.append(point)
-                live.files.append_point("eval", point.to_json())
+        if record.phase == "training":  # the in-run evaluation rounds (--eval-every): a point per round
+            for episode in eval_episodes(observation.lines):
+                round_ = live.rounds.setdefault(episode.round, EvalRound(record.seconds(now), record.episodes))
+                round_.add(episode.version, episode.reward)
+            self._flush_rounds(live, keep_last=True)
         if record.phase != "evaluating":
             record.history_seq = observation.last_seq
         record.window = live.window.state()
+
+    def _flush_rounds(self, live: Live, keep_last: bool) -> None:
+        """Evaluation rounds become points once a later round has begun (or training ended)."""
+        for key in list(live.rounds)[: -1 if keep_last else None]:
+            point = live.rounds.pop(key).point()
+            live.evals.append(point)
+            live.files.append_point("eval", point.to_json())
 
     def _check_training(self, record: TrialRecord, live: Live) -> None:
         reason = stop_reason(self.study.stop, live.train, live.evals, live.steps)
@@ -366,6 +393,10 @@ class StudyRunner:
         if code is None:
             return
         if code == 0 or (code == -1 and "done:" in last_lines(live.files.client_log, 6)):
+            try:  # what the client delivered since this round's poll
+                self._observe(record, live, live.probe.observe(record.history_seq))
+            except (httpx2.HTTPError, ValueError):
+                pass
             self._end_training(record, live, "finished", f"budget: {record.episodes} episodes")
             return
         record.resumes += 1
@@ -385,6 +416,7 @@ class StudyRunner:
     def _end_training(self, record: TrialRecord, live: Live, status: str, reason: str) -> None:
         if live.client is not None:
             live.client.end(signal.SIGINT, 15.0)
+        self._flush_rounds(live, keep_last=False)
         record.status = status  # type: ignore[assignment]
         record.reason = reason
         record.note(reason)
@@ -416,10 +448,14 @@ class StudyRunner:
             lines, _ = live.probe.history(record.eval_from_seq, "eval")
         except (httpx2.HTTPError, ValueError):
             return  # asked again next round
-        rewards = [r for values in eval_rounds(lines).values() for r in values]
-        if rewards:
-            record.metric = sum(rewards) / len(rewards)
-            record.note(f"final evaluation: {record.metric:.3f} over {len(rewards)} episodes")
+        episodes = eval_episodes(lines)
+        if episodes:
+            record.metric = sum(e.reward for e in episodes) / len(episodes)
+            record.note(f"final evaluation: {record.metric:.3f} over {len(episodes)} episodes")
+            final = Point(
+                record.seconds(), record.episodes, record.metric, len(episodes), max(e.version for e in episodes)
+            )
+            live.files.append_point("final", final.to_json())
             self._stop_server(record, live)
             return
         record.resumes += 1
@@ -637,6 +673,17 @@ def _resolve(command: list[str]) -> list[str]:
 
 
 def _free_port() -> int:
+    """A free port below the kernel's ephemeral range: one from that range could be handed to an
+    outgoing connection (a client's, a trial's neighbour's) before the trial's server binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, max(low, 10001))
+        if _port_free(port):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -115,13 +115,21 @@ class StopSection(_Section):
     window: int = Field(default=400, ge=1, description="training episodes per reward point")
     min_episodes: int = Field(default=0, ge=0, description="no plateau before this many episodes")
     reward_floor: float = Field(default=0.0, description="the lowest reward an episode can get")
+    reward_ceiling: float = Field(default=1.0, description="the highest reward an episode can get")
     max_drop: float | None = Field(default=0.5, gt=0, le=1, description="collapse: share of (best - floor) lost")
-    drop_points: int = Field(default=2, ge=1, description="consecutive points below the line before a collapse")
+    drop_points: int = Field(default=3, ge=1, description="consecutive points below the line before a collapse")
+    min_z: float = Field(default=4.0, ge=0, description="collapse: standard errors between best and the last points")
     plateau_points: int = Field(default=0, ge=0, description="points without a new best (0: no plateau rule)")
     plateau_delta: float = Field(default=0.01, ge=0, description="what counts as a new best")
     min_entropy: float | None = Field(default=None, ge=0)
     max_entropy: float | None = Field(default=None, gt=0)
     max_kl: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> StopSection:
+        if self.reward_ceiling <= self.reward_floor:
+            raise ValueError("reward_ceiling must be above reward_floor (the range of an episode's reward)")
+        return self
 
 
 class Study(_Section):

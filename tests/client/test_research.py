@@ -1,0 +1,242 @@
+"""The study file, the trial plan, early stopping and the metrics reader, without servers
+(tests/e2e/test_research.py runs studies against real ones)."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentjet_client.errors import StudyError
+from agentjet_client.research.monitor import eval_episodes, parse_metrics, reward_totals
+from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
+from agentjet_client.research.study import StopSection, StudySection, load_study, machine_parallel
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "research" / "digits_study.toml"
+
+
+def write(tmp_path: Path, space: str, study: str = "", server: str = "", client: str = "") -> Path:
+    path = tmp_path / "study.toml"
+    path.write_text(
+        f"[study]\n{study}\n[trial]\nepisodes = 100\n[server]\n{server}\n"
+        f'[client]\ncode_dir = "{ROOT / "examples" / "digits"}"\n{client}\n[space]\n{space}\n'
+    )
+    return path
+
+
+def test_the_example_study_plans_a_grid_of_four_trials_with_code_dirs_relative_to_the_file():
+    study, digest = load_study(EXAMPLE)
+    configurations = study.configurations()
+    assert configurations == [  # every combination, keys in sorted order
+        {"server.group_size": 8, "server.lr": 1e-3},
+        {"server.group_size": 8, "server.lr": 3e-3},
+        {"server.group_size": 16, "server.lr": 1e-3},
+        {"server.group_size": 16, "server.lr": 3e-3},
+    ]
+    assert len(configurations) == 4 and len(digest) == 16
+    server = study.server_settings(configurations[0])
+    assert server["batch_groups"] == 10 and server["lr"] == configurations[0]["server.lr"]
+    client = study.client_settings(configurations[0], EXAMPLE.parent)
+    assert client.code_dir == ROOT / "examples" / "digits"
+
+
+def test_random_search_draws_the_same_trials_for_a_seed_within_the_ranges(tmp_path):
+    space = '"server.lr" = { log_uniform = [1e-4, 1e-2] }\n"server.group_size" = [4, 8]\n'
+    space += '"client.env.AGENTJET_DIGITS" = ["3,8", "1,2"]\n"server.clip_high" = { uniform = [0.2, 0.3] }\n'
+    path = write(tmp_path, space, study='search = "random"\ntrials = 6\nseed = 3')
+    first, _ = load_study(path)
+    again, _ = load_study(path)
+    drawn = first.configurations()
+    assert drawn == again.configurations() and len(drawn) == 6
+    for settings in drawn:
+        assert 1e-4 <= settings["server.lr"] <= 1e-2 and settings["server.group_size"] in (4, 8)
+        assert 0.2 <= settings["server.clip_high"] <= 0.3
+    assert len({d["server.lr"] for d in drawn}) == 6
+    client = first.client_settings(drawn[0], tmp_path)
+    assert client.env["AGENTJET_DIGITS"] == drawn[0]["client.env.AGENTJET_DIGITS"]
+
+
+def test_bare_dotted_space_keys_are_read_as_settings(tmp_path):
+    """``server.lr = [...]`` without quotes is a nested TOML table; it means the same."""
+    study, _ = load_study(write(tmp_path, "server.lr = [1e-3, 2e-3]\nclient.concurrency = [8]"))
+    assert study.configurations() == [
+        {"client.concurrency": 8, "server.lr": 1e-3},
+        {"client.concurrency": 8, "server.lr": 2e-3},
+    ]
+    assert study.client_settings(study.configurations()[0], tmp_path).concurrency == 8
+
+
+@pytest.mark.parametrize(
+    ("space", "study", "server", "message"),
+    [
+        ('"lr" = [1e-3]', "", "", "write server.NAME"),
+        ('"server.lr" = { log_uniform = [1e-4, 1e-2] }', "", "", "a grid needs lists of values"),
+        ('"server.lr" = { log_uniform = [0, 1e-2] }', 'search = "random"\ntrials = 2', "", "low > 0"),
+        ('"server.lr" = []', "", "", "empty list"),
+        ('"server.port" = [1, 2]', "", "", "the runner sets port"),
+        ('"client.spool_dir" = ["x"]', "", "", "the client settings a study can search"),
+        ('"server.lr" = [1e-3]', "", "port = 8000", "leave them out"),
+        ('"server.lr" = [1e-3]', 'search = "random"', "", "set trials"),
+        ('"server.lr" = [1e-3]', "parallel = 0", "", "parallel"),
+        ('"server.lr" = [1e-3]', 'serch = "grid"', "", "[study.serch]"),
+        ("", "", "", "[space] is empty"),
+    ],
+)
+def test_a_bad_study_file_is_refused_with_what_to_change(tmp_path, space, study, server, message):
+    with pytest.raises(StudyError) as caught:
+        load_study(write(tmp_path, space, study=study, server=server))
+    assert message in str(caught.value)
+
+
+def test_a_code_dir_without_an_agent_is_refused_relative_to_the_study_file(tmp_path):
+    path = write(tmp_path, '"client.code_dir" = ["missing"]')
+    with pytest.raises(StudyError, match=r"missing has no agent.py \(paths are relative to the study file\)"):
+        load_study(path)
+
+
+def test_the_command_line_prints_one_line_for_a_bad_study(tmp_path):
+    path = write(tmp_path, '"lr" = [1]')
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentjet_client", "research", "run", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "write server.NAME" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_parallel_trials_follow_the_devices_listed_or_the_cores_and_memory():
+    n, why = machine_parallel(StudySection(devices=["cuda:0", "cuda:1", "cuda:2"]))
+    assert n == 3 and "device" in why
+    n, why = machine_parallel(StudySection(cores_per_trial=1, memory_per_trial_gb=1e-3))
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert n == cores and f"{cores} cores" in why
+    n, _ = machine_parallel(StudySection(cores_per_trial=1, memory_per_trial_gb=1e6))
+    assert n == 1  # the memory bounds it
+    n, why = machine_parallel(StudySection(parallel=5, cores_per_trial=10_000))
+    assert n == 5 and "the machine suggests 1" in why
+
+
+def points(rewards: list[float], window: int = 100) -> list[Point]:
+    return [Point(t=i * 10.0, episodes=(i + 1) * window, reward=r, n=window) for i, r in enumerate(rewards)]
+
+
+def step(n: int, **figures: float) -> dict[str, float]:
+    return {"step": n, "loss": 0.1, "grad_norm": 0.5, **figures}
+
+
+def test_a_reward_that_falls_below_half_its_best_for_three_windows_is_a_collapse():
+    rules = StopSection(window=400)
+    series = points([0.1, 0.12, 0.0, 0.01, 0.0], 400)
+    reason = stop_reason(rules, series, [], [])
+    assert reason is not None and reason.startswith("collapse: training reward fell from 0.120 (at 800 episodes)")
+    assert stop_reason(rules, series[:-1], [], []) is None  # two windows are not enough
+    fell = stop_reason(rules, points([0.5, 0.9, 0.8, 0.3, 0.2, 0.3], 400), [], [])
+    assert fell is not None and fell.startswith("collapse: training reward fell from 0.900")
+    assert stop_reason(rules, points([0.5, 0.9, 0.8, 0.3, 0.5, 0.2], 400), [], []) is None  # one window back above
+    assert stop_reason(rules, points([0.0, 0.0, 0.0, 0.0], 400), [], []) is None  # never above the floor
+    assert stop_reason(StopSection(max_drop=None), points([0.9, 0.1, 0.1, 0.1], 400), [], []) is None
+    # a small best over small windows: the fall is within what luck explains (under 4 standard errors)
+    assert stop_reason(rules, points([0.04, 0.05, 0.01, 0.01, 0.01], 100), [], []) is None
+    assert stop_reason(rules, points([0.04, 0.05, 0.01, 0.01, 0.01], 1000), [], []) is not None
+    # rewards in [-1, 1]: the floor and ceiling say so
+    signed = StopSection(reward_floor=-1.0, reward_ceiling=1.0)
+    assert stop_reason(signed, points([0.0, 0.5, -0.6, -0.7, -0.8], 400), [], []) is not None
+    assert stop_reason(signed, points([0.0, 0.5, 0.4, 0.3, 0.2], 400), [], []) is None
+
+
+@pytest.mark.parametrize(("chance", "window"), [(0.25, 400), (0.1, 400), (0.05, 400), (0.02, 400), (0.05, 160)])
+def test_an_untrained_policy_at_chance_is_not_called_collapsed(chance, window):
+    """Windows of a policy at chance: the dips are noise, never a collapse (100 runs of 40 windows)."""
+    rng = random.Random(0)
+    rules = StopSection(window=window)
+    for _ in range(100):
+        series = points([sum(rng.random() < chance for _ in range(window)) / window for _ in range(40)], window)
+        for end in range(4, len(series) + 1):
+            assert stop_reason(rules, series[:end], [], []) is None, [p.reward for p in series[:end]]
+
+
+def test_entropy_kl_and_non_finite_figures_outside_their_bounds_stop_the_trial():
+    train = points([0.1, 0.2])
+    rules = StopSection(min_entropy=0.05, max_entropy=5.0, max_kl=0.5)
+    low = stop_reason(rules, train, [], [step(1, entropy=0.04), step(2, entropy=0.01)])
+    assert low is not None and low.startswith("collapse: entropy 0.0250 below min_entropy 0.05")
+    high = stop_reason(rules, train, [], [step(1, entropy=6.0)])
+    assert high is not None and "above max_entropy" in high
+    kl = stop_reason(rules, train, [], [step(1, entropy=1.0, approx_kl=0.9)])
+    assert kl is not None and kl.startswith("collapse: approx KL 0.9000 above max_kl")
+    assert stop_reason(rules, train, [], [step(1, entropy=1.0, approx_kl=0.1)]) is None
+    nan = stop_reason(StopSection(), train, [], [{"step": 4, "grad_norm": 1.0}])  # the history drops a NaN loss
+    assert nan == "collapse: non-finite loss at learner step 4"
+    inf = stop_reason(StopSection(), train, [], [step(5, grad_norm=math.inf)])
+    assert inf == "collapse: non-finite grad norm at learner step 5"
+
+
+def test_a_plateau_on_evaluation_rounds_or_training_reward_ends_the_trial_after_min_episodes():
+    rules = StopSection(plateau_points=3, plateau_delta=0.02, min_episodes=500)
+    flat = points([0.1, 0.5, 0.6, 0.61, 0.6, 0.59])
+    reason = stop_reason(rules, flat, [], [])
+    assert reason is not None and reason.startswith("plateau: no gain over 0.02 in the last 3 windows")
+    assert stop_reason(rules, points([0.1, 0.5, 0.6, 0.61, 0.6, 0.65]), [], []) is None  # still climbing
+    assert stop_reason(StopSection(plateau_points=3, min_episodes=10_000), flat, [], []) is None
+    assert stop_reason(StopSection(), flat, [], []) is None  # no plateau rule unless asked
+    evals = [
+        Point(t=i, episodes=200 * (i + 1), reward=r, n=50, version=i) for i, r in enumerate([0.2, 0.7, 0.7, 0.7, 0.7])
+    ]
+    on_evals = stop_reason(rules, points([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), evals, [])
+    assert on_evals is not None and "evaluation rounds" in on_evals
+
+
+def test_the_reward_window_reads_cumulative_totals_across_a_server_restart():
+    window = RewardWindow(10)
+    assert window.add(2.0, 6) is None
+    assert window.add(5.0, 12) == (5.0 / 12, 12)
+    assert window.add(6.0, 16) is None
+    # the server restarted: its totals begin again from zero
+    assert window.add(3.0, 8) == (4.0 / 12, 12)
+    again = RewardWindow(10)
+    again.restore(window.state())
+    assert again.add(4.0, 18) == (1.0 / 10, 10)
+
+
+def test_the_metrics_reader_sums_rewards_of_one_purpose_over_tags():
+    text = "\n".join(
+        [
+            "# HELP agentjet_episode_reward Rewards of accepted episodes",
+            "# TYPE agentjet_episode_reward summary",
+            'agentjet_episode_reward_count{purpose="train",tag=""} 40.0',
+            'agentjet_episode_reward_sum{purpose="train",tag=""} 10.0',
+            'agentjet_episode_reward_count{purpose="train",tag="a \\"quoted\\" tag"} 10.0',
+            'agentjet_episode_reward_sum{purpose="train",tag="a \\"quoted\\" tag"} 5.0',
+            'agentjet_episode_reward_count{purpose="eval",tag=""} 7.0',
+            'agentjet_episode_reward_sum{purpose="eval",tag=""} 7.0',
+            "agentjet_learner_loss NaN",
+            "agentjet_policy_version 12.0",
+        ]
+    )
+    samples = parse_metrics(text)
+    assert reward_totals(samples, "train") == (15.0, 50)
+    assert reward_totals(samples, "eval") == (7.0, 7)
+    assert samples[("agentjet_policy_version", frozenset())] == 12.0
+    assert math.isnan(samples[("agentjet_learner_loss", frozenset())])
+    episodes = eval_episodes(
+        [
+            {"kind": "eval", "task_id": "eval:digit-3@c1:2", "policy_version": 3, "reward": 1.0},
+            {"kind": "eval", "task_id": "eval:digit-8@c1:2", "policy_version": 4, "reward": 0.0},
+            {"kind": "step", "policy_version": 4},
+            {"kind": "eval", "task_id": "eval:digit-3@c1:3", "policy_version": 5, "reward": 1.0},
+            {"kind": "eval", "task_id": "other", "policy_version": 6, "reward": 0.5},
+            {"kind": "eval", "task_id": "other", "policy_version": 6},  # no reward: not an episode to count
+        ]
+    )
+    assert [(e.round, e.version, e.reward) for e in episodes] == [
+        ("c1:2", 3, 1.0),  # one round though the policy moved during it
+        ("c1:2", 4, 0.0),
+        ("c1:3", 5, 1.0),
+        ("v6", 6, 0.5),
+    ]

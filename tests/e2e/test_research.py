@@ -1,0 +1,198 @@
+"""End to end: ``agentjet-client research run`` as a real process, driving real ``agentjet-server up``
+and ``agentjet-client run`` processes per trial on loopback, with the faults a study that runs for
+days meets: a trial's server SIGKILLed mid-run, a collapsing trial, the runner itself SIGKILLed and
+started again, and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CACHE
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT = [sys.executable, "-m", "agentjet_client"]
+
+pytestmark = pytest.mark.e2e
+
+
+def study_file(tmp_path: Path, space: str, trial: str = "episodes = 2400", extra: str = "") -> Path:
+    path = tmp_path / "study.toml"
+    path.write_text(
+        f"""
+[study]
+name = "test study"
+poll_seconds = 0.5
+max_resumes = 2
+{extra}
+
+[trial]
+{trial}
+eval_episodes = 32
+
+[server]
+batch_groups = 4
+checkpoint_every = 5
+
+[client]
+code_dir = "{ROOT / "examples" / "digits"}"
+concurrency = 16
+env = {{ AGENTJET_DIGITS = "3,8" }}
+
+[space]
+{space}
+
+[stop]
+window = 160
+"""
+    )
+    return path
+
+
+def start_runner(study: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
+    with log.open("ab") as f:
+        return subprocess.Popen(
+            [*CLIENT, "research", "run", str(study), "--out", str(out)], stdout=f, stderr=f, env=env
+        )
+
+
+def record(out: Path, trial_id: str) -> dict[str, Any]:
+    for _ in range(20):  # written atomically; read again if a test catches the rename
+        try:
+            return json.loads((out / "trials" / trial_id / "trial.json").read_text())  # type: ignore[no-any-return]
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.05)
+    raise AssertionError(f"no trial.json for {trial_id}")
+
+
+def wait_for(what: str, check: Any, runner: subprocess.Popen[bytes], log: Path, limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if runner.poll() is not None:
+            raise AssertionError(f"the runner exited ({runner.returncode}) before {what}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+
+
+def snapshot(out: Path, trial_id: str) -> dict[str, Any]:
+    """What a finished trial is on disk: its record, its server's state files and their times."""
+    state = out / "trials" / trial_id / "state"
+    files = {
+        str(p.relative_to(state)): (p.stat().st_size, p.stat().st_mtime_ns) for p in state.rglob("*") if p.is_file()
+    }
+    return {
+        "record": record(out, trial_id),
+        "files": files,
+        "log": (out / "trials" / trial_id / "server.log").read_text(),
+    }
+
+
+def test_a_study_survives_a_killed_server_a_collapsing_trial_and_a_killed_runner(tmp_path):
+    """Three trials one after another. t000's server is SIGKILLed mid-run: it is resumed from its
+    checkpoint and finishes. t001 (lr 1.0) collapses and is stopped early with the reason. The
+    runner is SIGKILLed while t002 trains and started again: t000 and t001 are not run again
+    (their state dirs are untouched), t002's processes are re-attached, and the report holds the
+    leaderboard, the plots and the best configuration."""
+    study = study_file(tmp_path, '"server.lr" = [1e-3, 1.0, 2e-3]')
+    out, log = tmp_path / "out", tmp_path / "runner.log"
+    runner = start_runner(study, out, log)
+    try:
+        wait_for("t000 to train", lambda: record(out, "t000")["episodes"] >= 500, runner, log)
+        killed = record(out, "t000")["server_pid"]
+        os.kill(killed, signal.SIGKILL)
+        wait_for("t000 to finish", lambda: record(out, "t000")["phase"] == "done", runner, log)
+        wait_for(
+            "t002 to train",
+            lambda: record(out, "t002")["phase"] == "training" and record(out, "t002")["episodes"] >= 300,
+            runner,
+            log,
+        )
+        before = {t: snapshot(out, t) for t in ("t000", "t001")}
+        t002 = record(out, "t002")
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+        assert all(os.path.exists(f"/proc/{t002[k]}") for k in ("server_pid", "client_pid")), "trial died with runner"
+        runner = start_runner(study, out, log)
+        assert runner.wait(timeout=400) == 0, log.read_text()[-4000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    text = log.read_text()
+    t000, t001, t002 = (record(out, t) for t in ("t000", "t001", "t002"))
+
+    assert t000["status"] == "finished" and t000["resumes"] == 1 and t000["server_starts"] == 2, t000
+    assert any("server died" in e for e in t000["events"]), t000["events"]
+    assert t000["episodes"] >= 2400 and t000["metric"] is not None
+    assert (out / "trials" / "t000" / "server.log").read_text().count(" up --config ") == 2
+    assert t001["status"] == "stopped" and t001["reason"].startswith("collapse:"), t001
+    assert t001["episodes"] < 2400 and t001["metric"] is not None and t001["metric"] < 0.2
+    # after the runner's restart: the finished trials untouched, t002 re-attached (one server, one client)
+    assert "continuing the study" in text and "t002: re-attached (training; server running" in text, text
+    for trial_id, seen in before.items():
+        assert snapshot(out, trial_id) == seen, f"{trial_id} changed after the runner's restart"
+    assert t002["status"] == "finished" and t002["server_starts"] == 1 and t002["client_starts"] == 1, t002
+    assert t002["resumes"] == 0 and t002["episodes"] >= 2400
+
+    report = (out / "report.md").read_text()
+    for trial_id in ("t000", "t001", "t002"):
+        assert f"| {trial_id} |" in report
+    assert "stopped: collapse:" in report and "## Best configuration" in report
+    for name in ("reward_vs_episodes.png", "reward_vs_time.png", "metric_vs_server.lr.png"):
+        png = out / "plots" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, name
+        assert f"(plots/{name})" in report
+    best = tomllib.loads((out / "best-server.toml").read_text())
+    winner = max((t000, t002), key=lambda t: t["metric"])
+    assert best["lr"] == winner["settings"]["server.lr"] and best["batch_groups"] == 4
+    status = subprocess.run([*CLIENT, "research", "status", str(out)], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and "3/3 trials done" in status.stdout and "runner finished" in status.stdout
+    assert "collapse: training reward fell" in status.stdout
+
+
+def test_halving_continues_the_best_trial_from_its_checkpoint_and_ctrl_c_resumes(tmp_path):
+    """Successive halving over two learning rates: after the first rung the better trial is
+    resumed from its checkpoint (``--resume``) and trained to twice the episodes; the other is
+    not promoted. Ctrl-C during the second rung stops its server with a checkpoint; the same
+    command continues it to the end."""
+    study = study_file(
+        tmp_path,
+        '"server.lr" = [3e-3, 1e-5]',
+        trial="episodes = 800",
+        extra='search = "halving"\neta = 2\nrungs = 2',
+    )
+    out, log = tmp_path / "out", tmp_path / "runner.log"
+    runner = start_runner(study, out, log)
+    try:
+        wait_for("the second rung", lambda: record(out, "t000")["rung"] == 1, runner, log)
+        wait_for("t000 to train again", lambda: record(out, "t000")["phase"] == "training", runner, log)
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(timeout=200) == 130, log.read_text()[-4000:]
+        interrupted = record(out, "t000")
+        assert interrupted["phase"] == "interrupted" and interrupted["server_pid"] is None, interrupted
+        runner = start_runner(study, out, log)
+        assert runner.wait(timeout=400) == 0, log.read_text()[-4000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    t000, t001 = record(out, "t000"), record(out, "t001")
+    assert t000["rung"] == 1 and t000["target_episodes"] == 1600 and t000["episodes"] >= 1600, t000
+    assert t000["status"] == "finished" and t000["server_starts"] == 3, t000  # first rung, second, after Ctrl-C
+    assert t000["resumes"] == 0  # a promotion and an interruption are not crashes
+    assert t001["rung"] == 0 and "not promoted past rung 0" in t001["reason"], t001
+    assert t001["episodes"] < 1600
+    checkpoints = sorted((out / "trials" / "t000" / "state" / "checkpoints").iterdir())
+    assert checkpoints, "no checkpoint"
+    assert "halving: rung 1 continues t000" in log.read_text()
