@@ -668,7 +668,7 @@ class TrajectoryBatchResult(_Strict):
 
 
 class TrajectoryCounts(_Strict):
-    accepted: int = 0
+    accepted: int = 0  # training episodes (evaluation episodes are counted in `evaluated`)
     duplicate: int = 0
     rejected: int = 0
     rejected_by_reason: dict[str, int] = Field(default_factory=dict)

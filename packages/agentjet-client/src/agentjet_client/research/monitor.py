@@ -65,8 +65,7 @@ class Observation:
     @property
     def train_episodes(self) -> int:
         """Training episodes accepted over the whole run (the server's counts survive --resume)."""
-        counts = self.status.get("trajectories", {})
-        return max(0, int(counts.get("accepted", 0)) - int(counts.get("evaluated", 0)))
+        return int(self.status.get("trajectories", {}).get("accepted", 0))  # evaluation episodes are counted apart
 
     @property
     def step(self) -> int:
