@@ -169,30 +169,37 @@ def test_halving_continues_the_best_trial_from_its_checkpoint_and_ctrl_c_resumes
     command continues it to the end."""
     study = study_file(
         tmp_path,
-        '"server.lr" = [3e-3, 1e-5]',
+        '"server.lr" = [2e-3, 1e-5]',
         trial="episodes = 800",
         extra='search = "halving"\neta = 2\nrungs = 2',
     )
     out, log = tmp_path / "out", tmp_path / "runner.log"
     runner = start_runner(study, out, log)
+
+    def promoted() -> str | None:
+        return next((t for t in ("t000", "t001") if record(out, t)["rung"] == 1), None)
+
     try:
-        wait_for("the second rung", lambda: record(out, "t000")["rung"] == 1, runner, log)
-        wait_for("t000 to train again", lambda: record(out, "t000")["phase"] == "training", runner, log)
+        wait_for("the second rung", lambda: promoted() is not None, runner, log)
+        best = promoted()
+        assert best is not None
+        wait_for(f"{best} to train again", lambda: record(out, best)["phase"] == "training", runner, log)
         runner.send_signal(signal.SIGINT)
         assert runner.wait(timeout=200) == 130, log.read_text()[-4000:]
-        interrupted = record(out, "t000")
+        interrupted = record(out, best)
         assert interrupted["phase"] == "interrupted" and interrupted["server_pid"] is None, interrupted
         runner = start_runner(study, out, log)
         assert runner.wait(timeout=400) == 0, log.read_text()[-4000:]
     finally:
         if runner.poll() is None:
             runner.kill()
-    t000, t001 = record(out, "t000"), record(out, "t001")
-    assert t000["rung"] == 1 and t000["target_episodes"] == 1600 and t000["episodes"] >= 1600, t000
-    assert t000["status"] == "finished" and t000["server_starts"] == 3, t000  # first rung, second, after Ctrl-C
-    assert t000["resumes"] == 0  # a promotion and an interruption are not crashes
-    assert t001["rung"] == 0 and "not promoted past rung 0" in t001["reason"], t001
-    assert t001["episodes"] < 1600
-    checkpoints = sorted((out / "trials" / "t000" / "state" / "checkpoints").iterdir())
-    assert checkpoints, "no checkpoint"
-    assert "halving: rung 1 continues t000" in log.read_text()
+    other = "t001" if best == "t000" else "t000"
+    winner, loser = record(out, best), record(out, other)
+    assert winner["rung"] == 1 and winner["target_episodes"] == 1600 and winner["episodes"] >= 1600, winner
+    assert winner["status"] == "finished" and winner["server_starts"] == 3, winner  # rung 0, rung 1, after Ctrl-C
+    assert winner["resumes"] == 0  # a promotion and an interruption are not crashes
+    assert loser["rung"] == 0 and loser["episodes"] < 1600 and loser["phase"] == "done", loser
+    assert "not promoted past rung 0" in loser["reason"] or loser["status"] != "finished", loser
+    log_text = log.read_text()
+    assert f"halving: rung 1 continues {best}" in log_text and "interrupted: stopping the running trials" in log_text
+    assert (out / "trials" / best / "server.log").read_text().count("--resume") == 2

@@ -77,12 +77,12 @@ def report(out: Annotated[Path, typer.Argument(help="the study's --out directory
 
     Example: agentjet-client research report runs/digits
     """
-    from agentjet_client.research.runner import study_for
+    from agentjet_client.research.study import study_of
 
     if not (out / "study.json").exists():
         _fail(f"{out} holds no study (no study.json); give the --out of `agentjet-client research run`")
     try:
-        study = study_for(out)
+        study = study_of(out)
         from agentjet_client.research.report import write_report
 
         path = write_report(out.resolve(), study)
@@ -93,11 +93,12 @@ def report(out: Annotated[Path, typer.Argument(help="the study's --out directory
 
 def _show(out: Path) -> None:
     from agentjet_client.research.report import load_records
-    from agentjet_client.research.runner import load_state, study_for
+    from agentjet_client.research.study import study_of
+    from agentjet_client.research.trial import load_state
 
     state = load_state(out)
     records = load_records(out)
-    state_metric = study_for(out).study.metric
+    state_metric = study_of(out).study.metric
     done = sum(r.phase == "done" for r in records)
     running = [r for r in records if r.phase not in ("pending", "interrupted", "done")]
     work = [

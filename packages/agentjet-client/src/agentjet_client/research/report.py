@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.research.study import Study
-from agentjet_client.research.trial import TrialDir, TrialRecord, write_atomic
+from agentjet_client.research.study import Study, toml_text
+from agentjet_client.research.trial import TrialDir, TrialRecord, load_state, write_atomic
 
 PLOTS_EXTRA = "pip install 'agentjet-client[research]' (matplotlib) for the plots"
 
@@ -42,6 +42,7 @@ def best_trial(records: list[TrialRecord]) -> TrialRecord | None:
 def write_report(out: Path, study: Study) -> Path:
     records = load_records(out)
     state = json.loads((out / "study.json").read_text())
+    seconds = load_state(out).seconds()
     plots, plot_note = _plots(out, study, records)
     best = best_trial(records)
     keys = sorted(study.space)
@@ -56,7 +57,7 @@ def write_report(out: Path, study: Study) -> Path:
         f"{counts['failed']} failed, {counts['skipped']} skipped"
         + (f", {running} not done yet" if running else "")
         + ".",
-        f"Study time {_duration(state.get('active_s', 0.0))}; {state['parallel']} trial(s) at once "
+        f"Study time {_duration(seconds)}; {state['parallel']} trial(s) at once "
         f"({state['parallel_reason']}). Study file: `study.toml`. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.",
         "",
         "## Best configuration",
@@ -87,17 +88,24 @@ def write_report(out: Path, study: Study) -> Path:
     else:
         lines.append("No trial has finished its budget yet.")
     lines += ["", "## Leaderboard", ""]
-    lines.append(
-        "| rank | trial | " + " | ".join(f"`{k}`" for k in keys) + f" | {metric} | episodes | time | resumes | ended |"
-    )
-    lines.append("|---:|---|" + "---|" * len(keys) + "---:|---:|---:|---:|---|")
+    halving = study.study.search == "halving"
+    columns = ["rank", "trial", *(f"`{k}`" for k in keys), metric, *(["rung"] if halving else [])]
+    lines.append("| " + " | ".join([*columns, "episodes", "time", "resumes", "ended"]) + " |")
+    lines.append("|---:|---|" + "---|" * len(keys) + "---:|" * (2 if halving else 1) + "---:|---:|---:|---|")
     for rank, record in enumerate(ranked(records), 1):
         value = f"{record.metric:.3f}" if record.metric is not None else "-"
         ended = record.status or record.phase
         why = f"{ended}: {record.reason}" if record.reason else ended
         cells = [str(rank) if record.metric is not None else "", record.id]
         cells += [_cell(record.settings.get(k)) for k in keys]
-        cells += [value, f"{record.episodes:,}", _duration(record.seconds()), str(record.resumes), _escape(why)]
+        cells += [
+            value,
+            *([str(record.rung)] if halving else []),
+            f"{record.episodes:,}",
+            _duration(record.seconds()),
+            str(record.resumes),
+            _escape(why),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Plots", ""]
     if plots:
@@ -122,23 +130,6 @@ def client_command(client: Any, server: dict[str, Any], episodes: int) -> str:
     if client.eval_every:
         parts.append(f"--eval-every {client.eval_every} --eval-episodes {client.eval_episodes}")
     return " ".join(parts + client.args)
-
-
-def toml_text(settings: dict[str, Any]) -> str:
-    """Flat ``key = value`` lines (an `up` job file)."""
-    return "".join(f"{key} = {_toml(value)}\n" for key, value in settings.items() if value is not None)
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
-    return json.dumps(str(value))
 
 
 def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tuple[str, str]], str]:

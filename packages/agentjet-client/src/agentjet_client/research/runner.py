@@ -30,42 +30,25 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx2
-from pydantic import BaseModel, Field
 
 from agentjet_client.errors import StudyError
 from agentjet_client.research.monitor import Observation, Probe, eval_episodes
+from agentjet_client.research.report import write_report
 from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
-from agentjet_client.research.study import Study, load_study, machine_parallel
-from agentjet_client.research.trial import Process, TrialDir, TrialRecord, last_lines, pid_alive, write_atomic
+from agentjet_client.research.study import load_study, machine_parallel, toml_text
+from agentjet_client.research.trial import (
+    Process,
+    StudyState,
+    TrialDir,
+    TrialRecord,
+    last_lines,
+    load_state,
+    pid_alive,
+    write_atomic,
+)
 
 STOP_WAIT_S = 120.0  # a server asked to stop that has not exited by then gets SIGTERM
 UNREACHABLE_S = 60.0  # a running server that answers nothing this long is killed and resumed
-
-
-class StudyState(BaseModel):
-    """``DIR/study.json``."""
-
-    name: str
-    study_file: str
-    study_hash: str
-    trials: list[str]
-    parallel: int
-    parallel_reason: str
-    rung: int = 0
-    created_at: float = Field(default_factory=time.time)
-    active_s: float = 0.0  # the runner's running time before the current start
-    runner_pid: int | None = None
-    runner_started_at: float | None = None
-    finished_at: float | None = None
-
-    def seconds(self, now: float | None = None) -> float:
-        if self.runner_started_at is None:
-            return self.active_s
-        return self.active_s + ((now or time.time()) - self.runner_started_at)
-
-
-def load_state(out: Path) -> StudyState:
-    return StudyState.model_validate_json((out / "study.json").read_text())
 
 
 @dataclass
@@ -248,11 +231,9 @@ class StudyRunner:
         files = TrialDir(self.out, record.id)
         files.path.mkdir(parents=True, exist_ok=True)
         resume = record.server_starts > 0
-        if record.port is None or not _port_free(record.port):
+        if record.port is None:  # a resumed trial keeps its port: its client (and its spool) know that URL
             record.port = _free_port()
         if not resume:
-            from agentjet_client.research.report import toml_text
-
             files.server_config.write_text(toml_text(self.study.server_settings(record.settings)))
             record.started_at = time.time()
             self.say(f"{record.id} starts: {describe(record.settings)}")
@@ -614,8 +595,6 @@ class StudyRunner:
         write_atomic(self.out / "study.json", state.model_dump_json(indent=1))
 
     def write_report(self) -> Path:
-        from agentjet_client.research.report import write_report
-
         return write_report(self.out, self.study)
 
     # -- the lock ---------------------------------------------------------------------------------
@@ -691,14 +670,9 @@ def _free_port() -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
-
-
-def study_for(out: Path) -> Study:
-    """The study a --out dir was made from (its copy of the file)."""
-    study, _ = load_study(out / "study.toml", check_code=False)
-    return study

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 import os
 import random
@@ -320,3 +321,26 @@ def _available_memory_gb() -> float | None:
     except OSError:
         return None
     return None
+
+
+def toml_text(settings: dict[str, Any]) -> str:
+    """Flat ``key = value`` lines (an `up` job file)."""
+    return "".join(f"{key} = {_toml(value)}\n" for key, value in settings.items() if value is not None)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value))
+
+
+def study_of(out: Path) -> Study:
+    """The study a --out dir was made from (its copy of the file)."""
+    study, _ = load_study(out / "study.toml", check_code=False)
+    return study

@@ -1,6 +1,8 @@
-"""A trial on disk, and the processes it runs.
+"""A study on disk, and the processes its trials run.
 
-Everything a trial is lives under ``OUT/trials/<id>/``::
+The runner's own state is ``OUT/study.json`` (``StudyState``: the trial ids in order, how many run
+at once, the halving rung, the runner's pid and running time). Everything a trial is lives under
+``OUT/trials/<id>/``::
 
     trial.json      the record below, rewritten atomically at every change of phase
     server.toml     its `agentjet-server up` job file (the study's [server] + the trial's settings)
@@ -35,6 +37,32 @@ from pydantic import BaseModel, Field
 
 Phase = Literal["pending", "starting", "training", "evaluating", "stopping", "interrupted", "done"]
 Status = Literal["running", "finished", "stopped", "failed", "skipped"]
+
+
+class StudyState(BaseModel):
+    """``DIR/study.json``: the runner's own state."""
+
+    name: str
+    study_file: str
+    study_hash: str
+    trials: list[str]
+    parallel: int
+    parallel_reason: str
+    rung: int = 0
+    created_at: float = Field(default_factory=time.time)
+    active_s: float = 0.0  # the runner's running time before the current start
+    runner_pid: int | None = None
+    runner_started_at: float | None = None
+    finished_at: float | None = None
+
+    def seconds(self, now: float | None = None) -> float:
+        if self.runner_started_at is None:
+            return self.active_s
+        return self.active_s + ((now or time.time()) - self.runner_started_at)
+
+
+def load_state(out: Path) -> StudyState:
+    return StudyState.model_validate_json((out / "study.json").read_text())
 
 
 class TrialRecord(BaseModel):
