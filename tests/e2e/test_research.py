@@ -203,3 +203,31 @@ def test_halving_continues_the_best_trial_from_its_checkpoint_and_ctrl_c_resumes
     log_text = log.read_text()
     assert f"halving: rung 1 continues {best}" in log_text and "interrupted: stopping the running trials" in log_text
     assert (out / "trials" / best / "server.log").read_text().count("--resume") == 2
+
+
+def test_refused_settings_fail_one_trial_and_the_time_budgets_end_the_others(tmp_path):
+    """A trial whose server refuses its settings (lr -1) fails at once with the server's message;
+    the next runs into its own time budget (finished, "time budget"); the study's total budget then
+    stops what runs and skips what has not started."""
+    study = study_file(
+        tmp_path,
+        '"server.lr" = [-1.0, 1e-3, 2e-3]',
+        trial="episodes = 1000000\nminutes = 0.25",
+        extra="total_minutes = 0.5",
+    )
+    out, log = tmp_path / "out", tmp_path / "runner.log"
+    runner = start_runner(study, out, log)
+    try:
+        assert runner.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    refused, timed, last = (record(out, t) for t in ("t000", "t001", "t002"))
+    assert refused["status"] == "failed" and refused["server_starts"] == 1, refused
+    assert refused["reason"].startswith("its server refused the settings") and "--lr" in refused["reason"], refused
+    assert timed["status"] == "finished" and timed["reason"].startswith("time budget: 0.25 min"), timed
+    assert timed["metric"] is not None and 0 < timed["episodes"] < 1000000
+    assert last["phase"] == "done" and "the study's budget (0.5 min) ran out" in last["reason"], last
+    assert last["status"] in ("stopped", "skipped")
+    report = (out / "report.md").read_text()
+    assert "failed: its server refused the settings" in report and "best-server.toml" in report

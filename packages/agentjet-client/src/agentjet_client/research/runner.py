@@ -373,7 +373,8 @@ class StudyRunner:
         code = live.client.returncode()
         if code is None:
             return
-        if code == 0 or (code == -1 and "done:" in last_lines(live.files.client_log, 6)):
+        tail = last_lines(live.files.client_log, 6)
+        if code == 0 or (code == -1 and "done:" in tail and "interrupted" not in tail):  # -1: not ours to reap
             try:  # what the client delivered since this round's poll
                 self._observe(record, live, live.probe.observe(record.history_seq))
             except (httpx2.HTTPError, ValueError):

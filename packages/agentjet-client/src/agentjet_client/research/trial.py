@@ -166,7 +166,13 @@ class Process:
             out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             out.flush()
             popen = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_default_signals,
             )
         return cls(popen.pid, marker, popen)
 
@@ -194,6 +200,14 @@ class Process:
             deadline = time.monotonic() + 10
             while self.returncode() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+
+def _default_signals() -> None:
+    """In the child before exec: SIGINT and SIGTERM back to their defaults. A runner started in
+    the background of a shell ignores SIGINT, and an ignored signal stays ignored across exec: the
+    client would never see the SIGINT that asks it to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def pid_alive(pid: int, marker: str) -> bool:
