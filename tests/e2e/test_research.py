@@ -231,3 +231,28 @@ def test_refused_settings_fail_one_trial_and_the_time_budgets_end_the_others(tmp
     assert last["status"] in ("stopped", "skipped")
     report = (out / "report.md").read_text()
     assert "failed: its server refused the settings" in report and "best-server.toml" in report
+
+
+def test_a_trial_that_crashes_more_often_than_max_resumes_fails_and_the_study_goes_on(tmp_path):
+    """``max_resumes = 0``: the first SIGKILL of t000's server fails the trial, with the reason and
+    its processes gone; t001 runs as if nothing happened."""
+    study = study_file(tmp_path, '"server.lr" = [1e-3, 2e-3]', trial="episodes = 1200", extra="max_resumes = 0")
+    out, log = tmp_path / "out", tmp_path / "runner.log"
+    runner = start_runner(study, out, log)
+    try:
+        wait_for("t000 to train", lambda: record(out, "t000")["episodes"] >= 200, runner, log)
+        crashed = record(out, "t000")
+        os.kill(crashed["server_pid"], signal.SIGKILL)
+        assert runner.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    failed, other = record(out, "t000"), record(out, "t001")
+    assert failed["status"] == "failed" and failed["server_starts"] == 1, failed
+    assert failed["reason"].startswith("its server died (exit -9") and "0 resume(s) did not help" in failed["reason"]
+    assert (
+        not os.path.exists(f"/proc/{crashed['client_pid']}")
+        or "Z" in Path(f"/proc/{crashed['client_pid']}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    ), "the failed trial's client still runs"
+    assert other["status"] == "finished" and other["episodes"] >= 1200 and other["metric"] is not None, other
+    assert "t000 failed: its server died" in log.read_text()

@@ -183,8 +183,12 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
         if numeric:
             xs: list[Any] = values
             positive = [float(v) for v in values if v > 0]
-            if len(positive) == len(values) and max(positive) >= 10 * min(positive):
+            if len(positive) == len(values) and max(positive) >= 3 * min(positive):
                 ax.set_xscale("log")
+            distinct = sorted(set(values))
+            if len(distinct) <= 8:  # the searched values themselves, as the study file writes them
+                ax.set_xticks(distinct, [f"{v:g}" for v in distinct], fontsize=8)
+                ax.minorticks_off()
         else:
             labels = sorted({str(v) for v in values})
             xs = [labels.index(str(v)) for v in values]

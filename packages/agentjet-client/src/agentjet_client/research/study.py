@@ -54,7 +54,7 @@ from agentjet_client.errors import StudyError
 
 # `up` options the runner sets for each trial itself
 RUNNER_SERVER_OPTIONS = ("host", "port", "state_dir", "resume", "fresh", "config")
-CLIENT_SPACE_KEYS = ("code_dir", "concurrency", "group_size", "timeout")
+CLIENT_SPACE_KEYS = ("code_dir", "concurrency", "group_size", "seed", "timeout")
 
 
 class _Section(BaseModel):
