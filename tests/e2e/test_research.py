@@ -33,7 +33,6 @@ def study_file(tmp_path: Path, space: str, trial: str = "episodes = 2400", extra
 [study]
 name = "test study"
 poll_seconds = 0.5
-max_resumes = 2
 {extra}
 
 [trial]
@@ -68,7 +67,7 @@ def start_runner(study: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 def record(out: Path, trial_id: str) -> dict[str, Any]:
-    for _ in range(20):  # written atomically; read again if a test catches the rename
+    for _ in range(600):  # written atomically; read again if a test catches the rename or the runner is starting
         try:
             return json.loads((out / "trials" / trial_id / "trial.json").read_text())  # type: ignore[no-any-return]
         except (FileNotFoundError, json.JSONDecodeError):
