@@ -160,6 +160,8 @@ class StudyRunner:
                     f"has changed since (or is another study); give a new --out, or restore the file "
                     f"(its copy is {self.out / 'study.toml'})"
                 )
+            if state.runner_started_at is not None:  # the last runner was killed: count its time up to its last save
+                state.active_s += max(0.0, state.saved_at - state.runner_started_at)
             for trial_id in state.trials:
                 self.records[trial_id] = TrialDir(self.out, trial_id).load()
             done = sum(r.phase == "done" for r in self.records.values())
@@ -241,7 +243,8 @@ class StudyRunner:
             self.say(f"{record.id} resumes from its checkpoint (rung {record.rung}, {record.target_episodes} episodes)")
         if record.phase == "pending":
             record.after_start = "training"
-        record.status = "running"
+        if record.status is None:  # one interrupted while evaluating keeps how its training ended
+            record.status = "running"
         record.run_started_at = time.time()
         live = self.live.get(record.id) or self._live(record)
         live.probe.close()
@@ -593,6 +596,7 @@ class StudyRunner:
             state.runner_pid = None
         for record_id, live in self.live.items():
             live.files.save(self.records[record_id])
+        state.saved_at = time.time()
         write_atomic(self.out / "study.json", state.model_dump_json(indent=1))
 
     def write_report(self) -> Path:

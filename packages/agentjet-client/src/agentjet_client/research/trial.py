@@ -53,6 +53,7 @@ class StudyState(BaseModel):
     active_s: float = 0.0  # the runner's running time before the current start
     runner_pid: int | None = None
     runner_started_at: float | None = None
+    saved_at: float = 0.0  # when the runner last wrote this (a killed runner's time counts up to it)
     finished_at: float | None = None
 
     def seconds(self, now: float | None = None) -> float:
