@@ -109,8 +109,11 @@ class StudyRunner:
     def run(self) -> StudyState:
         self.out.mkdir(parents=True, exist_ok=True)
         self._take_lock()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        # SIGINT too: a runner started in a shell's background inherits it ignored, and a
+        # `kill -INT` should still stop the study with checkpoints
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, _raise_interrupt)
         try:
             state = self._open()
             self._attach()
@@ -384,15 +387,8 @@ class StudyRunner:
                 pass
             self._end_training(record, live, "finished", f"budget: {record.episodes} episodes")
             return
-        record.resumes += 1
-        why = f"its client exited ({code}): {last_lines(live.files.client_log)}"
-        if record.resumes > self.study.study.max_resumes:
-            self._fail(record, live, f"{why}; {record.resumes - 1} restart(s) did not help")
+        if not self._crashed(record, live, f"its client exited ({code})", live.files.client_log, "restarted"):
             return
-        record.note(f"{why}; restarted ({record.resumes}/{self.study.study.max_resumes})")
-        self.say(
-            f"{record.id}: client exited ({code}); restarting it ({record.resumes}/{self.study.study.max_resumes})"
-        )
         live.client = self._spawn_client(record, live)
         record.client_pid = live.client.pid
         record.client_starts += 1
@@ -443,12 +439,9 @@ class StudyRunner:
             live.files.append_point("final", final.to_json())
             self._stop_server(record, live)
             return
-        record.resumes += 1
-        why = f"the final evaluation recorded nothing (exit {code}): {last_lines(live.files.eval_log)}"
-        if record.resumes > self.study.study.max_resumes:
-            self._fail(record, live, why)
+        what = f"the final evaluation recorded nothing (exit {code})"
+        if not self._crashed(record, live, what, live.files.eval_log, "run again"):
             return
-        record.note(why + "; run again")
         self._spawn_evaluation(record, live)
         live.files.save(record)
 
@@ -476,18 +469,27 @@ class StudyRunner:
         if record.phase == "starting" and record.server_starts == 1 and code == 2:  # `up` refused the settings
             self._fail(record, live, f"its server refused the settings: {log}")
             return
-        record.resumes += 1
-        what = f"its server died ({'exit ' + str(code) if code != -1 else 'gone'}; log: {log})"
-        if record.resumes > self.study.study.max_resumes:
-            self._fail(record, live, f"{what}; {self.study.study.max_resumes} resume(s) did not help")
+        what = f"its server died ({'exit ' + str(code) if code != -1 else 'gone'})"
+        if not self._crashed(record, live, what, live.files.server_log, "resumed with --resume"):
             return
-        record.note(f"{what}; resumed with --resume ({record.resumes}/{self.study.study.max_resumes})")
-        self.say(f"{record.id}: server died; resuming it ({record.resumes}/{self.study.study.max_resumes})")
         if record.phase == "evaluating" and live.evaluator is not None:
             live.evaluator.end(signal.SIGKILL, 0)  # the round is run again once the server is back
         if record.phase in ("training", "evaluating"):
             record.after_start = record.phase
         self._spawn_server(record, live, resume=True)  # the client keeps its episodes in its spool meanwhile
+
+    def _crashed(self, record: TrialRecord, live: Live, what: str, log: Path, recovery: str) -> bool:
+        """Count a crash (``what``, with the last lines of ``log``); False, and the trial failed,
+        once there were more than ``max_resumes``."""
+        record.resumes += 1
+        limit = self.study.study.max_resumes
+        detail = f"{what}; log: {last_lines(log)}"
+        if record.resumes > limit:
+            self._fail(record, live, f"{detail}; {limit} resume(s) did not help")
+            return False
+        record.note(f"{detail}; {recovery} ({record.resumes}/{limit})")
+        self.say(f"{record.id}: {what}; {recovery} ({record.resumes}/{limit})")
+        return True
 
     def _fail(self, record: TrialRecord, live: Live, reason: str) -> None:
         for process in (live.client, live.evaluator):
