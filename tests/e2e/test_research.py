@@ -105,7 +105,7 @@ def test_a_study_survives_a_killed_server_a_collapsing_trial_and_a_killed_runner
     runner is SIGKILLed while t002 trains and started again: t000 and t001 are not run again
     (their state dirs are untouched), t002's processes are re-attached, and the report holds the
     leaderboard, the plots and the best configuration."""
-    study = study_file(tmp_path, '"server.lr" = [1e-3, 1.0, 2e-3]')
+    study = study_file(tmp_path, '"server.lr" = [1e-3, 1.0, 7e-4]')
     out, log = tmp_path / "out", tmp_path / "runner.log"
     runner = start_runner(study, out, log)
     try:
@@ -142,8 +142,10 @@ def test_a_study_survives_a_killed_server_a_collapsing_trial_and_a_killed_runner
     assert "continuing the study" in text and "t002: re-attached (training; server running" in text, text
     for trial_id, seen in before.items():
         assert snapshot(out, trial_id) == seen, f"{trial_id} changed after the runner's restart"
-    assert t002["status"] == "finished" and t002["server_starts"] == 1 and t002["client_starts"] == 1, t002
-    assert t002["resumes"] == 0 and t002["episodes"] >= 2400
+    # t002 runs to its end on the processes the first runner started (a real collapse may end it
+    # early: lr 2e-3 did once, from 0.5 to 0)
+    assert t002["server_starts"] == 1 and t002["client_starts"] == 1 and t002["resumes"] == 0, t002
+    assert (t002["status"] == "finished" and t002["episodes"] >= 2400) or t002["reason"].startswith("collapse:"), t002
 
     report = (out / "report.md").read_text()
     for trial_id in ("t000", "t001", "t002"):
@@ -235,7 +237,7 @@ def test_refused_settings_fail_one_trial_and_the_time_budgets_end_the_others(tmp
 def test_a_trial_that_crashes_more_often_than_max_resumes_fails_and_the_study_goes_on(tmp_path):
     """``max_resumes = 0``: the first SIGKILL of t000's server fails the trial, with the reason and
     its processes gone; t001 runs as if nothing happened."""
-    study = study_file(tmp_path, '"server.lr" = [1e-3, 2e-3]', trial="episodes = 1200", extra="max_resumes = 0")
+    study = study_file(tmp_path, '"server.lr" = [1e-3, 7e-4]', trial="episodes = 1200", extra="max_resumes = 0")
     out, log = tmp_path / "out", tmp_path / "runner.log"
     runner = start_runner(study, out, log)
     try:
