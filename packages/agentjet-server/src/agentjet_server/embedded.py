@@ -6,13 +6,16 @@ setting below, so a change rebuilds it):
 
 1. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, ChatML special tokens, tool-call tags)
    trained on a small generated corpus, with the ChatML chat template that supports tools;
-2. a ``Qwen2ForCausalLM`` of about half a million parameters (``--model-size small``: 1.7M) from a
-   fresh config;
-3. a short supervised warm-up on *formats*: demo prompts with random digits as targets (the
-   model learns to answer with one digit and stop, not which digit: that is left to RL), and
-   requests with tools answered by a well-formed ``<tool_call>``. The ``small`` model also gets
-   a weak prior for ``Repeat the digit 7.``: it first learns to copy the digit (every answer
-   right), then a third of its answers there are right (it ends near 0.3).
+2. a ``Qwen2ForCausalLM`` of about 0.7M parameters (``--model-size small``: 1.7M) from a fresh
+   config;
+3. a supervised warm-up on *formats*: first copying (random token runs that repeat, until an
+   induction head forms), then demo prompts with random digits as targets (the model learns to
+   answer with one digit and stop, not which digit: that is left to RL), and requests listing tools
+   with random names answered by a well-formed ``<tool_call>`` naming one of them, so that it calls
+   whatever tools a request lists. The ``small`` model learns formats only (no copy phase: its tool
+   calls name tools of its own) and gets a weak prior for ``Repeat the digit 7.``: it first learns
+   to copy the digit (every answer right), then a third of its answers there are right (it ends
+   near 0.3).
 
 The demo task (``examples/digits``) asks ``Write seven as a digit.`` for the ten number words.
 """
@@ -56,12 +59,18 @@ class EmbeddedSpec:
     intermediate_size: int = 384
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
-    num_key_value_heads: int = 2
+    # a key/value head per query head: with two shared ones (grouped-query attention) the model
+    # copied tool names out of the request less often (soft rate 0.57 against 0.68)
+    num_key_value_heads: int = 4
     max_position_embeddings: int = 4096  # the context: real frameworks' system prompts must fit
-    warmup_steps: int = 300
+    copy_steps: int = 2000  # at most this many steps learning to copy (it ends at the phase change)
+    warmup_steps: int = 1500
     warmup_batch: int = 32
-    warmup_lr: float = 3e-3
-    tool_every: int = 3  # every n-th warm-up step is a batch of tool-call examples
+    tool_batch: int = 16
+    # after the copy phase, batches take turns in this order: tool requests, demo prompts, copy runs
+    cycle: tuple[str, ...] = ("tool", "demo", "tool", "copy")
+    lr_decay: float = 0.9  # over those steps the rate falls linearly by this share: the last ones settle
+    warmup_lr: float = 1e-3  # at 3e-3 these models never learn to copy anything out of the prompt
     seed: int = 1234
     tasks: tuple[str, ...] = ("words",)  # demo prompt kinds whose answer *format* the warm-up teaches
     # a weak prior: for these kinds, this share of warm-up answers is the right one (the rest random),
@@ -71,7 +80,7 @@ class EmbeddedSpec:
     # the first steps answer those kinds right every time: reading the prompt (copying a digit out
     # of it) is learnt from a strong signal, then the answers relax to ``prior_share``
     prior_steps: int = 0
-    format_version: int = 6
+    format_version: int = 7
 
 
 EMBEDDED_SPEC = EmbeddedSpec()
@@ -84,15 +93,24 @@ EMBEDDED_SPECS = {
         hidden_size=192,
         intermediate_size=576,
         num_hidden_layers=3,
+        num_key_value_heads=2,  # grouped-query attention, as most real models have
         tasks=("words", "copy"),
         # it follows "Repeat the digit 7." about a third of the time: without such a prior the executor
         # of examples/planner_executor settles on one constant digit (prompt-independent) under RL.
-        # Copying a digit out of the prompt is learnt in the first 150 steps, where every answer is
-        # right, and only at this lower rate: at 3e-3 the model stays with the digits' marginal.
+        # Copying a digit out of the prompt is learnt in the first 150 steps (100 of them demo batches),
+        # where every answer is right, and only at this lower rate: at 3e-3 the model stays with the
+        # digits' marginal.
         prior_kinds=("copy",),
         prior_share=1 / 3,
         prior_steps=150,
-        warmup_lr=1e-3,
+        # formats only, as the tiny model's warm-up was before it learnt to copy: its steps cost about
+        # four times the tiny model's, and copying first would take its build past ten minutes on 2
+        # cores. Its tool calls are well-formed but name tools of its own.
+        copy_steps=0,
+        warmup_steps=300,
+        tool_batch=8,
+        cycle=("tool", "demo", "demo"),
+        lr_decay=0.0,
     ),
 }
 
@@ -191,34 +209,91 @@ def build_tokenizer(vocab_size: int, seed: int) -> Any:
     return tokenizer
 
 
-WARMUP_TOOLS = [("get_weather", "city"), ("add", "x"), ("lookup", "key"), ("square", "n")]
+# names the warm-up gives its tools and parameters are built from these words (``_WORDS`` without
+# the short ones); what it learns is to copy whatever names a request lists, not these names
+_NAME_WORDS = [w for w in _WORDS if w.isalpha() and len(w) >= 2]
 
 
-def _tool_example(rng: random.Random) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
-    """A request with tools, and the call the model should answer it with."""
-    chosen = rng.sample(WARMUP_TOOLS, k=rng.randint(1, 2))
-    tools: list[dict[str, object]] = [
-        {
-            "type": "function",
-            "function": {"name": name, "parameters": {"type": "object", "properties": {arg: {"type": "integer"}}}},
-        }
-        for name, arg in chosen
-    ]
-    name, arg = rng.choice(chosen)
-    question = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))) + "?"
-    call = (
-        '<tool_call>{"name": "' + name + '", "arguments": {"' + arg + '": ' + str(rng.randrange(10)) + "}}</tool_call>"
-    )
-    return [{"role": "user", "content": question}], tools, call
+def _random_name(rng: random.Random, pieces: list[str]) -> str:
+    """A tool or parameter name: one to three words, or (as names of real tools often tokenize)
+    two to five alphabetic BPE pieces of the embedded tokenizer, snake_case or camelCase."""
+    if pieces and rng.random() < 0.5:
+        parts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 3))) for _ in range(rng.choice((1, 2, 2)))]
+    else:
+        parts = [rng.choice(_NAME_WORDS) for _ in range(rng.choice((1, 2, 2, 3)))]
+    if len(parts) > 1 and rng.random() < 0.2:
+        return parts[0] + "".join(w.capitalize() for w in parts[1:])
+    return "_".join(parts)
+
+
+def _tool_example(rng: random.Random, pieces: list[str]) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
+    """A request listing one to three tools with random names, and the call it is answered with:
+    one of the listed tools by its listed name, with its listed parameters. Integer arguments take
+    the question's numbers when it has some."""
+    listed: list[tuple[str, list[tuple[str, str]]]] = []
+    while len(listed) < rng.choice((1, 1, 2, 3)):
+        name = _random_name(rng, pieces)
+        if name in (n for n, _ in listed):
+            continue
+        params: list[tuple[str, str]] = []
+        for _ in range(rng.choice((1, 2, 2))):
+            param = rng.choice(_NAME_WORDS) if rng.random() < 0.7 else _random_name(rng, pieces)
+            if param not in (p for p, _ in params):
+                params.append((param, rng.choice(("integer", "string"))))
+        listed.append((name, params))
+    tools: list[dict[str, object]] = []
+    for name, params in listed:
+        function: dict[str, object] = {"name": name}
+        if rng.random() < 0.5:
+            function["description"] = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))).capitalize() + "."
+        schema: dict[str, object] = {"type": "object", "properties": {p: {"type": t} for p, t in params}}
+        if rng.random() < 0.5:
+            schema["required"] = [p for p, _ in params]
+        function["parameters"] = schema
+        tools.append({"type": "function", "function": function})
+    name, params = rng.choice(listed)
+    numbers = [rng.randrange(10) for _ in range(rng.choice((0, 0, 1, 2)))]
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(2, 6))]
+    for number in numbers:
+        words.insert(rng.randrange(len(words) + 1), str(number))
+    arguments: dict[str, object] = {}
+    for param, kind in params:
+        if kind == "integer":
+            arguments[param] = numbers.pop(0) if numbers else rng.randrange(10)
+        else:
+            arguments[param] = rng.choice(_NAME_WORDS)
+    messages = [{"role": "user", "content": " ".join(words).capitalize() + "?"}]
+    if rng.random() < 0.3:
+        messages.insert(
+            0, {"role": "system", "content": " ".join(rng.choice(_WORDS) for _ in range(5)).capitalize() + "."}
+        )
+    call = TOOL_CALL_OPEN + json.dumps({"name": name, "arguments": arguments}) + TOOL_CALL_CLOSE
+    return messages, tools, call
+
+
+def _copy_batch(rng: random.Random, token_ids: list[int], size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Random token runs that come back later in the sequence, trained on the repeat: the model learns
+    to copy what followed an earlier occurrence of the current token (an induction head), which is
+    how it later copies a tool's name or parameter out of the request."""
+    seqs, labels = [], []
+    for _ in range(size):
+        run = [rng.choice(token_ids) for _ in range(24)]
+        before = [rng.choice(token_ids) for _ in range(rng.randint(0, 30))]
+        between = [rng.choice(token_ids) for _ in range(rng.randint(0, 20))]
+        seqs.append(before + run + between + run)
+        labels.append([-100] * (len(before) + len(run) + len(between) + 1) + run[1:])
+    return seqs, labels
 
 
 def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[[str], None]) -> float:
     """Supervised warm-up on formats only: no demo answer is taught.
 
-    Demo prompts are trained towards *random* digits (one digit, then ``<|im_end|>``), so the
-    model answers in the right shape at chance level and RL has to find which digit is right. A
-    share of requests carry tools and are trained to answer with a well-formed ``<tool_call>``,
-    so tool-calling agents get parseable calls from the start.
+    First the model learns to copy (random token runs repeated, until its loss on the repeats
+    drops: the induction phase change). Then three kinds of batches take turns: demo prompts
+    trained towards *random* digits (one digit, then ``<|im_end|>``), so the model answers in the
+    right shape at chance level and RL has to find which digit is right; requests listing tools
+    with random names, answered with a well-formed ``<tool_call>`` that names one of them; and
+    more copy batches, so copying is kept.
     """
     import torch
 
@@ -233,34 +308,14 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
         for prompt, _ in demo_tasks(kind)
     }
     right = {prompt: answer for kind in spec.prior_kinds for prompt, answer in demo_tasks(kind)}
-    tool_pool = []  # rendered once: chat-template rendering costs more than a training step
-    for _ in range(256):
-        messages, tools, call = _tool_example(rng)
-        prompt = tok.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        tool_pool.append((list(prompt), [*tok.encode(call, add_special_tokens=False), im_end]))
     digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
+    special = set(tok.all_special_ids) | set(tok.convert_tokens_to_ids(EXTRA_TOKENS))
+    plain_ids = [i for i in range(len(tok)) if i not in special]
+    pieces = sorted(t for t in tok.get_vocab() if t.isascii() and t.isalpha() and t.islower())
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr)
-    steps = spec.warmup_steps
-    loss_value = float("nan")
     model.train()
-    for step in range(steps):
-        seqs, labels = [], []
-        # tool prompts are long: they get their own small batches so short ones aren't padded to them
-        tool_step = step % spec.tool_every == 0
-        for _ in range(8 if tool_step else spec.warmup_batch):
-            if tool_step:
-                prompt, target = rng.choice(tool_pool)
-            else:
-                text = rng.choice(list(demo_prompts))
-                prompt = demo_prompts[text]
-                if text in right and (step < spec.prior_steps or rng.random() < spec.prior_share):
-                    target = [tok.convert_tokens_to_ids(right[text]), im_end]
-                else:
-                    target = [rng.choice(digit_ids), im_end]
-            seqs.append(list(prompt) + target)
-            labels.append([-100] * len(prompt) + target)
+
+    def train_on(seqs: list[list[int]], labels: list[list[int]]) -> float:
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
         lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
@@ -269,7 +324,48 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
-        loss_value = float(out.loss.detach())
+        return float(out.loss.detach())
+
+    recent: list[float] = []
+    for step in range(spec.copy_steps):
+        recent = [*recent[-19:], train_on(*_copy_batch(rng, plain_ids, spec.warmup_batch))]
+        if step % 50 == 0:
+            progress(f"warm-up: learning to copy, step {step + 1} (at most {spec.copy_steps}), loss {recent[-1]:.3f}")
+        if len(recent) == 20 and sum(recent) / 20 < 0.5:
+            progress(f"warm-up: copies after {step + 1} steps (loss {recent[-1]:.3f})")
+            break
+    else:
+        if recent:
+            progress(f"warm-up: copy loss still {sum(recent) / len(recent):.3f} after {spec.copy_steps} steps")
+    steps = spec.warmup_steps
+    loss_value = float("nan")
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = spec.warmup_lr * (1 - spec.lr_decay * step / steps)
+        kind = spec.cycle[step % len(spec.cycle)]
+        seqs, labels = [], []
+        if kind == "copy":
+            seqs, labels = _copy_batch(rng, plain_ids, spec.warmup_batch)
+        elif kind == "tool":
+            for _ in range(spec.tool_batch):
+                messages, tools, call = _tool_example(rng, pieces)
+                prompt = tok.apply_chat_template(
+                    messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+                target = [*tok.encode(call, add_special_tokens=False), im_end]
+                seqs.append(list(prompt) + target)
+                labels.append([-100] * len(prompt) + target)
+        else:
+            for _ in range(spec.warmup_batch):
+                text = rng.choice(list(demo_prompts))
+                prompt = demo_prompts[text]
+                if text in right and (step < spec.prior_steps or rng.random() < spec.prior_share):
+                    target = [tok.convert_tokens_to_ids(right[text]), im_end]
+                else:
+                    target = [rng.choice(digit_ids), im_end]
+                seqs.append(list(prompt) + target)
+                labels.append([-100] * len(prompt) + target)
+        loss_value = train_on(seqs, labels)
         if step % 50 == 0 or step == steps - 1:
             progress(f"warm-up step {step + 1}/{steps}  loss {loss_value:.3f}")
     model.eval()

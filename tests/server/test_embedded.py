@@ -1,0 +1,145 @@
+"""The embedded model's warm-up: demo answers in format at chance, and tool calls that copy the names
+a request lists, names the warm-up never used."""
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentjet_server.embedded import _NAME_WORDS, NUMBER_WORDS
+
+# tools as real agents list them: none of these names is made of the warm-up's name words only, so
+# the model can only get them right by copying them out of the request
+HELD_OUT = [
+    ("get_stock_price", ["symbol"]),
+    ("send_email", ["recipient"]),
+    ("convert_currency", ["amount"]),
+    ("translate_text", ["language"]),
+    ("current_time", ["timezone"]),
+    ("search_web", ["query"]),
+    ("read_file", ["path"]),
+    ("run_sql", ["statement"]),
+    ("lookup_user", ["user_id"]),
+    ("multiply", ["x", "y"]),
+    ("calculator", ["expression"]),
+    ("fetch_url", ["url"]),
+    ("list_files", ["directory"]),
+    ("set_alarm", ["hour", "minute"]),
+    ("roll_dice", ["sides"]),
+    ("resize_image", ["width", "height"]),
+    ("book_flight", ["origin", "destination"]),
+    ("create_event", ["title", "date"]),
+    ("get_forecast", ["city"]),
+    ("sum_numbers", ["a", "b"]),
+]
+ASK = [{"role": "user", "content": "Please help me with 3 and 4."}]
+# three builds (this machine with 2 threads and with 1, and another seed) measured: the listed name
+# 17-19 of 20, with its parameters 13-18, probability of the name at temperature 1 0.85-0.93, one of
+# two listed names 11-17 of 20; before the copy warm-up, 0 of 20 (it called its own warm-up tools).
+# The bounds leave room for builds on other CPUs, whose float sums differ.
+MIN_NAMED, MIN_WITH_PARAMS, MIN_NAME_PROBABILITY, MIN_TWO_TOOLS = 13, 9, 0.6, 8
+
+
+def spec_of(name: str, params: list[str]) -> list[dict[str, Any]]:
+    properties = {p: {"type": "integer"} for p in params}
+    return [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}}
+    ]
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
+
+
+def greedy_call(loaded: tuple[Any, Any], tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+    import torch
+
+    tokenizer, model = loaded
+    prompt = prompt_ids(tokenizer, ASK, tools)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=48, do_sample=False, eos_token_id=end, pad_token_id=end
+        )
+    text = tokenizer.decode(out[0, len(prompt) :])
+    found = re.search(r"<tool_call>(.*?)</tool_call>", text)
+    try:
+        call = json.loads(found.group(1)) if found else None
+    except json.JSONDecodeError:
+        return None
+    return call if isinstance(call, dict) else None
+
+
+def probability(loaded: tuple[Any, Any], prompt: list[int], continuation: str) -> float:
+    """Probability that sampling at temperature 1 writes ``continuation`` next."""
+    import torch
+
+    tokenizer, model = loaded
+    tail = tokenizer.encode(continuation, add_special_tokens=False)
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt + tail])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+    return float(logprobs[torch.arange(len(tail)), torch.tensor(tail)].sum().exp())
+
+
+def test_held_out_names_were_not_warm_up_names() -> None:
+    for name, _ in HELD_OUT:
+        assert any(part not in _NAME_WORDS for part in name.split("_")), name
+
+
+def test_tool_calls_copy_names_the_warm_up_never_used(loaded: tuple[Any, Any]) -> None:
+    calls = [greedy_call(loaded, spec_of(name, params)) for name, params in HELD_OUT]
+    named = [c for c, (name, _) in zip(calls, HELD_OUT, strict=True) if c and c.get("name") == name]
+    with_params = [
+        c
+        for c, (name, params) in zip(calls, HELD_OUT, strict=True)
+        if c and c.get("name") == name and set(c.get("arguments") or {}) == set(params)
+    ]
+    shown = [json.dumps(c) for c in calls]
+    assert len(named) >= MIN_NAMED, shown
+    assert len(with_params) >= MIN_WITH_PARAMS, shown
+    # sampled at temperature 1: the listed name comes out most of the time
+    tokenizer, _ = loaded
+    p_name = [
+        probability(loaded, prompt_ids(tokenizer, ASK, spec_of(name, params)), f'<tool_call>{{"name": "{name}", "')
+        for name, params in HELD_OUT
+    ]
+    assert sum(p_name) / len(p_name) >= MIN_NAME_PROBABILITY, p_name
+
+
+def test_with_several_tools_the_call_names_one_of_them(loaded: tuple[Any, Any]) -> None:
+    pairs = [(HELD_OUT[i], HELD_OUT[(i + 7) % len(HELD_OUT)]) for i in range(len(HELD_OUT))]
+    calls = [greedy_call(loaded, spec_of(*first) + spec_of(*second)) for first, second in pairs]
+    listed = [
+        c for c, (first, second) in zip(calls, pairs, strict=True) if c and c.get("name") in (first[0], second[0])
+    ]
+    assert len(listed) >= MIN_TWO_TOOLS, [json.dumps(c) for c in calls]
+
+
+def test_demo_answers_are_one_digit_at_chance(loaded: tuple[Any, Any]) -> None:
+    import torch
+
+    tokenizer, model = loaded
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    on_digits, on_right = [], []
+    for i, word in enumerate(NUMBER_WORDS):
+        prompt = prompt_ids(tokenizer, [{"role": "user", "content": f"Write {word} as a digit."}])
+        with torch.no_grad():
+            probs = model(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        on_digits.append(float(probs[digits].sum()))
+        on_right.append(float(probs[digits[i]]))
+    assert min(on_digits) > 0.9, on_digits  # the format is taught
+    assert 0.03 < sum(on_right) / 10 < 0.25, on_right  # the answers are not: RL finds them
