@@ -1,14 +1,14 @@
-"""The embedded model's warm-up: demo answers in format at chance, and tool calls that copy the names
-a request lists, names the warm-up never used."""
+"""The ``tools`` embedded model (``--model-size tools``): demo answers in format at chance, and tool
+calls that copy the names a request lists, names its warm-up never used."""
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentjet_server.embedded import _NAME_WORDS, NUMBER_WORDS
+from tests.conftest import CACHE
 
 # tools as real agents list them: none of these names is made of the warm-up's name words only, so
 # the model can only get them right by copying them out of the request
@@ -37,7 +37,7 @@ HELD_OUT = [
 ASK = [{"role": "user", "content": "Please help me with 3 and 4."}]
 # three builds (this machine with 2 threads and with 1, and another seed) measured: the listed name
 # 17-19 of 20, with its parameters 13-18, probability of the name at temperature 1 0.85-0.93, one of
-# two listed names 11-17 of 20; before the copy warm-up, 0 of 20 (it called its own warm-up tools).
+# two listed names 11-17 of 20; the tiny model: 0 of 20 on each (it calls its own warm-up tools).
 # The bounds leave room for builds on other CPUs, whose float sums differ.
 MIN_NAMED, MIN_WITH_PARAMS, MIN_NAME_PROBABILITY, MIN_TWO_TOOLS = 13, 9, 0.6, 8
 
@@ -50,9 +50,12 @@ def spec_of(name: str, params: list[str]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def loaded(model_dir: Path) -> tuple[Any, Any]:
+def loaded() -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+    from agentjet_server.embedded import ensure_embedded_model
+
+    model_dir = ensure_embedded_model(CACHE, size="tools")  # about 4 minutes the first time
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     return tokenizer, AutoModelForCausalLM.from_pretrained(model_dir).eval()
 

@@ -47,7 +47,11 @@ def up(
     ] = None,
     model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
     model_size: Annotated[
-        str, typer.Option(help="embedded model size when no --model is given: tiny (0.5M parameters) or small (1.7M)")
+        str,
+        typer.Option(
+            help="embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools "
+            "(0.69M; calls the tools a request lists; first build about 4 minutes)"
+        ),
     ] = "tiny",
     state_dir: Annotated[Path, typer.Option(help="trajectory log and checkpoints; one server per directory")] = Path(
         ".agentjet/server"

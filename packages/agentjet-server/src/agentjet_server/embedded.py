@@ -6,16 +6,18 @@ setting below, so a change rebuilds it):
 
 1. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, ChatML special tokens, tool-call tags)
    trained on a small generated corpus, with the ChatML chat template that supports tools;
-2. a ``Qwen2ForCausalLM`` of about 0.7M parameters (``--model-size small``: 1.7M) from a fresh
-   config;
-3. a supervised warm-up on *formats*: first copying (random token runs that repeat, until an
-   induction head forms), then demo prompts with random digits as targets (the model learns to
-   answer with one digit and stop, not which digit: that is left to RL), and requests listing tools
-   with random names answered by a well-formed ``<tool_call>`` naming one of them, so that it calls
-   whatever tools a request lists. The ``small`` model learns formats only (no copy phase: its tool
-   calls name tools of its own) and gets a weak prior for ``Repeat the digit 7.``: it first learns
-   to copy the digit (every answer right), then a third of its answers there are right (it ends
-   near 0.3).
+2. a ``Qwen2ForCausalLM`` of about half a million parameters (``--model-size small``: 1.7M) from a
+   fresh config;
+3. a short supervised warm-up on *formats*: demo prompts with random digits as targets (the
+   model learns to answer with one digit and stop, not which digit: that is left to RL), and
+   requests with tools answered by a well-formed ``<tool_call>``. The ``small`` model also gets
+   a weak prior for ``Repeat the digit 7.``: it first learns to copy the digit (every answer
+   right), then a third of its answers there are right (it ends near 0.3).
+
+``--model-size tools`` (``agentjet-tools``, 0.69M parameters) is warmed up to call the tools a
+request lists: it first learns to copy (random token runs that repeat, until an induction head
+forms), then its tool requests list tools with random names and parameters, answered by calls that
+copy them. Its build takes about 4 minutes on 2 cores.
 
 The demo task (``examples/digits``) asks ``Write seven as a digit.`` for the ten number words.
 """
@@ -59,18 +61,19 @@ class EmbeddedSpec:
     intermediate_size: int = 384
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
-    # a key/value head per query head: with two shared ones (grouped-query attention) the model
-    # copied tool names out of the request less often (soft rate 0.57 against 0.68)
-    num_key_value_heads: int = 4
+    num_key_value_heads: int = 2
     max_position_embeddings: int = 4096  # the context: real frameworks' system prompts must fit
-    copy_steps: int = 2000  # at most this many steps learning to copy (it ends at the phase change)
-    warmup_steps: int = 1500
+    warmup_steps: int = 300
     warmup_batch: int = 32
+    warmup_lr: float = 3e-3
+    tool_every: int = 3  # every n-th warm-up step is a batch of tool-call examples
+    # "formats": the steps above; "copy": ``_warm_up_to_copy`` (the ``tools`` size), with these:
+    recipe: str = "formats"
+    copy_steps: int = 0  # at most this many steps learning to copy (it ends at the phase change)
     tool_batch: int = 16
     # after the copy phase, batches take turns in this order: tool requests, demo prompts, copy runs
     cycle: tuple[str, ...] = ("tool", "demo", "tool", "copy")
     lr_decay: float = 0.9  # over those steps the rate falls linearly by this share: the last ones settle
-    warmup_lr: float = 1e-3  # at 3e-3 these models never learn to copy anything out of the prompt
     seed: int = 1234
     tasks: tuple[str, ...] = ("words",)  # demo prompt kinds whose answer *format* the warm-up teaches
     # a weak prior: for these kinds, this share of warm-up answers is the right one (the rest random),
@@ -80,7 +83,7 @@ class EmbeddedSpec:
     # the first steps answer those kinds right every time: reading the prompt (copying a digit out
     # of it) is learnt from a strong signal, then the answers relax to ``prior_share``
     prior_steps: int = 0
-    format_version: int = 7
+    format_version: int = 6
 
 
 EMBEDDED_SPEC = EmbeddedSpec()
@@ -93,24 +96,26 @@ EMBEDDED_SPECS = {
         hidden_size=192,
         intermediate_size=576,
         num_hidden_layers=3,
-        num_key_value_heads=2,  # grouped-query attention, as most real models have
         tasks=("words", "copy"),
         # it follows "Repeat the digit 7." about a third of the time: without such a prior the executor
         # of examples/planner_executor settles on one constant digit (prompt-independent) under RL.
-        # Copying a digit out of the prompt is learnt in the first 150 steps (100 of them demo batches),
-        # where every answer is right, and only at this lower rate: at 3e-3 the model stays with the
-        # digits' marginal.
+        # Copying a digit out of the prompt is learnt in the first 150 steps, where every answer is
+        # right, and only at this lower rate: at 3e-3 the model stays with the digits' marginal.
         prior_kinds=("copy",),
         prior_share=1 / 3,
         prior_steps=150,
-        # formats only, as the tiny model's warm-up was before it learnt to copy: its steps cost about
-        # four times the tiny model's, and copying first would take its build past ten minutes on 2
-        # cores. Its tool calls are well-formed but name tools of its own.
-        copy_steps=0,
-        warmup_steps=300,
-        tool_batch=8,
-        cycle=("tool", "demo", "demo"),
-        lr_decay=0.0,
+        warmup_lr=1e-3,
+    ),
+    # calls the tools a request lists, names it never saw included (tests/server/test_embedded.py)
+    "tools": EmbeddedSpec(
+        name="agentjet-tools",
+        # a key/value head per query head: with two shared ones (grouped-query attention) it copied
+        # tool names out of the request less often (probability of the name 0.60 against 0.85)
+        num_key_value_heads=4,
+        recipe="copy",
+        copy_steps=2000,
+        warmup_steps=1500,
+        warmup_lr=1e-3,  # at 3e-3 these models never learn to copy anything out of the prompt
     ),
 }
 
@@ -209,6 +214,91 @@ def build_tokenizer(vocab_size: int, seed: int) -> Any:
     return tokenizer
 
 
+WARMUP_TOOLS = [("get_weather", "city"), ("add", "x"), ("lookup", "key"), ("square", "n")]
+
+
+def _tool_example(rng: random.Random) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
+    """A request with tools, and the call the model should answer it with."""
+    chosen = rng.sample(WARMUP_TOOLS, k=rng.randint(1, 2))
+    tools: list[dict[str, object]] = [
+        {
+            "type": "function",
+            "function": {"name": name, "parameters": {"type": "object", "properties": {arg: {"type": "integer"}}}},
+        }
+        for name, arg in chosen
+    ]
+    name, arg = rng.choice(chosen)
+    question = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))) + "?"
+    call = (
+        '<tool_call>{"name": "' + name + '", "arguments": {"' + arg + '": ' + str(rng.randrange(10)) + "}}</tool_call>"
+    )
+    return [{"role": "user", "content": question}], tools, call
+
+
+def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[[str], None]) -> float:
+    """Supervised warm-up on formats only: no demo answer is taught.
+
+    Demo prompts are trained towards *random* digits (one digit, then ``<|im_end|>``), so the
+    model answers in the right shape at chance level and RL has to find which digit is right. A
+    share of requests carry tools and are trained to answer with a well-formed ``<tool_call>``,
+    so tool-calling agents get parseable calls from the start.
+    """
+    import torch
+
+    tok: Any = tokenizer
+    rng = random.Random(spec.seed)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    demo_prompts = {
+        prompt: tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for kind in spec.tasks
+        for prompt, _ in demo_tasks(kind)
+    }
+    right = {prompt: answer for kind in spec.prior_kinds for prompt, answer in demo_tasks(kind)}
+    tool_pool = []  # rendered once: chat-template rendering costs more than a training step
+    for _ in range(256):
+        messages, tools, call = _tool_example(rng)
+        prompt = tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        tool_pool.append((list(prompt), [*tok.encode(call, add_special_tokens=False), im_end]))
+    digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr)
+    steps = spec.warmup_steps
+    loss_value = float("nan")
+    model.train()
+    for step in range(steps):
+        seqs, labels = [], []
+        # tool prompts are long: they get their own small batches so short ones aren't padded to them
+        tool_step = step % spec.tool_every == 0
+        for _ in range(8 if tool_step else spec.warmup_batch):
+            if tool_step:
+                prompt, target = rng.choice(tool_pool)
+            else:
+                text = rng.choice(list(demo_prompts))
+                prompt = demo_prompts[text]
+                if text in right and (step < spec.prior_steps or rng.random() < spec.prior_share):
+                    target = [tok.convert_tokens_to_ids(right[text]), im_end]
+                else:
+                    target = [rng.choice(digit_ids), im_end]
+            seqs.append(list(prompt) + target)
+            labels.append([-100] * len(prompt) + target)
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
+        lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        out = model(input_ids=ids, attention_mask=mask, labels=lab)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        loss_value = float(out.loss.detach())
+        if step % 50 == 0 or step == steps - 1:
+            progress(f"warm-up step {step + 1}/{steps}  loss {loss_value:.3f}")
+    model.eval()
+    return loss_value
+
+
 # names the warm-up gives its tools and parameters are built from these words (``_WORDS`` without
 # the short ones); what it learns is to copy whatever names a request lists, not these names
 _NAME_WORDS = [w for w in _WORDS if w.isalpha() and len(w) >= 2]
@@ -226,7 +316,9 @@ def _random_name(rng: random.Random, pieces: list[str]) -> str:
     return "_".join(parts)
 
 
-def _tool_example(rng: random.Random, pieces: list[str]) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
+def _random_tool_example(
+    rng: random.Random, pieces: list[str]
+) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
     """A request listing one to three tools with random names, and the call it is answered with:
     one of the listed tools by its listed name, with its listed parameters. Integer arguments take
     the question's numbers when it has some."""
@@ -285,7 +377,7 @@ def _copy_batch(rng: random.Random, token_ids: list[int], size: int) -> tuple[li
     return seqs, labels
 
 
-def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[[str], None]) -> float:
+def _warm_up_to_copy(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[[str], None]) -> float:
     """Supervised warm-up on formats only: no demo answer is taught.
 
     First the model learns to copy (random token runs repeated, until its loss on the repeats
@@ -343,12 +435,13 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
         for group in optimizer.param_groups:
             group["lr"] = spec.warmup_lr * (1 - spec.lr_decay * step / steps)
         kind = spec.cycle[step % len(spec.cycle)]
-        seqs, labels = [], []
+        seqs: list[list[int]] = []
+        labels: list[list[int]] = []
         if kind == "copy":
             seqs, labels = _copy_batch(rng, plain_ids, spec.warmup_batch)
         elif kind == "tool":
             for _ in range(spec.tool_batch):
-                messages, tools, call = _tool_example(rng, pieces)
+                messages, tools, call = _random_tool_example(rng, pieces)
                 prompt = tok.apply_chat_template(
                     messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
@@ -419,7 +512,7 @@ def ensure_embedded_model(
     model = Qwen2ForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
     say(f"{size} Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
-    loss = _warm_up(model, tokenizer, spec, say)
+    loss = (_warm_up_to_copy if spec.recipe == "copy" else _warm_up)(model, tokenizer, spec, say)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:

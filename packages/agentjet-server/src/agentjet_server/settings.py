@@ -45,7 +45,7 @@ class ServerSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     model: Path | None = Field(default=None, description="local HF model dir; None = embedded default")
     model_name: str | None = None
-    model_size: Literal["tiny", "small"] = Field(
+    model_size: Literal["tiny", "small", "tools"] = Field(
         default="tiny", description="size of the embedded model when no --model is given"
     )
     state_dir: Path = Path(".agentjet/server")
