@@ -3,12 +3,13 @@ calls that copy the names a request lists, names its warm-up never used."""
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentjet_server.embedded import _NAME_WORDS, NUMBER_WORDS
-from tests.conftest import CACHE
+from tests.conftest import CACHE, ServerProcess
 
 # tools as real agents list them: none of these names is made of the warm-up's name words only, so
 # the model can only get them right by copying them out of the request
@@ -146,3 +147,24 @@ def test_demo_answers_are_one_digit_at_chance(loaded: tuple[Any, Any]) -> None:
         on_right.append(float(probs[digits[i]]))
     assert min(on_digits) > 0.9, on_digits  # the format is taught
     assert 0.03 < sum(on_right) / 10 < 0.25, on_right  # the answers are not: RL finds them
+
+
+def test_served_by_agentjet_server_up_its_calls_name_the_listed_tools(loaded: tuple[Any, Any], tmp_path: Path) -> None:
+    """``agentjet-server up --model-size tools`` serves it; the OpenAI SDK gets parsed calls to the
+    tools it listed (greedy, so the rate is the one measured above)."""
+    from openai import OpenAI
+
+    server = ServerProcess(["--model-size", "tools"], tmp_path / "server.log")
+    try:
+        sdk = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        assert [m.id for m in sdk.models.list().data] == ["agentjet-tools"]
+        named = 0
+        for name, params in HELD_OUT:
+            reply = sdk.chat.completions.create(
+                model="agentjet-tools", messages=ASK, tools=spec_of(name, params), max_tokens=48, temperature=0.0
+            )
+            calls = reply.choices[0].message.tool_calls or []
+            named += any(call.function.name == name for call in calls)
+        assert named >= MIN_NAMED, named
+    finally:
+        server.stop()
