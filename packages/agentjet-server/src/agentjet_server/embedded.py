@@ -235,6 +235,48 @@ def _tool_example(rng: random.Random) -> tuple[list[dict[str, str]], list[dict[s
     return [{"role": "user", "content": question}], tools, call
 
 
+def _demo_prompts(tok: Any, spec: EmbeddedSpec) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The rendered demo prompts the warm-up teaches the format of, and the right answers of those
+    with a prior."""
+    prompts = {
+        prompt: list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for kind in spec.tasks
+        for prompt, _ in demo_tasks(kind)
+    }
+    right = {prompt: answer for kind in spec.prior_kinds for prompt, answer in demo_tasks(kind)}
+    return prompts, right
+
+
+def _demo_example(
+    rng: random.Random, tok: Any, prompts: dict[str, list[int]], right: dict[str, str], spec: EmbeddedSpec, step: int
+) -> tuple[list[int], list[int]]:
+    """A demo prompt and its target: one digit, random unless the prompt's prior says the right one."""
+    text = rng.choice(list(prompts))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    if text in right and (step < spec.prior_steps or rng.random() < spec.prior_share):
+        return prompts[text], [tok.convert_tokens_to_ids(right[text]), im_end]
+    return prompts[text], [rng.choice([tok.convert_tokens_to_ids(str(d)) for d in range(10)]), im_end]
+
+
+def _train_step(model: Any, optimizer: Any, tok: Any, seqs: list[list[int]], labels: list[list[int]]) -> float:
+    """One supervised step on right-padded sequences; returns the loss."""
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
+    lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    out = model(input_ids=ids, attention_mask=mask, labels=lab)
+    optimizer.zero_grad()
+    out.loss.backward()
+    optimizer.step()
+    return float(out.loss.detach())
+
+
 def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[[str], None]) -> float:
     """Supervised warm-up on formats only: no demo answer is taught.
 
@@ -248,14 +290,7 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
     tok: Any = tokenizer
     rng = random.Random(spec.seed)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    demo_prompts = {
-        prompt: tok.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        for kind in spec.tasks
-        for prompt, _ in demo_tasks(kind)
-    }
-    right = {prompt: answer for kind in spec.prior_kinds for prompt, answer in demo_tasks(kind)}
+    demo_prompts, right = _demo_prompts(tok, spec)
     tool_pool = []  # rendered once: chat-template rendering costs more than a training step
     for _ in range(256):
         messages, tools, call = _tool_example(rng)
@@ -263,7 +298,6 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
             messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
         )
         tool_pool.append((list(prompt), [*tok.encode(call, add_special_tokens=False), im_end]))
-    digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr)
     steps = spec.warmup_steps
     loss_value = float("nan")
@@ -276,23 +310,10 @@ def _warm_up(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: Callable[
             if tool_step:
                 prompt, target = rng.choice(tool_pool)
             else:
-                text = rng.choice(list(demo_prompts))
-                prompt = demo_prompts[text]
-                if text in right and (step < spec.prior_steps or rng.random() < spec.prior_share):
-                    target = [tok.convert_tokens_to_ids(right[text]), im_end]
-                else:
-                    target = [rng.choice(digit_ids), im_end]
+                prompt, target = _demo_example(rng, tok, demo_prompts, right, spec, step)
             seqs.append(list(prompt) + target)
             labels.append([-100] * len(prompt) + target)
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
-        lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        out = model(input_ids=ids, attention_mask=mask, labels=lab)
-        optimizer.zero_grad()
-        out.loss.backward()
-        optimizer.step()
-        loss_value = float(out.loss.detach())
+        loss_value = _train_step(model, optimizer, tok, seqs, labels)
         if step % 50 == 0 or step == steps - 1:
             progress(f"warm-up step {step + 1}/{steps}  loss {loss_value:.3f}")
     model.eval()
@@ -392,15 +413,7 @@ def _warm_up_to_copy(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: C
     tok: Any = tokenizer
     rng = random.Random(spec.seed)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    demo_prompts = {
-        prompt: tok.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        for kind in spec.tasks
-        for prompt, _ in demo_tasks(kind)
-    }
-    right = {prompt: answer for kind in spec.prior_kinds for prompt, answer in demo_tasks(kind)}
-    digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
+    demo_prompts, right = _demo_prompts(tok, spec)
     special = set(tok.all_special_ids) | set(tok.convert_tokens_to_ids(EXTRA_TOKENS))
     plain_ids = [i for i in range(len(tok)) if i not in special]
     pieces = sorted(t for t in tok.get_vocab() if t.isascii() and t.isalpha() and t.islower())
@@ -408,15 +421,7 @@ def _warm_up_to_copy(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: C
     model.train()
 
     def train_on(seqs: list[list[int]], labels: list[list[int]]) -> float:
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
-        lab = torch.tensor([s + [-100] * (width - len(s)) for s in labels])
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        out = model(input_ids=ids, attention_mask=mask, labels=lab)
-        optimizer.zero_grad()
-        out.loss.backward()
-        optimizer.step()
-        return float(out.loss.detach())
+        return _train_step(model, optimizer, tok, seqs, labels)
 
     recent: list[float] = []
     for step in range(spec.copy_steps):
@@ -450,12 +455,7 @@ def _warm_up_to_copy(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: C
                 labels.append([-100] * len(prompt) + target)
         else:
             for _ in range(spec.warmup_batch):
-                text = rng.choice(list(demo_prompts))
-                prompt = demo_prompts[text]
-                if text in right and (step < spec.prior_steps or rng.random() < spec.prior_share):
-                    target = [tok.convert_tokens_to_ids(right[text]), im_end]
-                else:
-                    target = [rng.choice(digit_ids), im_end]
+                prompt, target = _demo_example(rng, tok, demo_prompts, right, spec, step)
                 seqs.append(list(prompt) + target)
                 labels.append([-100] * len(prompt) + target)
         loss_value = train_on(seqs, labels)
