@@ -68,6 +68,15 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tools_model_dir() -> Path:
+    """The ``tools`` embedded model (``--model-size tools``): about 4 minutes to build the first time,
+    so a test builds it here before a server it starts would wait on the build."""
+    from agentjet_server.embedded import ensure_embedded_model
+
+    return ensure_embedded_model(CACHE, size="tools")
+
+
+@pytest.fixture(scope="session")
 def client_only_python() -> Path:
     """A second interpreter: a venv holding agentjet-client (editable) and its dependencies only
     (no numpy, no torch), for code dirs that run in their own interpreter. Built once, cached."""

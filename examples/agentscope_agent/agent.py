@@ -1,6 +1,7 @@
 """An AgentScope 2.x agent with a toolkit, unchanged except for where its model comes from.
 
     pip install 'agentjet-client[agentscope]'
+    agentjet-server up --port 8000 --model-size tools --lr 5e-4   # the embedded model that calls the listed tools
     agentjet-client run --code-dir examples/agentscope_agent --server http://127.0.0.1:8000 --episodes 640
 
 ``episode.agentscope()`` is AgentScope's own ``OpenAIChatModel`` (streaming, as AgentScope does by

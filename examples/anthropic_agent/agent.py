@@ -1,6 +1,7 @@
 """An agent written for Claude: the Anthropic SDK's Messages API in the usual tool loop (``tools``,
 ``tool_use`` blocks, ``tool_result`` blocks), unchanged; the episode hands it a captured client.
 
+    agentjet-server up --port 8000 --model-size tools --lr 5e-4   # the embedded model that calls the listed tools
     agentjet-client run --code-dir examples/anthropic_agent --server http://127.0.0.1:8000 --episodes 640
 
 The server reads each request's content blocks as the chat conversation they are and answers in

@@ -1,6 +1,7 @@
 """A LangChain tool-calling agent, unchanged except for where its model comes from.
 
     pip install 'agentjet-client[langchain]'
+    agentjet-server up --port 8000 --model-size tools --lr 5e-4   # the embedded model that calls the listed tools
     agentjet-client run --code-dir examples/langchain_agent --server http://127.0.0.1:8000 --episodes 640
 
 ``episode.langchain()`` is a ``ChatOpenAI`` pointed at the episode's capture proxy: ``bind_tools``,

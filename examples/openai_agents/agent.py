@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK on its default model, which speaks the Responses API: an ``Agent`` with a
 function tool, run by ``Runner.run`` unchanged; the episode hands it a captured ``AsyncOpenAI``.
 
+    agentjet-server up --port 8000 --model-size tools --lr 5e-4   # the embedded model that calls the listed tools
     agentjet-client run --code-dir examples/openai_agents --server http://127.0.0.1:8000 --episodes 640
 
 The SDK sends each turn's whole conversation as Responses items (messages, ``function_call`` and

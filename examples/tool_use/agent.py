@@ -1,6 +1,7 @@
 """Multi-turn tool use with the unmodified OpenAI SDK: the model may call ``add``, gets the result
 back as a tool message, and answers; up to four calls per episode.
 
+    agentjet-server up --port 8000 --model-size tools --lr 5e-4   # the embedded model that calls the listed tools
     agentjet-client run --code-dir examples/tool_use --server http://127.0.0.1:8000 --episodes 640
 
 Reward: 0.5 for calling ``add`` with the task's numbers, 0.5 for a final answer that contains the

@@ -23,9 +23,10 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").iterdir() if (p / "agent.py").exists())
 
 
-# openai_agents is not here: the Agents SDK ends a run whose model calls a tool the agent lacks, and the
-# embedded model mostly calls its warm-up tools' names, so a tool result goes back in only a few runs
-USES_TOOLS = {"tool_use", "langchain_agent", "agentscope_agent", "anthropic_agent"}
+# these run on the embedded model that calls the tools a request lists (``--model-size tools``), as
+# docs/guide.md tells users to; on the tiny model, which calls its own warm-up tools' names, the Agents
+# SDK ends most runs at the first call (the agent has no such tool) and no tool result goes back
+USES_TOOLS = {"tool_use", "langchain_agent", "agentscope_agent", "anthropic_agent", "openai_agents"}
 # twelve GRPO groups of 8: a group whose rewards are all equal has no signal and its step is skipped,
 # and the untrained embedded model earns a reward rarely (digits about 1 in 10, AgentScope's adder
 # about 1 in 16), so six groups sometimes gave no step at all
@@ -74,15 +75,18 @@ def continues(later: Turn, earlier: Turn) -> bool:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_runs_and_does_not_drift(example, tmp_path, model_dir):
+def test_example_runs_and_does_not_drift(example, tmp_path, request):
     if example.name == "node_fetch" and shutil.which("node") is None:
         pytest.skip("the JavaScript example needs Node.js 18+ (node) on PATH")
     if example.name == "curl_shell" and not (shutil.which("curl") and shutil.which("jq")):
         pytest.skip("the shell example needs curl and jq on PATH")
     state = tmp_path / "state"
     episodes = EPISODES
+    tools = example.name in USES_TOOLS
+    model_dir = request.getfixturevalue("tools_model_dir" if tools else "model_dir")
     # a batch per GRPO group: twelve chances of a group whose rewards differ
-    server = ServerProcess(["--batch-groups", "1", "--group-size", "8", "--state-dir", str(state)], tmp_path / "s.log")
+    args = ["--batch-groups", "1", "--group-size", "8", "--state-dir", str(state)]
+    server = ServerProcess([*args, "--model-size", "tools"] if tools else args, tmp_path / "s.log")
     try:
         exe = str(Path(sys.executable).parent / "agentjet-client")
         command = [exe, "run", "--code-dir", str(example), "--server", server.url, "--episodes", str(episodes)]
@@ -128,7 +132,7 @@ def test_example_runs_and_does_not_drift(example, tmp_path, model_dir):
     for trajectory in trajectories:
         assert_trains_exactly_the_sampled_tokens(trajectory)
     tool_turns = sum(answers_tool_calls(t.request_messages) for tr in trajectories for t in tr.turns)
-    if example.name in USES_TOOLS:  # tool calls made it round: a call's result went back to the model
+    if tools:  # tool calls made it round: a call's result went back to the model
         assert tool_turns > 0
     print(
         f"{example.name}: {len(trajectories)} episodes accepted, policy v{status['policy_version']}, "

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentjet_server.embedded import _NAME_WORDS, NUMBER_WORDS
-from tests.conftest import CACHE, ServerProcess
+from tests.conftest import ServerProcess
 
 # tools as real agents list them: none of these names is made of the warm-up's name words only, so
 # the model can only get them right by copying them out of the request
@@ -51,12 +51,10 @@ def spec_of(name: str, params: list[str]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def loaded() -> tuple[Any, Any]:
+def loaded(tools_model_dir: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from agentjet_server.embedded import ensure_embedded_model
-
-    model_dir = ensure_embedded_model(CACHE, size="tools")  # about 4 minutes the first time
+    model_dir = tools_model_dir
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
     return tokenizer, AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
