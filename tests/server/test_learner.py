@@ -1,5 +1,7 @@
 """A real GRPO step on the tiny model: parameters change, the loss moves, the right answer gains."""
 
+import statistics
+
 import pytest
 import torch
 
@@ -194,7 +196,7 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
     _, group = make_group(tok, model, "What is 3 + 4?", 7, 0)
     batch = build_batch([group], algorithm="ppo")
     errors = []
-    for _ in range(30):
+    for _ in range(60):
         plan, _ = learner._plan(batch.sequences)
         learner.prepare(plan, None)
         micro = [m for mini in plan for m in mini.micro]
@@ -202,9 +204,13 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
         assert abs(float(advantages.mean())) < 1e-5 and abs(float(advantages.std(unbiased=False)) - 1) < 1e-3
         stats = learner.step(batch)
         errors.append(stats.extra["value_error"])
-    # the value head fits the returns, down to what the prompt alone cannot tell apart (~0.045; it
-    # wanders on the way: the last steps are averaged)
-    assert sum(errors[-5:]) / 5 < 0.6 * errors[0], errors
+    # the value head fits the returns down to what the prompt alone cannot tell apart: at the digit
+    # every sequence has seen the same prompt, so the best value there is the mean reward (error: the
+    # rewards' variance); at the end token the digit is known (error 0). Half the variance, averaged
+    # over the two positions (0.045 here). It wanders on the way (0.05-0.08 from step 18 to 30 on the
+    # tiny model); by step 40 both embedded models sit within 5% of it.
+    floor = statistics.pvariance([t.reward for t in group]) / 2
+    assert errors[0] > 1.5 * floor and sum(errors[-5:]) / 5 < 1.2 * floor, (floor, errors)
 
 
 def _naive_gae(rewards, values, gamma, lam):
