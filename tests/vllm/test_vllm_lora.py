@@ -87,10 +87,15 @@ def test_vllm_serves_the_adapter_with_the_learners_logprobs_and_per_request_vers
         engine.close()
 
 
+# a prompt the run trains on: how far the adapter moved the model is measured where it learned
+# ("Say something." moved by 0.002-0.01 only, depending on the run: too close to call)
+TRAINED_ASK = [{"role": "user", "content": "Write three as a digit."}]
+
+
 def _probe_logprobs(url: str) -> tuple[list[int], list[int], list[float], list[int]]:
     import httpx2
 
-    body = {"model": "agentjet-tiny", "messages": ASK, "max_tokens": 12, "seed": 5}
+    body = {"model": "agentjet-tiny", "messages": TRAINED_ASK, "max_tokens": 12, "seed": 5}
     reply = httpx2.post(url + "/v1/chat/completions", json=body, timeout=60).json()
     ext = reply["choices"][0]["agentjet"]
     return ext["prompt_token_ids"], ext["completion_token_ids"], ext["completion_logprobs"], ext["completion_versions"]
