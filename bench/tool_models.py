@@ -1,6 +1,6 @@
 """The tool examples trained on each embedded model, side by side on the same episodes.
 
-    python bench/tool_models.py         # tool_use and openai_agents, 640 episodes each; ~20 min on 2 cores
+    python bench/tool_models.py   # tool_use and openai_agents, 1,280 episodes each: ~6 min on 2 cores (+ first builds)
     python bench/tool_models.py --examples tool_use --episodes 320
 
 For each example and each model (``tiny``: warm-up tools ``get_weather``, ``add(x)``, ``lookup``,
@@ -97,7 +97,7 @@ def one_run(example: str, size: str, episodes: int, port: int) -> dict[str, obje
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", default="tool_use,openai_agents", help="examples/ directories (comma-separated)")
-    parser.add_argument("--episodes", type=int, default=640)
+    parser.add_argument("--episodes", type=int, default=1280)
     parser.add_argument("--port", type=int, default=8771)
     args = parser.parse_args()
     from agentjet_server.embedded import ensure_embedded_model
