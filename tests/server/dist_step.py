@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--algorithm", default="grpo", help="grpo | ppo")
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--mini-batches", type=int, default=1)
+    parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload (one process too)")
     parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
     ctx = distributed.init_from_env(args.device)
@@ -85,6 +86,7 @@ def main() -> None:
         algorithm=args.algorithm,
         kl_coef=args.kl_coef,
         mini_batches=args.mini_batches,
+        cpu_offload=args.cpu_offload,
     )
     groups = [fixed_groups(model, args.groups, 5, seed=step) for step in range(args.steps)]
     batches = [build_batch(g, algorithm=args.algorithm) for g in groups]

@@ -51,6 +51,9 @@ def test_partition_balances_tokens_and_keeps_every_micro_batch():
         (["--algorithm", "ppo", "--micro-batch-tokens", "60"], 1e-4),
         # the KL penalty against a frozen reference on every rank, truncated IS, two optimizer steps per batch
         (["--kl-coef", "0.1", "--off-policy", "tis", "--mini-batches", "2"], 1e-4),
+        # FSDP2 CPU offload on both sides (alone: a process group of one), dense trees as when sharded;
+        # the default objective, so its 1e-4 (1.06e-5 measured)
+        (["--cpu-offload", "--tree-attention", "dense"], 1e-4),
     ],
 )
 def test_two_process_fsdp_step_equals_single_process(model_dir, tmp_path, extra, weight_tol):

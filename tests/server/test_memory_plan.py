@@ -3,6 +3,7 @@ learner's precision and checkpointing options against fp32 numerics."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def test_the_shape_comes_from_the_config_alone(seven_b):
 
 def test_a_7b_model_on_one_gpu_is_refused_in_fp32_and_the_named_flags_make_it_fit(seven_b):
     shape = ModelShape.from_pretrained(seven_b)
-    gpu = {"cuda:0": 141 * GIB}
+    gpu = {"cuda:0": 141 * GIB, "cpu": 64 * GIB}
     layout = Layout(engine="vllm", engine_device="cuda:0", learner_device="cuda:0", engine_dtype="bfloat16")
     fp32 = plan(shape, layout, gpu)
     assert not fp32.fits
@@ -74,11 +75,92 @@ def test_a_7b_model_on_one_gpu_is_refused_in_fp32_and_the_named_flags_make_it_fi
     for flag in flags:
         changes.update(fixed[flag])
     assert plan(shape, replace(layout, **changes), gpu).fits
-    # no flag makes it fit an 80 GB card (offloading would); separate devices halve what each holds
-    assert remedies(shape, layout, {"cuda:0": 80 * GIB}) is None
+    # on an 80 GB card: offloading the learner's fp32 state to host memory (122 GB of it) where the
+    # host has the memory, else all-bf16 with the engine asleep during steps; and nothing fits 16 GB
+    assert remedies(shape, layout, {"cuda:0": 80 * GIB, "cpu": 512 * GIB}) == [
+        "--gradient-checkpointing",
+        "--cpu-offload",
+    ]
+    assert remedies(shape, layout, {"cuda:0": 80 * GIB, "cpu": 64 * GIB}) == [
+        "--gradient-checkpointing",
+        "--learner-dtype bfloat16 --optimizer-dtype bfloat16",
+        "--engine-sleep",
+    ]
+    assert remedies(shape, layout, {"cuda:0": 16 * GIB, "cpu": 64 * GIB}) is None
+    # separate devices halve what each holds
     split = replace(layout, engine_device="cuda:1", **changes)
     both = plan(shape, split, {"cuda:0": 141 * GIB, "cuda:1": 141 * GIB})
     assert [d.device for d in both.devices] == ["cuda:1", "cuda:0"] and both.fits
+
+
+def _by_name(device) -> dict[str, int]:
+    return {i.name: i.bytes for i in device.items}
+
+
+def test_cpu_offload_moves_the_learners_state_to_host_memory(seven_b):
+    shape = ModelShape.from_pretrained(seven_b)
+    layout = Layout(
+        engine="vllm",
+        engine_device="cuda:0",
+        learner_device="cuda:0",
+        engine_dtype="bfloat16",
+        learner_dtype="bfloat16",
+        optimizer_dtype="bfloat16",
+        gradient_checkpointing=True,
+    )
+    machine = {"cuda:0": 48 * GIB, "cpu": 512 * GIB}
+    assert not plan(shape, layout, machine).fits and remedies(shape, layout, machine) == ["--cpu-offload"]
+    offloaded = plan(shape, replace(layout, cpu_offload=True), machine)
+    assert offloaded.fits and [d.device for d in offloaded.devices] == ["cuda:0", "cpu"]
+    gpu, host = _by_name(offloaded.devices[0]), _by_name(offloaded.devices[1])
+    p = shape.parameters
+    assert host["learner weights"] == 2 * p and host["gradients"] == 2 * p and host["AdamW state"] == 4 * p
+    assert not {"learner weights", "gradients", "AdamW state"} & set(gpu)
+    # on the device: the root (embeddings and head, 1.1B of 7.6B) and two of the 28 layers at a time
+    assert 0.15 * 2 * p < gpu["gathered weights"] < 0.25 * 2 * p
+    # vLLM gets what the learner no longer holds on the device
+    assert offloaded.layout.gpu_memory_utilization > plan(shape, layout, machine).layout.gpu_memory_utilization + 0.3
+    # the host must hold it all: every learner rank of the machine has its shard there
+    assert not plan(shape, replace(layout, cpu_offload=True), {"cuda:0": 48 * GIB, "cpu": 32 * GIB}).fits
+    eight = plan(shape, replace(layout, cpu_offload=True, learner_ranks=8, local_ranks=8), machine)
+    assert _by_name(eight.devices[1])["AdamW state"] == host["AdamW state"]
+    assert _by_name(eight.devices[0])["gathered weights"] == gpu["gathered weights"]  # gathered whole on each rank
+    # a learner on the CPU has nothing to offload to: the flag is never suggested there
+    assert "--cpu-offload" not in (remedies(shape, Layout(), {"cpu": 64 * GIB}) or [])
+
+
+def test_engine_sleep_plans_the_larger_of_serving_and_stepping_not_their_sum(seven_b):
+    shape = ModelShape.from_pretrained(seven_b)
+    layout = Layout(
+        engine="vllm",
+        engine_device="cuda:0",
+        learner_device="cuda:0",
+        engine_dtype="bfloat16",
+        learner_dtype="bfloat16",
+        optimizer_dtype="bfloat16",
+        gradient_checkpointing=True,
+    )
+    machine = {"cuda:0": 80 * GIB, "cpu": 512 * GIB}
+    awake = plan(shape, layout, machine)
+    assert not awake.fits and remedies(shape, layout, machine) == ["--engine-sleep"]
+    asleep = plan(shape, replace(layout, engine_sleep=True), machine)
+    assert asleep.fits
+    device = asleep.devices[0]
+    always = sum(i.bytes for i in device.items if not i.phase)
+    serving = sum(i.bytes for i in device.items if i.phase == "serving")
+    step = sum(i.bytes for i in device.items if i.phase == "step")
+    assert {i.name for i in device.items if i.phase == "serving"} == {"engine weights", "engine KV cache"}
+    assert {"gradients", "activations", "engine while asleep"} <= {i.name for i in device.items if i.phase == "step"}
+    assert device.total == always + max(serving, step) < always + serving + step
+    # the KV cache gets what the learner needs only while it steps
+    assert asleep.layout.gpu_memory_utilization > awake.layout.gpu_memory_utilization + 0.2
+    assert "freed while the learner steps" in asleep.describe() and "only during a step" in asleep.describe()
+    # on a device of its own the engine is never in the learner's way: the flag changes nothing there
+    split = replace(layout, engine_device="cuda:1")
+    assert remedies(shape, split, {"cuda:0": 20 * GIB, "cuda:1": 80 * GIB, "cpu": 512 * GIB}) == ["--cpu-offload"]
+    # nor with the transformers engine (it has no sleep mode)
+    hf = replace(layout, engine="transformers")
+    assert "--engine-sleep" not in (remedies(shape, hf, machine) or [])
 
 
 def test_sharding_divides_weights_gradients_and_optimizer_state_by_the_ranks(seven_b):
@@ -126,6 +208,10 @@ def test_settings_refuse_contradictory_memory_flags(tmp_path):
         ServerSettings(gpu_memory_utilization=0.5)
     with pytest.raises(ValueError, match="one device"):
         ServerSettings(engine_devices="cuda:0,cuda:1")
+    with pytest.raises(ValueError, match="add --engine vllm"):
+        ServerSettings(engine_sleep=True)
+    with pytest.raises(ValueError, match="leave one of them out"):
+        ServerSettings(engine="vllm", engine_sleep=True, engine_replicas=2)
 
 
 def test_under_torchrun_rank_0_plans_the_engine_on_its_device_and_the_other_ranks_only_their_shard(seven_b):
@@ -227,3 +313,75 @@ def test_bf16_learner_agrees_with_fp32_within_bf16_precision(model_dir):
     # the fp32-master step moves the weights as fp32 does, to within bf16's resolution of the gradient
     moved = [(a - b).abs().max() for a, b in zip(auto.model.parameters(), fp32.model.parameters(), strict=True)]
     assert max(moved) < 2e-3  # lr 1e-3: a sign flip of one update would show as 2e-3
+
+
+def test_cpu_offload_steps_like_the_plain_learner_and_its_checkpoints_load_either_way(model_dir):
+    """--cpu-offload alone: FSDP2 over a process group of one, its state in host memory (on CPU the
+    same memory, so what is checked here is the numerics and the checkpoint, not the placement)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    plain_config = LearnerConfig(lr=1e-3, tree_attention="dense")
+    offload_config = LearnerConfig(lr=1e-3, cpu_offload=True)
+    try:
+        plain, plain_loss = _step(model_dir, plain_config)
+        offload, offload_loss = _step(model_dir, offload_config)
+        assert offload.sharded and not plain.sharded and dist.get_world_size() == 1
+        assert all(hasattr(p, "full_tensor") for p in offload.model.parameters())  # FSDP's sharded tensors
+        assert abs(plain_loss - offload_loss) < 1e-6
+        batch = _batch(int(plain.model.config.vocab_size))
+
+        def apart(a: Learner, b: Learner) -> float:
+            x, y = a.full_state_dict(), b.full_state_dict()
+            assert x.keys() == y.keys()
+            return max(float((x[k] - y[k]).abs().max()) for k in x)
+
+        plain.step(batch)
+        offload.step(batch)
+        assert apart(plain, offload) < 1e-6
+        before = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+        moved = offload.full_state_dict()
+        assert max(float((moved[k] - before[k]).abs().max()) for k in before if k in moved) > 1e-4
+        # an offloaded learner's checkpoint resumes a plain one, and the other way round, exactly (a
+        # copy, as from disk: the state's tensors are the live optimizer's, which the source goes on with)
+        for source, config in ((offload, plain_config), (plain, offload_config)):
+            resumed = Learner(AutoModelForCausalLM.from_pretrained(model_dir), config, pad_id=0)
+            resumed.load_training_state(copy.deepcopy(source.training_state()))
+            assert resumed.steps == 2 and apart(resumed, source) == 0.0
+            resumed.step(batch)
+            source.step(batch)
+            assert apart(resumed, source) < 1e-6
+        offload.release_gradients()
+        assert all(p.grad is None for p in offload.model.parameters())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+def test_up_with_cpu_offload_trains_checkpoints_and_resumes(model_dir, tmp_path):
+    """``agentjet-server up --cpu-offload`` in one process: FSDP2 over a group of one, trained by a
+    client run, a checkpoint on stop that a resumed server (offloaded again) continues from."""
+    from tests.conftest import ServerProcess, run_digits_client
+
+    state = tmp_path / "state"
+    args = ["--cpu-offload", "--batch-groups", "2", "--group-size", "8", "--state-dir", str(state)]
+    server = ServerProcess(args, tmp_path / "server.log")
+    try:
+        run_digits_client(server.url, 96, 8)
+        status = server.wait_trained()
+        # 6 batches; one whose groups all tie (about 1 in 4 this early) is skipped, not stepped on
+        trained = status["policy_version"]
+        assert trained >= 1 and status["learner"]["last_error"] is None
+    finally:
+        server.stop()
+    log = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in log and "terminate called" not in log
+    resumed = ServerProcess([*args, "--resume"], tmp_path / "resumed.log")
+    try:
+        assert resumed.status()["policy_version"] == trained
+        run_digits_client(resumed.url, 96, 8)
+        status = resumed.wait_trained()
+        assert status["policy_version"] > trained and status["learner"]["last_error"] is None
+    finally:
+        resumed.stop()

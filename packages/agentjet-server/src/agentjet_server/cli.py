@@ -132,6 +132,20 @@ def up(
     gradient_checkpointing: Annotated[
         bool, typer.Option(help="keep only each layer's input and recompute the rest in the backward pass")
     ] = False,
+    cpu_offload: Annotated[
+        bool,
+        typer.Option(
+            help="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
+            "optimizer step on the CPU (slower steps, a fraction of the GPU memory)"
+        ),
+    ] = False,
+    engine_sleep: Annotated[
+        bool,
+        typer.Option(
+            help="vLLM's sleep mode: during each learner step the engine frees its KV cache and moves its "
+            "weights to host memory; serving pauses until the new weights are in"
+        ),
+    ] = False,
     lora_rank: Annotated[
         int, typer.Option(help="train a LoRA adapter of this rank on the frozen model (0: train every weight)")
     ] = 0,
@@ -416,6 +430,8 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
             options["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if settings.tensor_parallel_size > 1:
             options["tensor_parallel_size"] = settings.tensor_parallel_size
+        if settings.engine_sleep:
+            options["sleep_mode"] = True
         # vLLM in this process serves a LoRA adapter through its LoRA support (replicas and torchrun's
         # engine process take the merged weights); it starts from the base model, and on --resume
         # the runtime gives it the checkpoint's adapter

@@ -80,6 +80,7 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         advantage_norm=settings.advantage_norm,
         compute_dtype=settings.learner_dtype,
         gradient_checkpointing=settings.gradient_checkpointing,
+        cpu_offload=settings.cpu_offload,
         micro_batch_tokens=settings.micro_batch_tokens,
         lora=(
             LoraSpec(

@@ -15,6 +15,13 @@ model built on the meta device, no weights read):
   mask's attention, and the output head's logits at trained tokens;
 - a fixed runtime overhead per process (torch's own allocations, or the CUDA context).
 
+Two flags change where and when things are held. ``--cpu-offload`` (FSDP2's CPU offload) moves the
+learner's weights, gradients and AdamW state to host memory; the GPU keeps the layers being computed
+(the root's weights and two decoder layers, their gradients) and the activations. ``--engine-sleep``
+(vLLM's sleep mode) frees the engine's KV cache and moves its weights to host memory while the
+learner steps: on a device both share, the peak is the larger of serving (engine + the learner's
+resident state) and stepping (the learner's all + what a sleeping engine keeps), not their sum.
+
 The per-layer count follows what a Qwen2/Llama-style decoder layer keeps for backward: the inputs of
 both norms and their outputs, q/k/v and the attention output, and the MLP's gate, up, activation and
 product (``10 h + 4 i`` values per token). ``bench/memory.py`` compares the estimate with the
@@ -34,6 +41,10 @@ KV_TOKENS = 2048  # context per concurrent sequence the transformers engine's KV
 DENSE_TREE_MAX = 2048  # as learner.packing: larger trees run chain by chain, without a tree mask
 RUNTIME_OVERHEAD = {"cpu": int(0.35 * GIB), "cuda": int(1.0 * GIB)}  # per process: libraries, CUDA context
 HEADROOM = 0.95  # plan for at most this share of a device (fragmentation, allocator caches)
+# what a vLLM engine keeps on its GPU while it sleeps (level 1 frees the KV cache and moves the
+# weights to host memory; CUDA graphs and small buffers stay): an estimate until bench/gpu.py measures it
+SLEEPING = "engine while asleep"
+SLEEPING_BYTES = int(0.5 * GIB)
 
 DType = Literal["float32", "bfloat16"]
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -96,6 +107,9 @@ class Layout:
     learner_ranks: int = 1  # FSDP2 shards weights, gradients and optimizer state over this many ranks
     engine_replicas: int = 1  # engine processes; on CPU they share the machine's memory
     lora_rank: int = 0  # a LoRA adapter of this rank on every linear layer instead of full fine-tuning
+    cpu_offload: bool = False  # FSDP2 CPU offload: weights, gradients, AdamW state in host memory
+    engine_sleep: bool = False  # vLLM's sleep mode: the engine frees its GPU memory while the learner steps
+    local_ranks: int = 1  # learner ranks on this machine (they share its host memory)
 
 
 @dataclass
@@ -103,6 +117,10 @@ class Item:
     name: str
     bytes: int
     note: str = ""
+    # when it is held: "" always; "serving" only while the engine is awake (it sleeps during steps);
+    # "step" only while the learner steps (gradients, activations, autocast's copies)
+    phase: str = ""
+    host: bool = False  # --cpu-offload: held in host memory instead of on the learner's GPU
 
 
 @dataclass
@@ -113,7 +131,14 @@ class DevicePlan:
 
     @property
     def total(self) -> int:
-        return sum(i.bytes for i in self.items)
+        """The peak: everything held at once, or (an engine that sleeps during steps) the larger of
+        serving and stepping."""
+        always = sum(i.bytes for i in self.items if not i.phase)
+        serving = sum(i.bytes for i in self.items if i.phase == "serving")
+        step = sum(i.bytes for i in self.items if i.phase == "step")
+        if serving and any(i.name == SLEEPING for i in self.items):
+            return always + max(serving, step)
+        return always + serving + step
 
     @property
     def fits(self) -> bool:
@@ -137,8 +162,13 @@ class MemoryPlan:
             lines.append(
                 f"{d.device}: {_gib(d.total)} of {_gib(d.capacity)} planned ({state}; at most {HEADROOM:.0%} is used)"
             )
+            sleeps = any(i.name == SLEEPING for i in d.items)
             for item in d.items:
-                lines.append(f"  {item.name:<22} {_gib(item.bytes):>10}" + (f"  {item.note}" if item.note else ""))
+                note = item.note
+                if sleeps and item.phase:
+                    when = "freed while the learner steps" if item.phase == "serving" else "only during a step"
+                    note = f"{note}; {when}" if note else when
+                lines.append(f"  {item.name:<22} {_gib(item.bytes):>10}" + (f"  {note}" if note else ""))
         return "\n".join(lines)
 
 
@@ -193,19 +223,27 @@ def adapter_parameters(shape: ModelShape, rank: int) -> int:
     return shape.layers * rank * per_layer
 
 
+def layer_parameters(shape: ModelShape) -> int:
+    """Parameters of one decoder layer: attention (with q/k/v biases), the gated MLP, two norms."""
+    h, i = shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    return (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
+
+
 def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
     p = shape.parameters
     ranks = max(1, layout.learner_ranks)
     w = _BYTES[layout.optimizer_dtype]
     compute = _BYTES[layout.learner_dtype]
     shard = f" (1/{ranks} per rank)" if ranks > 1 else ""
+    host = layout.cpu_offload
     if layout.lora_rank:
         a = adapter_parameters(shape, layout.lora_rank)
         items = [
-            Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B, frozen{shard}"),
-            Item("LoRA adapter", a * w // ranks, f"rank {layout.lora_rank}: {a / 1e6:.2f}M parameters"),
-            Item("gradients", a * w // ranks, "the adapter's only"),
-            Item("AdamW state", 2 * a * w // ranks, f"two moments, {layout.optimizer_dtype}"),
+            Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B, frozen{shard}", host=host),
+            Item("LoRA adapter", a * w // ranks, f"rank {layout.lora_rank}: {a / 1e6:.2f}M parameters", host=host),
+            Item("gradients", a * w // ranks, "the adapter's only", phase="step", host=host),
+            Item("AdamW state", 2 * a * w // ranks, f"two moments, {layout.optimizer_dtype}", host=host),
             # the weights handed to the engine after a step: a copy, and the merged layers
             Item("merged weights for the engine", 2 * p * w, "built after each step"),
         ]
@@ -213,12 +251,21 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
             items.append(Item("peft", int(0.1 * GIB), "the library (measured)"))
     else:
         items = [
-            Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B{shard}"),
-            Item("gradients", p * w // ranks),
-            Item("AdamW state", 2 * p * w // ranks, f"two moments, {layout.optimizer_dtype}"),
+            Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B{shard}", host=host),
+            Item("gradients", p * w // ranks, phase="step", host=host),
+            Item("AdamW state", 2 * p * w // ranks, f"two moments, {layout.optimizer_dtype}", host=host),
         ]
+    if host:
+        # FSDP2 gathers a unit's whole weights onto the device to compute it (the root: embeddings,
+        # final norm, head; and each decoder layer with the next one prefetched) and reduces its
+        # gradients there before they go to host memory
+        layer = layer_parameters(shape)
+        root = max(0, p - shape.layers * layer)
+        gathered = (root + 2 * layer) * w
+        items.append(Item("gathered weights", gathered, "the root and two decoder layers at a time", phase="step"))
+        items.append(Item("gathered gradients", gathered, "before they move to host memory", phase="step"))
     if compute < w:
-        items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass"))
+        items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass", phase="step"))
     if layout.reference:
         items.append(Item("reference model", p * compute, "frozen, for the KL penalty"))
     # a micro-batch of up to DENSE_TREE_MAX tokens runs as one dense tree (checkpointed layers: always,
@@ -231,7 +278,7 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
         if layout.micro_batch_tokens > tokens and device_kind(layout.learner_device) == "cpu":
             # measured (bench/memory.py): a batch cut into several micro-batches leaves the CPU
             # allocator holding about this much more than one micro-batch's peak
-            items.append(Item("allocator slack", int(0.25 * GIB), "several micro-batches in a row"))
+            items.append(Item("allocator slack", int(0.25 * GIB), "several micro-batches in a row", phase="step"))
     dense = min(tokens, DENSE_TREE_MAX)
     # measured on CPU (bench/memory.py): a dense tree keeps its mask expanded per head in every layer
     # (about 1.25 bytes per query-key pair, head and layer); a checkpointed layer recomputed in the
@@ -244,15 +291,17 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
     # chain by chain, each chain's keys and values are kept whole for the chains that continue it
     chains = 4 * shape.layers * shape.kv_heads * shape.head_dim * compute
     if not layout.gradient_checkpointing and (per_token + chains) * tokens >= per_token * dense + attention:
-        items.append(Item("activations", per_token * tokens, f"{per_token / 1024:.0f} KiB/token x {tokens} tokens"))
-        items.append(Item("chain keys and values", chains * tokens, "trees run chain by chain"))
+        kib = f"{per_token / 1024:.0f} KiB/token x {tokens} tokens"
+        items.append(Item("activations", per_token * tokens, kib, phase="step"))
+        items.append(Item("chain keys and values", chains * tokens, "trees run chain by chain", phase="step"))
         if layout.lora_rank and device_kind(layout.learner_device) == "cpu":
             # measured (bench/memory.py): chain by chain, the adapters' extra temporaries leave the CPU
             # allocator holding this much more (the tensors kept for backward are fewer than without LoRA)
-            items.append(Item("allocator slack", int(0.4 * per_token * tokens), "LoRA, chain by chain"))
+            items.append(Item("allocator slack", int(0.4 * per_token * tokens), "LoRA, chain by chain", phase="step"))
     else:
-        items.append(Item("activations", per_token * dense, f"{per_token / 1024:.0f} KiB/token x {dense} tokens"))
-        items.append(Item("tree attention", attention, f"a dense tree of {dense} tokens"))
+        kib = f"{per_token / 1024:.0f} KiB/token x {dense} tokens"
+        items.append(Item("activations", per_token * dense, kib, phase="step"))
+        items.append(Item("tree attention", attention, f"a dense tree of {dense} tokens", phase="step"))
     return items
 
 
@@ -266,14 +315,19 @@ def engine_items(shape: ModelShape, layout: Layout, capacity: int) -> list[Item]
         if reserved - weights < kv_per_token * KV_TOKENS:  # not even one sequence of KV_TOKENS fits
             reserved = weights + kv_per_token * KV_TOKENS
             util = reserved / capacity
-        return [
-            Item("engine weights", weights, f"{layout.engine_dtype}"),
+        phase = "serving" if layout.engine_sleep else ""
+        items = [
+            Item("engine weights", weights, f"{layout.engine_dtype}", phase=phase),
             Item(
                 "engine KV cache",
                 max(0, reserved - weights),
                 f"--gpu-memory-utilization {util:.2f}: {max(0, reserved - weights) // kv_per_token:,} tokens",
+                phase=phase,
             ),
         ]
+        if layout.engine_sleep:
+            items.append(Item(SLEEPING, SLEEPING_BYTES, "CUDA graphs, buffers (estimate)", phase="step"))
+        return items
     kv = layout.max_batch * KV_TOKENS * kv_per_token
     return [
         Item("engine weights", weights, layout.engine_dtype),
@@ -287,7 +341,9 @@ def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryP
 
     def on(device: str) -> DevicePlan:
         if device not in devices:
-            devices[device] = DevicePlan(device, capacity[device])
+            # host memory (for --cpu-offload) is the machine's unless the caller says otherwise
+            size = capacity[device] if device in capacity or device != "cpu" else device_capacity("cpu")
+            devices[device] = DevicePlan(device, size)
             overhead = RUNTIME_OVERHEAD[device_kind(device)]
             note = "CUDA context, libraries" if device_kind(device) == "cuda" else "libraries, allocator"
             devices[device].items.append(Item("runtime", overhead, note))
@@ -307,15 +363,23 @@ def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryP
             items.append(Item("runtime", RUNTIME_OVERHEAD["cpu"] * replicas, f"{replicas} engine processes"))
         engine.items.extend(items)  # on GPUs each replica has a device like this one
     learner = on(layout.learner_device)
+    items = learner_items(shape, layout)
     if device_kind(layout.learner_device) == "cpu" and layout.learner_ranks > 1:
         # torchrun's CPU ranks share this machine's memory: each holds its shard and its activations
         ranks = layout.learner_ranks
         learner.items.append(Item("runtime", RUNTIME_OVERHEAD["cpu"] * (ranks - 1), f"{ranks - 1} more ranks"))
-        learner.items.extend(
-            replace(i, bytes=i.bytes * ranks, note=f"{ranks} ranks") for i in learner_items(shape, layout)
-        )
+        learner.items.extend(replace(i, bytes=i.bytes * ranks, note=f"{ranks} ranks") for i in items)
+    elif device_kind(layout.learner_device) == "cuda" and layout.cpu_offload:
+        # offloaded state lives in host memory, which the learner ranks of this machine share
+        learner.items.extend(i for i in items if not i.host)
+        host = on("cpu")
+        local = max(1, layout.local_ranks)
+        for i in items:
+            if i.host:
+                note = f"{i.note}; {local} ranks on this machine" if local > 1 else i.note
+                host.items.append(replace(i, bytes=i.bytes * local, note=note.strip("; ")))
     else:
-        learner.items.extend(learner_items(shape, layout))
+        learner.items.extend(items)
     return MemoryPlan(layout, list(devices.values()), activation_bytes_per_token(shape, layout))
 
 
@@ -323,7 +387,10 @@ def default_gpu_memory_utilization(shape: ModelShape, layout: Layout, capacity: 
     """vLLM's share of a device it shares with the learner: what the learner leaves, at most 0.9."""
     if layout.engine_device != layout.learner_device:
         return 0.9
-    learner = sum(i.bytes for i in learner_items(shape, layout)) + RUNTIME_OVERHEAD["cuda"]
+    # on the device: what the learner holds while the engine serves (all of it, unless the engine
+    # sleeps through every step; offloaded state is in host memory)
+    held = [i for i in learner_items(shape, layout) if not (i.host and layout.cpu_offload)]
+    learner = sum(i.bytes for i in held if not (layout.engine_sleep and i.phase == "step")) + RUNTIME_OVERHEAD["cuda"]
     return max(0.05, min(0.9, math.floor(1000 * (capacity * HEADROOM - learner) / capacity) / 1000))
 
 
@@ -337,6 +404,9 @@ _REMEDIES: list[tuple[str, dict[str, Any]]] = [
         "--learner-dtype bfloat16 --optimizer-dtype bfloat16",
         {"optimizer_dtype": "bfloat16", "learner_dtype": "bfloat16"},
     ),
+    # these two cost speed: serving pauses during every step; the optimizer step runs on the CPU
+    ("--engine-sleep", {"engine_sleep": True}),
+    ("--cpu-offload", {"cpu_offload": True}),
 ]
 
 
@@ -350,6 +420,8 @@ def remedies(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> lis
         for flag, change in _REMEDIES
         if any(getattr(layout, k) != v for k, v in change.items())
         and not (flag.startswith("--micro-batch-tokens") and layout.micro_batch_tokens <= 2048)
+        and not (flag == "--engine-sleep" and not (layout.engine == "vllm" and _on_gpu(layout.engine_device)))
+        and not (flag == "--cpu-offload" and not _on_gpu(layout.learner_device))
     ]
     for size in range(1, len(useful) + 1):
         for chosen in combinations(useful, size):
@@ -359,6 +431,10 @@ def remedies(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> lis
             if plan(shape, replace(layout, **changes), capacity).fits:
                 return [flag for flag, _change in chosen]
     return None
+
+
+def _on_gpu(device: str) -> bool:
+    return device_kind(device) == "cuda"
 
 
 def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: bool = True) -> Layout:
@@ -386,14 +462,21 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         learner_ranks=learner_ranks,
         engine_replicas=settings.engine_replicas if serves else 1,
         lora_rank=settings.lora_rank,
+        cpu_offload=settings.cpu_offload,
+        engine_sleep=settings.engine_sleep and serves,
+        local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if learner_ranks > 1 else 1,
     )
 
 
 def capacities(layout: Layout, budget_gb: float | None) -> dict[str, int]:
+    """Memory per device of the layout (``budget_gb`` instead of each device's total); host memory,
+    where --cpu-offload puts the learner's state, is always the machine's."""
     devices = {layout.engine_device, layout.learner_device}
-    if budget_gb is not None:
-        return {d: int(budget_gb * GIB) for d in devices}
-    return {d: device_capacity(d) for d in devices}
+    out = {d: int(budget_gb * GIB) for d in devices} if budget_gb is not None else {}
+    out.update({d: device_capacity(d) for d in devices if d not in out})
+    if "cpu" not in out:
+        out["cpu"] = device_capacity("cpu")
+    return out
 
 
 def check(
@@ -415,7 +498,8 @@ def check(
         f"it would fit with {' '.join(fixes)}"
         if fixes
         else "none of --gradient-checkpointing, --learner-dtype bfloat16, --micro-batch-tokens 2048, "
-        "--dtype bfloat16 and --optimizer-dtype bfloat16 (with --learner-dtype bfloat16) is enough: put the "
+        "--dtype bfloat16, --optimizer-dtype bfloat16 (with --learner-dtype bfloat16), --engine-sleep (vLLM "
+        "on a GPU) and --cpu-offload (a GPU learner) is enough: put the "
         "engine and the learner on separate devices (--engine-devices / --learner-devices), shard the learner "
         "over more devices with torchrun, or use a smaller model"
     )

@@ -137,6 +137,7 @@ class StepRecord:
     value_mean: float | None = None
     stale_dropped: int = 0  # episodes left out for aging past the bound while they waited
     prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
+    engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
 
 
 def batch_figures(

@@ -67,7 +67,8 @@ def build_learner(
     ctx = ctx or DistContext(device=settings.device)
     torch.manual_seed(settings.seed)
     weights = torch.bfloat16 if settings.optimizer_dtype == "bfloat16" else torch.float32
-    model = trainable_copy(model_path, ctx.device, weights)
+    # offloaded, the weights never need to be on the device whole: FSDP keeps their shards in host memory
+    model = trainable_copy(model_path, "cpu" if settings.cpu_offload else ctx.device, weights)
     config = learner_config(settings)
     config_pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     # the KL's frozen reference: the run's initial weights (the model dir, also when resuming) or --reference

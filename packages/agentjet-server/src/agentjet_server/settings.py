@@ -74,6 +74,12 @@ class ServerSettings(BaseModel):
         default="float32", description="master weights, gradients and AdamW state (bfloat16 halves them)"
     )
     gradient_checkpointing: bool = Field(default=False, description="recompute activations in the backward pass")
+    cpu_offload: bool = Field(
+        default=False, description="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory"
+    )
+    engine_sleep: bool = Field(
+        default=False, description="vLLM's sleep mode: free the engine's GPU memory while the learner steps"
+    )
     lora_rank: int = Field(default=0, ge=0, description="train a LoRA adapter of this rank (0: every weight)")
     lora_alpha: float | None = Field(default=None, gt=0, description="LoRA scale numerator; None = 2 x rank")
     lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input")
@@ -198,6 +204,16 @@ class ServerSettings(BaseModel):
             raise ValueError(
                 "--optimizer-dtype bfloat16 keeps the weights themselves in bf16, so the learner computes in bf16: "
                 "add --learner-dtype bfloat16"
+            )
+        if self.engine_sleep and self.engine != "vllm":
+            raise ValueError(
+                "--engine-sleep is vLLM's sleep mode (it frees the engine's GPU memory while the learner steps): "
+                "add --engine vllm, or leave --engine-sleep out"
+            )
+        if self.engine_sleep and self.engine_replicas > 1:
+            raise ValueError(
+                "--engine-sleep pauses the one engine that shares its GPU with the learner; with --engine-replicas "
+                f"{self.engine_replicas} the replicas serve on through every step: leave one of them out"
             )
         if self.gpu_memory_utilization is not None and self.engine != "vllm":
             raise ValueError("--gpu-memory-utilization sets vLLM's share of its GPU: it needs --engine vllm")

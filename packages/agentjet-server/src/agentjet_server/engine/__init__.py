@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.errors import ConfigError
 from agentjet_server.learner.lora import LoraSpec
 
 EngineKind = Literal["transformers", "vllm"]
@@ -34,6 +35,7 @@ def create_engine(
     gpu_memory_utilization: float | None = None,
     tensor_parallel_size: int = 1,
     lora: LoraSpec | None = None,
+    sleep_mode: bool = False,
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with. ``lora``: vLLM serves the LoRA
     adapter the learner trains (the transformers engine always takes merged weights)."""
@@ -56,7 +58,10 @@ def create_engine(
             chat_template=chat_template,
             engine_args=engine_args or None,
             lora=lora,
+            sleep_mode=sleep_mode,
         )
+    if sleep_mode:
+        raise ConfigError("--engine-sleep is vLLM's sleep mode: it needs --engine vllm")
     from agentjet_server.engine.hf import TransformersEngine
 
     return TransformersEngine(

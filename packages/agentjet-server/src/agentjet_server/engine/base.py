@@ -78,3 +78,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop the engine and release its resources."""
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether ``sleep`` frees what the engine holds on its device (vLLM's sleep mode)."""
+        return False
+
+    def sleep(self) -> None:
+        """Stop sampling and free the engine's device memory until ``wake`` or the next weight update
+        (which wakes it first). Requests keep arriving: they wait, and those in flight resume. Returns
+        once the memory is free."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode (--engine-sleep needs --engine vllm)")
+
+    def wake(self) -> None:  # noqa: B027 (not abstract: an engine without sleep mode is always awake)
+        """Serve again with the weights the engine had before ``sleep``; nothing if it is awake."""

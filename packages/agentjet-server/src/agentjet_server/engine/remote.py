@@ -75,6 +75,7 @@ class EngineProcess(TemplateEngine):
         self.model_name = engine_kwargs.get("model_name") or path.name
         self.chat = ChatTokenizer(path, engine_kwargs.get("chat_template"))
         self._version = int(engine_kwargs.get("version", 0))
+        self._engine_kwargs = dict(engine_kwargs)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._send_lock = threading.Lock()
@@ -180,6 +181,26 @@ class EngineProcess(TemplateEngine):
             raise EngineError(f"loading weights v{version} in the engine process failed: {error[0]}")
         self._version = max(self._version, version)
 
+    @property
+    def can_sleep(self) -> bool:
+        return bool(self._engine_kwargs.get("sleep_mode"))
+
+    def sleep(self) -> None:
+        self._call("sleep")
+
+    def wake(self) -> None:
+        self._call("wake")
+
+    def _call(self, method: str) -> None:
+        """``method`` of the child's engine (no arguments), waited for like an update."""
+        call_id = next(self._ids)
+        done, error = threading.Event(), list[str | None]()
+        self._updates[call_id] = (done, error)
+        self._send(("call", call_id, method))
+        done.wait()
+        if error[0] is not None:
+            raise EngineError(f"the engine process could not {method}: {error[0]}")
+
     def close(self) -> None:
         if self._process.is_alive():
             try:
@@ -248,6 +269,13 @@ async def _serve_pipe(conn: Any, engine: Any) -> None:
         except Exception as exc:
             send(("updated", update_id, f"{type(exc).__name__}: {exc}"))
 
+    def call(call_id: int, method: str) -> None:
+        try:
+            getattr(engine, method)()
+            send(("updated", call_id, None))
+        except Exception as exc:
+            send(("updated", call_id, f"{type(exc).__name__}: {exc}"))
+
     threading.Thread(target=read, name="agentjet-engine-pipe", daemon=True).start()
     while True:
         message = await inbox.get()
@@ -259,6 +287,8 @@ async def _serve_pipe(conn: Any, engine: Any) -> None:
                 task.cancel()
         elif message[0] == "update":
             threading.Thread(target=update, args=message[1:], daemon=True).start()
+        elif message[0] == "call" and message[2] in ("sleep", "wake"):
+            threading.Thread(target=call, args=message[1:], daemon=True).start()
         elif message[0] == "close":
             for task in tasks.values():
                 task.cancel()

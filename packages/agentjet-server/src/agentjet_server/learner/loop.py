@@ -249,6 +249,26 @@ class TrainingLoop:
                 sums[1] += trajectory.reward
                 sums[2] += max(0, self.version - oldest)
 
+    def _sleep_engine(self) -> float | None:
+        """``--engine-sleep``: the engine frees its device memory for the step; the seconds it took,
+        or None (no sleep mode, or it failed: the step runs beside the awake engine)."""
+        if not self.engine.can_sleep:
+            return None
+        started = time.perf_counter()
+        try:
+            self.engine.sleep()
+        except Exception:
+            logger.exception("the engine could not sleep; this step runs beside it")
+            self._wake_engine()
+            return None
+        return time.perf_counter() - started
+
+    def _wake_engine(self) -> None:
+        try:
+            self.engine.wake()
+        except Exception:
+            logger.exception("the engine could not wake up after a failed step")
+
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         config = self.learner.config
         batch = build_batch(
@@ -275,14 +295,25 @@ class TrainingLoop:
         batch.included = []  # the other ranks need the sequences only
         if self.learner.ctx.enabled:
             distributed.broadcast(self.learner.ctx, batch)
-        stats = self.learner.step(batch)
-        started = time.perf_counter()
+        slept = self._sleep_engine()
         new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
-        if getattr(self.engine, "serves_adapters", False):  # vLLM serving the LoRA adapter: move it alone
-            self.engine.update_adapter(self.learner.adapter_weights(), new_version)  # type: ignore[attr-defined]
-        else:
-            self.engine.update_weights(self.learner.full_state_dict(), new_version)
-        update_seconds = time.perf_counter() - started
+        try:
+            stats = self.learner.step(batch)
+            self.learner.release_gradients()  # between steps that memory serves (or wakes) the engine
+            if slept is not None and self.learner.device.type == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
+            started = time.perf_counter()
+            if getattr(self.engine, "serves_adapters", False):  # vLLM serving the LoRA adapter: move it alone
+                self.engine.update_adapter(self.learner.adapter_weights(), new_version)  # type: ignore[attr-defined]
+            else:
+                self.engine.update_weights(self.learner.full_state_dict(), new_version)  # wakes a sleeping one
+            update_seconds = time.perf_counter() - started
+        except BaseException:
+            if slept is not None:  # serve on with the weights it had
+                self._wake_engine()
+            raise
         self.live = (new_version, self.learner.steps)
         self.last = stats
         self.buffer.commit()
@@ -315,6 +346,7 @@ class TrainingLoop:
             value_mean=stats.extra.get("value_mean"),
             stale_dropped=batch.stale,
             prepare_seconds=stats.prepare_seconds,
+            engine_sleep_seconds=slept,
         )
         try:
             self._on_step(record, lag)
@@ -360,4 +392,5 @@ def worker_loop(learner: Learner, ctx: DistContext) -> None:
         if not isinstance(message, Batch):
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
         learner.step(message)
+        learner.release_gradients()
         learner.full_state_dict()

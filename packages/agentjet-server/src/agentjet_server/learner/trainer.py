@@ -80,6 +80,9 @@ class LearnerConfig:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     gradient_checkpointing: bool = False  # keep only each decoder layer's input; recompute the rest in backward
     lora: LoraSpec | None = None  # train a LoRA adapter on the frozen model instead of every weight
+    # FSDP2 CPU offload (also in one process): weights, gradients and AdamW state in host memory, the
+    # optimizer step on the CPU; each unit's weights are gathered onto the device to compute it
+    cpu_offload: bool = False
 
 
 @dataclass
@@ -127,14 +130,16 @@ class Learner:
         self.config = config
         self.pad_id = pad_id
         self.ctx = ctx or DistContext(device=str(next(model.parameters()).device))
-        self.device = next(model.parameters()).device
+        # where micro-batches go: offloaded weights may sit in host memory while compute is on ctx.device
+        self.device = torch.device(self.ctx.device) if config.cpu_offload else next(model.parameters()).device
         self.lora = config.lora
         if self.lora is not None:
             attach(model, self.lora)  # in place: ``model`` keeps its interface, only the adapter trains
         if config.gradient_checkpointing:
             _checkpoint_layers(model)
         self.policy = PolicyModel(model, value_head=config.algorithm == "ppo")
-        shard_model(self.policy, decoder_layers(model), self.ctx)
+        # sharded (several ranks, or offloaded): FSDP gathers each unit collectively, once per pass
+        self.sharded = shard_model(self.policy, decoder_layers(model), self.ctx, offload=config.cpu_offload)
         # the value head learns from scratch while the policy is fine-tuned: it gets its own gradient
         # clipping (the policy's gradient norm, often far above the bound, would scale it away)
         self._head = list(self.policy.value_head.parameters()) if self.policy.value_head is not None else []
@@ -149,10 +154,17 @@ class Learner:
             self.reference = PolicyModel(reference)
         self.steps = 0
 
+    def release_gradients(self) -> None:
+        """Free the last step's gradients (the next step starts from none anyway): between steps the
+        memory is the engine's, or a sleeping engine's to take back."""
+        self.optimizer.zero_grad(set_to_none=True)
+
     def reconfigure(self, config: LearnerConfig) -> None:
         """Take new settings between steps: the learning rate goes to the optimizer at once."""
         if config.algorithm != self.config.algorithm:
             raise ValueError("the algorithm of a learner cannot change (it decides whether there is a critic)")
+        if config.cpu_offload != self.config.cpu_offload:
+            raise ValueError("where the learner's state lives (--cpu-offload) is fixed when it starts")
         if config.kl_coef > 0 and self.reference is None:
             raise ValueError("a KL penalty needs a reference model: start the server with --kl-coef above 0")
         for group in self.optimizer.param_groups:
@@ -282,7 +294,7 @@ class Learner:
         # segment-wise trees run a varying number of decoder passes per micro-batch; FSDP gathers
         # each layer once per pass, collectively, so sharded ranks must all use one pass (dense)
         # a segment-wise tree carries keys and values between passes, which checkpointed layers don't keep
-        mode = "dense" if self.ctx.enabled or self.config.gradient_checkpointing else self.config.tree_attention
+        mode = "dense" if self.sharded or self.config.gradient_checkpointing else self.config.tree_attention
         out: list[MiniBatch] = []
         processed = 0
         for chunk in _split(sequences, self.config.mini_batches):
