@@ -14,7 +14,8 @@ side by side in this run on the same model (random weights built from a config):
 - replicas: two engine processes on the same GPU against one engine (``ReplicaSet``): tokens/s
   with 16 concurrent requests, and the weight fan-out's time against one engine's update;
 - learner layouts (fp32, checkpointing, bf16 autocast, all-bf16, LoRA rank 16, LoRA +
-  checkpointing): step time and peak CUDA memory (``max_memory_allocated``) next to the memory
+  checkpointing, FSDP2 CPU offload alone and with all-bf16 + checkpointing): step time and
+  peak CUDA memory (``max_memory_allocated``) next to the memory
   plan's estimate for the same layout (runtime excluded: the allocator does not see it);
 - learner: one GRPO step's time and trained tokens/s, plain module vs FSDP2 in one process
   (``fully_shard`` on a world of 1: the sharding bookkeeping's own cost), then the full-weight
@@ -172,6 +173,14 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "all bf16": {"learner_dtype": "bfloat16", "optimizer_dtype": "bfloat16"},
     "LoRA rank 16": {"lora_rank": 16},
     "LoRA rank 16 + checkpointing": {"lora_rank": 16, "gradient_checkpointing": True},
+    # FSDP2 CPU offload in one process: the device holds what is being computed, host memory the rest
+    "CPU offload": {"cpu_offload": True},
+    "CPU offload + all bf16 + checkpointing": {
+        "cpu_offload": True,
+        "learner_dtype": "bfloat16",
+        "optimizer_dtype": "bfloat16",
+        "gradient_checkpointing": True,
+    },
 }
 
 
@@ -180,6 +189,7 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
     from transformers import AutoModelForCausalLM
 
     from agentjet_server.batching.batch import Batch, Sequence
+    from agentjet_server.learner.distributed import DistContext
     from agentjet_server.learner.lora import LoraSpec
     from agentjet_server.learner.trainer import Learner, LearnerConfig
     from agentjet_server.memory import Layout, ModelShape, learner_items
@@ -199,17 +209,20 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
             rows.append((f"{name}", "(budget spent)"))
             continue
         pure = layout.get("optimizer_dtype") == "bfloat16"
-        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if pure else torch.float32).to(device)
+        offload = bool(layout.get("cpu_offload", False))
+        net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if pure else torch.float32)
+        net = net.to("cpu" if offload else device)  # offloaded: FSDP keeps the shards in host memory
         rank = int(layout.get("lora_rank", 0))
         config = LearnerConfig(
             compute_dtype=layout.get("learner_dtype", "float32"),
             gradient_checkpointing=bool(layout.get("gradient_checkpointing", False)),
             lora=LoraSpec(rank=rank, alpha=2.0 * rank) if rank else None,
+            cpu_offload=offload,
         )
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        learner = Learner(net, config, pad_id=0)
+        learner = Learner(net, config, pad_id=0, ctx=DistContext(device=device))
         learner.step(batch)  # warm-up; creates the optimizer state
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -221,7 +234,8 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
         took = (time.perf_counter() - started) / steps
         full_step = full_step or took
         plan = Layout(learner_device=device, micro_batch_tokens=8192, trained_share=0.5, **layout)
-        estimate = sum(i.bytes for i in learner_items(shape, plan) if i.name not in ("peft", "allocator slack"))
+        items = [i for i in learner_items(shape, plan) if i.name not in ("peft", "allocator slack")]
+        estimate = sum(i.bytes for i in items if not i.host)  # the device's share (offloaded: host's excluded)
         if device.startswith("cuda"):
             peak = torch.cuda.max_memory_allocated()
             memory = f"{peak / 2**30:.2f} GiB (plan {estimate / 2**30:.2f}, {estimate / peak:.2f})"
@@ -230,6 +244,9 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
         rows.append((f"{name}: step (s), vs fp32", f"{took:.3f} ({took / full_step:.2f}x)"))
         rows.append((f"{name}: trainable parameters", f"{learner.trainable_parameters / 1e6:.1f}M"))
         rows.append((f"{name}: peak memory", memory))
+        if offload:
+            host = sum(i.bytes for i in items if i.host)
+            rows.append((f"{name}: in host memory (plan)", f"{host / 2**30:.2f} GiB"))
         del learner, net
     return rows
 

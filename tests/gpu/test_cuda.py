@@ -121,3 +121,91 @@ def test_official_vllm_on_cuda_matches_transformers_after_an_update(chatty_model
         assert max(abs(e.logprob - w) for e, w in zip(events, want, strict=True)) < 5e-2  # bf16
     finally:
         engine.close()
+
+
+def test_cpu_offload_on_cuda_keeps_the_learners_state_in_host_memory(model_dir):
+    """--cpu-offload: FSDP2 over a group of one; the shards and AdamW state in (pinned) host memory,
+    the step computed on the GPU, and the same step as the plain learner's to float32 rounding."""
+    import copy
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_client.protocol import Trajectory, Turn
+    from agentjet_server.batching.batch import build_batch
+    from agentjet_server.learner.distributed import DistContext
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+
+    group = [
+        Trajectory(
+            id=str(i),
+            task_id="t",
+            reward=float(i % 2),
+            turns=[
+                Turn(
+                    policy_version=0,
+                    prompt_token_ids=list(range(10, 30)),
+                    completion_token_ids=[40 + i, 50, 60, 70 - i],
+                    completion_logprobs=[-2.0] * 4,
+                    finish_reason="stop",
+                )
+            ],
+        )
+        for i in range(4)
+    ]
+    batch = build_batch([group])
+    try:
+        plain = Learner(AutoModelForCausalLM.from_pretrained(model_dir).to("cuda"), LearnerConfig(), pad_id=0)
+        plain.step(copy.deepcopy(batch))
+        offload = Learner(
+            AutoModelForCausalLM.from_pretrained(model_dir),
+            LearnerConfig(cpu_offload=True, tree_attention="dense"),
+            pad_id=0,
+            ctx=DistContext(device="cuda"),
+        )
+        offload.step(copy.deepcopy(batch))
+        assert all(p.to_local().device.type == "cpu" for p in offload.model.parameters())
+        states = [t for s in offload.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+        assert states and all(t.to_local().device.type == "cpu" for t in states)
+        a, b = plain.full_state_dict(), offload.full_state_dict()
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_official_vllm_sleep_frees_its_gpu_memory_and_wakes_with_new_weights(chatty_model_dir):
+    """--engine-sleep on a GPU: level 1 gives back the KV cache and the weights (to host memory);
+    an update wakes it and the new weights are what it samples with."""
+    pytest.importorskip("vllm")
+    from agentjet_server.engine.vllm import VLLMEngine
+
+    engine = VLLMEngine(
+        chatty_model_dir,
+        device="cuda",
+        dtype=torch.bfloat16,
+        sleep_mode=True,
+        engine_args={"gpu_memory_utilization": 0.3},
+    )
+    try:
+        ids = engine.render([{"role": "user", "content": "Say something."}])
+        asyncio.run(_sample(engine, ids, SamplingParams(max_tokens=8, seed=3)))
+        free_awake, total = torch.cuda.mem_get_info()
+        engine.sleep()
+        free_asleep, _ = torch.cuda.mem_get_info()
+        # it reserved 0.3 of the device (KV cache, nearly all of it, with a tiny model)
+        assert free_asleep - free_awake > 0.2 * total, (free_awake / 2**30, free_asleep / 2**30)
+        from transformers import AutoModelForCausalLM
+
+        new = {k: v + 0.01 for k, v in AutoModelForCausalLM.from_pretrained(chatty_model_dir).state_dict().items()}
+        engine.update_weights(new, 1)  # wakes it first
+        assert not engine.asleep
+        events = asyncio.run(_sample(engine, ids, SamplingParams(max_tokens=16, seed=3)))
+        assert {e.version for e in events} == {1}
+        want = _reference_logprobs(chatty_model_dir, new, ids, [e.token_id for e in events], torch.bfloat16)
+        assert max(abs(e.logprob - w) for e, w in zip(events, want, strict=True)) < 5e-2  # bf16
+        freed = (free_asleep - free_awake) / 2**30
+        asleep, awake = engine.sleeps[-1]
+        print(f"vLLM sleep freed {freed:.2f} GiB; asleep in {asleep:.2f}s, awake in {awake:.2f}s")
+    finally:
+        engine.close()

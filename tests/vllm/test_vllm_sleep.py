@@ -1,0 +1,168 @@
+"""``--engine-sleep``: vLLM sleeps through each learner step (level 1: KV cache freed, weights to host
+memory) and wakes with the new weights. On CPU vLLM frees nothing (sleep is a GPU feature), but the
+rest is the same and is what these tests check: sampling stops while asleep, requests that arrive
+wait and then run on the new weights, requests in flight are preempted and resume, every token is
+tagged with the weights that produced it, and the weights loaded on waking are the learner's.
+``tests/gpu/test_cuda.py`` checks the memory it frees on a GPU (with the official vLLM wheel).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import openai
+import pytest
+import torch
+
+from tests.conftest import ServerProcess, run_digits_client
+from tests.vllm.test_vllm_engine import ASK, _group, _push, _wait_version
+
+pytest.importorskip("vllm")
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def sleepy_server(chatty_model_dir):
+    """The random-weights model (it rambles to ``max_tokens``) on a vLLM engine with sleep mode."""
+    from agentjet_server.engine.vllm import VLLMEngine
+    from tests.conftest import LiveServer
+
+    engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny", sleep_mode=True)
+    server = LiveServer(chatty_model_dir, engine=engine, batch_groups=1, group_size=2, max_staleness=8)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sdk(sleepy_server):
+    with openai.OpenAI(base_url=sleepy_server.url + "/v1", api_key="unused") as client:
+        yield client
+
+
+class Stream(threading.Thread):
+    """A streamed completion in a thread, counting its chunks with text as they arrive."""
+
+    def __init__(self, url: str, max_tokens: int, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.max_tokens, self.seed = url, max_tokens, seed
+        self.chunks = 0
+        self.result: dict | None = None
+
+    def run(self) -> None:
+        with openai.OpenAI(base_url=self.url + "/v1", api_key="unused") as client:
+            for chunk in client.chat.completions.create(
+                model="agentjet-tiny", messages=ASK, max_tokens=self.max_tokens, seed=self.seed, stream=True
+            ):
+                for choice in chunk.choices:
+                    if choice.delta.content or choice.finish_reason:  # not the opening (role) chunk
+                        self.chunks += 1
+                    if choice.finish_reason:
+                        self.result = {"finish": choice.finish_reason, **choice.model_extra["agentjet"]}
+
+
+def _wait(condition, limit: float = 60) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def _tokens(sdk, max_tokens: int, seed: int) -> list[int]:
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=max_tokens, seed=seed)
+    return reply.choices[0].model_extra["agentjet"]["completion_token_ids"]
+
+
+def test_nothing_is_sampled_while_asleep_and_every_request_finishes_after_waking(sleepy_server, sdk):
+    engine = sleepy_server.engine
+    version = sleepy_server.runtime.version
+    # the same seeded requests, never interrupted: a preempted request resumes exactly where it was
+    expected = {1: _tokens(sdk, 400, 1), 2: _tokens(sdk, 8, 2)}
+    assert len(expected[1]) > 100  # it runs long enough to be caught in flight
+    running = Stream(sleepy_server.url, 400, seed=1)
+    running.start()
+    _wait(lambda: running.chunks >= 5)
+    engine.sleep()
+    assert engine.asleep
+    arriving = Stream(sleepy_server.url, 8, seed=2)
+    arriving.start()
+    time.sleep(0.3)  # tokens sampled before the sleep may still be on their way
+    seen = running.chunks
+    time.sleep(1.0)
+    assert running.chunks == seen and running.result is None, "tokens were sampled while asleep"
+    assert arriving.chunks == 0 and arriving.result is None
+    engine.wake()
+    assert not engine.asleep
+    for seed, stream in ((1, running), (2, arriving)):
+        stream.join(timeout=120)
+        assert stream.result is not None
+        assert stream.result["completion_token_ids"] == expected[seed]
+        assert set(stream.result["completion_versions"]) == {version}  # no update: the same weights throughout
+    assert seen < len(expected[1])  # it was caught in flight, and went on after waking
+    assert engine.sleeps[-1][0] > 0 and engine.sleeps[-1][1] > 0
+
+
+def test_each_step_sleeps_the_engine_and_it_wakes_with_the_learners_weights(sleepy_server, sdk):
+    engine = sleepy_server.engine
+    start = sleepy_server.runtime.version
+    slept = len(engine.sleeps)
+    streams = [Stream(sleepy_server.url, 400, seed=10 + i) for i in range(4)]
+    for stream in streams:
+        stream.start()
+    _wait(lambda: all(s.chunks >= 3 for s in streams))
+    _push(sleepy_server.url, _group(sdk, "asleep", max_tokens=4))
+    version = _wait_version(sleepy_server, start)
+    for stream in streams:
+        stream.join(timeout=120)
+    assert len(engine.sleeps) == slept + 1, "the step did not put the engine to sleep"
+    switched = 0
+    for stream in streams:
+        r = stream.result
+        assert r is not None and len(r["completion_versions"]) == len(r["completion_token_ids"]) > 0
+        assert r["completion_versions"] == sorted(r["completion_versions"])  # never back to older weights
+        switched += r["completion_versions"][0] < r["completion_versions"][-1]
+    assert switched >= 1, "no stream was in flight across the step"
+    # what the woken engine samples with is exactly the learner's new weights
+    reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=40, seed=21)
+    ext = reply.choices[0].model_extra["agentjet"]
+    assert set(ext["completion_versions"]) == {version}
+    learner = sleepy_server.runtime.loop.learner
+    ids = ext["prompt_token_ids"] + ext["completion_token_ids"]
+    with torch.no_grad():
+        logits = learner.model(input_ids=torch.tensor([ids])).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)
+    at = len(ext["prompt_token_ids"]) - 1
+    expected = [float(logp[at + j, t]) for j, t in enumerate(ext["completion_token_ids"])]
+    worst = max(abs(a - b) for a, b in zip(ext["completion_logprobs"], expected, strict=True))
+    assert worst < 1e-3, f"vLLM logprobs after waking differ from the learner's weights by {worst}"
+
+
+@pytest.mark.e2e
+def test_torchrun_learner_ranks_with_a_sleeping_vllm_in_its_own_process(model_dir, tmp_path):
+    """``--engine-sleep`` under torchrun: vLLM runs in a spawned process, put to sleep and woken over
+    its pipe around every step of 2 FSDP2 ranks."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    launcher += ["-m", "agentjet_server"]
+    state = tmp_path / "state"
+    args = ["--engine", "vllm", "--engine-sleep", "--batch-groups", "2", "--group-size", "8", "--state-dir", str(state)]
+    server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"}, launcher=launcher)
+    try:
+        run_digits_client(server.url, 160, 8)
+        status = server.wait_trained()
+        assert status["trajectories"]["accepted"] == 160
+        assert status["policy_version"] >= 3 and status["learner"]["last_error"] is None
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as sdk:
+            reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=4)
+        assert set(reply.choices[0].model_extra["agentjet"]["completion_versions"]) == {status["policy_version"]}
+    finally:
+        server.stop()
+    steps = [json.loads(line) for line in (state / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if s["kind"] == "step"]
+    assert len(steps) == status["policy_version"]
+    assert all(s["engine_sleep_seconds"] > 0 for s in steps), steps[0]
