@@ -166,6 +166,11 @@ class RuntimeCollector(Collector):
                 "Gradient norm before clipping, last step",
                 last.grad_norm if last else None,
             ),
+            (
+                "agentjet_engine_sleep_seconds",
+                "Seconds the engine took to free its memory before the last step (--engine-sleep)",
+                last.engine_sleep_seconds if last else None,
+            ),
         )
         for name, doc, figure in learner:
             yield _gauge(name, doc, figure)
