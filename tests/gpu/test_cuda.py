@@ -55,18 +55,13 @@ def test_transformers_engine_bf16_on_cuda_samples_and_updates(chatty_model_dir):
         engine.close()
 
 
-def test_learner_step_on_cuda_moves_the_weights(model_dir):
+def _batch():
+    """One group of four one-turn episodes on random tokens, rewards 0 and 1."""
     import random
-
-    from transformers import AutoModelForCausalLM
 
     from agentjet_client.protocol import Trajectory, Turn
     from agentjet_server.batching.batch import build_batch
-    from agentjet_server.learner.trainer import Learner, LearnerConfig
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).to("cuda")
-    learner = Learner(model, LearnerConfig(lr=1e-3), pad_id=0)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = random.Random(0)
     group = [
         Trajectory(
@@ -85,7 +80,18 @@ def test_learner_step_on_cuda_moves_the_weights(model_dir):
         )
         for i in range(4)
     ]
-    stats = learner.step(build_batch([group]))
+    return build_batch([group])
+
+
+def test_learner_step_on_cuda_moves_the_weights(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to("cuda")
+    learner = Learner(model, LearnerConfig(lr=1e-3), pad_id=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner.step(_batch())
     assert stats.grad_norm > 0
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(v.device.type == "cpu" for v in learner.full_state_dict().values())
@@ -125,50 +131,33 @@ def test_official_vllm_on_cuda_matches_transformers_after_an_update(chatty_model
 
 def test_cpu_offload_on_cuda_keeps_the_learners_state_in_host_memory(model_dir):
     """--cpu-offload: FSDP2 over a group of one; the shards and AdamW state in (pinned) host memory,
-    the step computed on the GPU, and the same step as the plain learner's to float32 rounding."""
+    the step computed on the GPU, and the same loss and gradient as the plain learner's."""
     import copy
 
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from agentjet_client.protocol import Trajectory, Turn
-    from agentjet_server.batching.batch import build_batch
     from agentjet_server.learner.distributed import DistContext
     from agentjet_server.learner.trainer import Learner, LearnerConfig
 
-    group = [
-        Trajectory(
-            id=str(i),
-            task_id="t",
-            reward=float(i % 2),
-            turns=[
-                Turn(
-                    policy_version=0,
-                    prompt_token_ids=list(range(10, 30)),
-                    completion_token_ids=[40 + i, 50, 60, 70 - i],
-                    completion_logprobs=[-2.0] * 4,
-                    finish_reason="stop",
-                )
-            ],
-        )
-        for i in range(4)
-    ]
-    batch = build_batch([group])
+    batch = _batch()
     try:
-        plain = Learner(AutoModelForCausalLM.from_pretrained(model_dir).to("cuda"), LearnerConfig(), pad_id=0)
-        plain.step(copy.deepcopy(batch))
+        dense = LearnerConfig(tree_attention="dense")
+        plain = Learner(AutoModelForCausalLM.from_pretrained(model_dir).to("cuda"), dense, pad_id=0)
+        want = plain.step(copy.deepcopy(batch))
         offload = Learner(
             AutoModelForCausalLM.from_pretrained(model_dir),
             LearnerConfig(cpu_offload=True, tree_attention="dense"),
             pad_id=0,
             ctx=DistContext(device="cuda"),
         )
-        offload.step(copy.deepcopy(batch))
+        got = offload.step(copy.deepcopy(batch))
         assert all(p.to_local().device.type == "cpu" for p in offload.model.parameters())
         states = [t for s in offload.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
         assert states and all(t.to_local().device.type == "cpu" for t in states)
-        a, b = plain.full_state_dict(), offload.full_state_dict()
-        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+        # the same loss and gradient (GPU reductions are not bit-reproducible; AdamW's first step
+        # moves every weight by about lr whatever the gradient's size, so weights are no finer test)
+        assert abs(got.loss - want.loss) < 1e-5 and got.grad_norm == pytest.approx(want.grad_norm, rel=1e-4)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -93,21 +93,26 @@ def test_a_7b_model_on_one_gpu_is_refused_in_fp32_and_the_named_flags_make_it_fi
     assert [d.device for d in both.devices] == ["cuda:1", "cuda:0"] and both.fits
 
 
+# vLLM and the learner on one GPU, everything in bf16, checkpointed layers: the cheapest layout
+# without the two flags that cost speed (--engine-sleep, --cpu-offload)
+COLOCATED_BF16 = Layout(
+    engine="vllm",
+    engine_device="cuda:0",
+    learner_device="cuda:0",
+    engine_dtype="bfloat16",
+    learner_dtype="bfloat16",
+    optimizer_dtype="bfloat16",
+    gradient_checkpointing=True,
+)
+
+
 def _by_name(device) -> dict[str, int]:
     return {i.name: i.bytes for i in device.items}
 
 
 def test_cpu_offload_moves_the_learners_state_to_host_memory(seven_b):
     shape = ModelShape.from_pretrained(seven_b)
-    layout = Layout(
-        engine="vllm",
-        engine_device="cuda:0",
-        learner_device="cuda:0",
-        engine_dtype="bfloat16",
-        learner_dtype="bfloat16",
-        optimizer_dtype="bfloat16",
-        gradient_checkpointing=True,
-    )
+    layout = COLOCATED_BF16
     machine = {"cuda:0": 48 * GIB, "cpu": 512 * GIB}
     assert not plan(shape, layout, machine).fits and remedies(shape, layout, machine) == ["--cpu-offload"]
     offloaded = plan(shape, replace(layout, cpu_offload=True), machine)
@@ -131,15 +136,7 @@ def test_cpu_offload_moves_the_learners_state_to_host_memory(seven_b):
 
 def test_engine_sleep_plans_the_larger_of_serving_and_stepping_not_their_sum(seven_b):
     shape = ModelShape.from_pretrained(seven_b)
-    layout = Layout(
-        engine="vllm",
-        engine_device="cuda:0",
-        learner_device="cuda:0",
-        engine_dtype="bfloat16",
-        learner_dtype="bfloat16",
-        optimizer_dtype="bfloat16",
-        gradient_checkpointing=True,
-    )
+    layout = COLOCATED_BF16
     machine = {"cuda:0": 80 * GIB, "cpu": 512 * GIB}
     awake = plan(shape, layout, machine)
     assert not awake.fits and remedies(shape, layout, machine) == ["--engine-sleep"]

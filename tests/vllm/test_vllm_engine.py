@@ -139,6 +139,18 @@ def _wait_version(server, above: int, limit: float = 60) -> int:
     return server.runtime.version
 
 
+def learner_logprob_gap(server, ext: dict) -> float:
+    """How far the engine's log-probs of a completion are from the learner's model's (transformers)."""
+    learner = server.runtime.loop.learner
+    ids = ext["prompt_token_ids"] + ext["completion_token_ids"]
+    with torch.no_grad():
+        logits = learner.model(input_ids=torch.tensor([ids])).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)
+    at = len(ext["prompt_token_ids"]) - 1
+    expected = [float(logp[at + j, t]) for j, t in enumerate(ext["completion_token_ids"])]
+    return max(abs(a - b) for a, b in zip(ext["completion_logprobs"], expected, strict=True))
+
+
 def test_logprobs_after_an_update_match_transformers_on_the_learners_weights(sdk, vllm_server):
     start = vllm_server.runtime.version
     _push(vllm_server.url, _group(sdk, "match"))
@@ -146,14 +158,7 @@ def test_logprobs_after_an_update_match_transformers_on_the_learners_weights(sdk
     reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=40, seed=21)
     ext = reply.choices[0].model_extra["agentjet"]
     assert set(ext["completion_versions"]) == {version}
-    learner = vllm_server.runtime.loop.learner
-    ids = ext["prompt_token_ids"] + ext["completion_token_ids"]
-    with torch.no_grad():
-        logits = learner.model(input_ids=torch.tensor([ids])).logits[0]
-    logp = torch.log_softmax(logits.float(), -1)
-    start_at = len(ext["prompt_token_ids"]) - 1
-    expected = [float(logp[start_at + j, t]) for j, t in enumerate(ext["completion_token_ids"])]
-    worst = max(abs(a - b) for a, b in zip(ext["completion_logprobs"], expected, strict=True))
+    worst = learner_logprob_gap(vllm_server, ext)
     assert worst < 1e-3, f"vLLM logprobs differ from transformers on the learner's weights by {worst}"
     # and the update really changed the policy: the old weights' logprobs are elsewhere
     assert vllm_server.engine.updates[-1].version == version

@@ -15,10 +15,9 @@ import time
 
 import openai
 import pytest
-import torch
 
 from tests.conftest import ServerProcess, run_digits_client
-from tests.vllm.test_vllm_engine import ASK, _group, _push, _wait_version
+from tests.vllm.test_vllm_engine import ASK, _group, _push, _wait_version, learner_logprob_gap
 
 pytest.importorskip("vllm")
 pytestmark = [
@@ -132,14 +131,7 @@ def test_each_step_sleeps_the_engine_and_it_wakes_with_the_learners_weights(slee
     reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=40, seed=21)
     ext = reply.choices[0].model_extra["agentjet"]
     assert set(ext["completion_versions"]) == {version}
-    learner = sleepy_server.runtime.loop.learner
-    ids = ext["prompt_token_ids"] + ext["completion_token_ids"]
-    with torch.no_grad():
-        logits = learner.model(input_ids=torch.tensor([ids])).logits[0]
-    logp = torch.log_softmax(logits.float(), -1)
-    at = len(ext["prompt_token_ids"]) - 1
-    expected = [float(logp[at + j, t]) for j, t in enumerate(ext["completion_token_ids"])]
-    worst = max(abs(a - b) for a, b in zip(ext["completion_logprobs"], expected, strict=True))
+    worst = learner_logprob_gap(sleepy_server, ext)
     assert worst < 1e-3, f"vLLM logprobs after waking differ from the learner's weights by {worst}"
 
 
