@@ -35,6 +35,9 @@ LAYOUTS = {
     "bf16 + checkpointing": {"learner_dtype": "bfloat16", "gradient_checkpointing": True},
     "LoRA rank 8": {"lora_rank": 8},
     "LoRA rank 8 + checkpointing": {"lora_rank": 8, "gradient_checkpointing": True},
+    # FSDP2 CPU offload in one process: on a CPU learner "host memory" is the same RAM, so this checks
+    # the gathered copies and FSDP's own cost, not the split between device and host
+    "CPU offload": {"cpu_offload": True},
 }
 PROMPT, LENGTH = 200, 512
 
@@ -92,6 +95,7 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
         gradient_checkpointing=bool(layout.get("gradient_checkpointing", False)),
         micro_batch_tokens=tokens,
         lora=LoraSpec(rank=int(str(layout["lora_rank"])), alpha=16.0) if layout.get("lora_rank") else None,
+        cpu_offload=bool(layout.get("cpu_offload", False)),
     )
     learner = Learner(net, config, pad_id=0)
     generator = torch.Generator().manual_seed(0)

@@ -279,7 +279,12 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
             # measured (bench/memory.py): a batch cut into several micro-batches leaves the CPU
             # allocator holding about this much more than one micro-batch's peak
             items.append(Item("allocator slack", int(0.25 * GIB), "several micro-batches in a row", phase="step"))
-    dense = min(tokens, DENSE_TREE_MAX)
+    # a sharded learner (torchrun ranks, or --cpu-offload) runs every micro-batch as one dense tree
+    # (FSDP gathers each layer once per pass): on CPU that costs what bench/memory.py measures (the
+    # per-head mask expansion below: within 4% at 4,096 tokens, 35% over at 8,192); on GPUs, whose
+    # attention kernels take the mask as it is, it is not measured yet and the plan stays chain by chain
+    sharded = (layout.learner_ranks > 1 or layout.cpu_offload) and device_kind(layout.learner_device) == "cpu"
+    dense = tokens if sharded else min(tokens, DENSE_TREE_MAX)
     # measured on CPU (bench/memory.py): a dense tree keeps its mask expanded per head in every layer
     # (about 1.25 bytes per query-key pair, head and layer); a checkpointed layer recomputed in the
     # backward pass holds its attention and the gradient of it while it runs (about 112 bytes per
@@ -290,7 +295,8 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
         attention = int(shape.layers * shape.heads * dense * dense * 1.25)
     # chain by chain, each chain's keys and values are kept whole for the chains that continue it
     chains = 4 * shape.layers * shape.kv_heads * shape.head_dim * compute
-    if not layout.gradient_checkpointing and (per_token + chains) * tokens >= per_token * dense + attention:
+    chain_by_chain = (per_token + chains) * tokens >= per_token * dense + attention
+    if not layout.gradient_checkpointing and not sharded and chain_by_chain:
         kib = f"{per_token / 1024:.0f} KiB/token x {tokens} tokens"
         items.append(Item("activations", per_token * tokens, kib, phase="step"))
         items.append(Item("chain keys and values", chains * tokens, "trees run chain by chain", phase="step"))
