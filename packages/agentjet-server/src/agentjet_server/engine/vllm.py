@@ -87,7 +87,6 @@ class _Command:
     kind: str
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
-    seconds: float = 0.0
 
 
 class _Quiet(logging.Filter):
@@ -349,7 +348,6 @@ class VLLMEngine(TemplateEngine):
             except Exception as exc:  # reported to the caller (the learner)
                 command.error = exc
             finally:
-                command.seconds = time.perf_counter() - started
                 command.done.set()
 
     def _wake_engine(self) -> None:
@@ -373,7 +371,8 @@ class VLLMEngine(TemplateEngine):
             self._abort(request_id)
 
     def _abort(self, request_id: str) -> None:
-        self._held = [r for r in self._held if r.request_id != request_id]
+        if self._held:
+            self._held = [r for r in self._held if r.request_id != request_id]
         if self._live.pop(request_id, None) is not None:
             try:
                 self._engine.abort_request([request_id])

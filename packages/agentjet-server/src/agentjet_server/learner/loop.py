@@ -267,7 +267,7 @@ class TrainingLoop:
         try:
             self.engine.wake()
         except Exception:
-            logger.exception("the engine could not wake up after a failed step")
+            logger.exception("the engine could not wake up; it serves again at the next weight update")
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         config = self.learner.config
