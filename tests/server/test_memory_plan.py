@@ -16,7 +16,17 @@ import torch
 from agentjet_server.batching.batch import Batch, Sequence
 from agentjet_server.errors import ConfigError
 from agentjet_server.learner.trainer import Learner, LearnerConfig
-from agentjet_server.memory import GIB, Layout, ModelShape, check, plan, remedies
+from agentjet_server.memory import (
+    GIB,
+    Layout,
+    ModelShape,
+    check,
+    local_learner_devices,
+    plan,
+    remedies,
+    same_device,
+    sleeping_replicas,
+)
 from agentjet_server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,8 +217,6 @@ def test_settings_refuse_contradictory_memory_flags(tmp_path):
         ServerSettings(engine_devices="cuda:0,cuda:1")
     with pytest.raises(ValueError, match="add --engine vllm"):
         ServerSettings(engine_sleep=True)
-    with pytest.raises(ValueError, match="leave one of them out"):
-        ServerSettings(engine="vllm", engine_sleep=True, engine_replicas=2)
 
 
 def test_under_torchrun_rank_0_plans_the_engine_on_its_device_and_the_other_ranks_only_their_shard(seven_b):
@@ -221,6 +229,63 @@ def test_under_torchrun_rank_0_plans_the_engine_on_its_device_and_the_other_rank
     assert not {"engine weights", "engine KV cache"} & {i.name for i in other.devices[0].items}
     split = check(settings.model_copy(update={"engine_devices": "cuda:7"}), seven_b, "cuda:0", 8, serves=True)
     assert [d.device for d in split.devices] == ["cuda:7", "cuda:0"]
+
+
+def test_replicas_on_the_ranks_devices_are_planned_by_their_rank_and_those_there_sleep(seven_b, monkeypatch):
+    """8 ranks, 8 vLLM replicas, each pair on one GPU: every rank's plan holds its replica (asleep
+    during steps); replicas on devices of their own serve on."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    gpus = ",".join(f"cuda:{i}" for i in range(8))
+    settings = ServerSettings(
+        model=seven_b,
+        device="cuda",
+        engine="vllm",
+        engine_replicas=8,
+        engine_devices=gpus,
+        engine_sleep=True,
+        learner_dtype="bfloat16",
+        gradient_checkpointing=True,
+        memory_budget_gb=40,
+    )
+    learners = local_learner_devices(settings, "cuda:0", 8)
+    assert learners == [f"cuda:{i}" for i in range(8)]
+    assert sleeping_replicas(settings, learners) == list(range(8))
+    main = check(settings, seven_b, "cuda:0", 8, serves=True)
+    other = check(settings, seven_b, "cuda:5", 8, serves=False)
+    for result, device in ((main, "cuda:0"), (other, "cuda:5")):
+        assert [d.device for d in result.devices] == [device] and result.fits
+        items = {i.name: i for i in result.devices[0].items}
+        assert items["engine weights"].phase == "serving" and items["engine while asleep"].phase == "step"
+    assert other.layout.gpu_memory_utilization == main.layout.gpu_memory_utilization
+    # awake through the steps, the same pairs do not fit 40 GB (what the sleep buys)
+    with pytest.raises(ConfigError, match="need more memory than there is"):
+        check(settings.model_copy(update={"engine_sleep": False}), seven_b, "cuda:5", 8, serves=False)
+    # 4 ranks on cuda:0-3, replicas on cuda:2-5: cuda:2 and cuda:3 are shared, so those two sleep
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    mixed = settings.model_copy(
+        update={"engine_replicas": 4, "engine_devices": "cuda:2,cuda:3,cuda:4,cuda:5", "memory_budget_gb": 141}
+    )
+    assert sleeping_replicas(mixed, local_learner_devices(mixed, "cuda:0", 4)) == [0, 1]
+    assert "engine weights" not in {i.name for i in check(mixed, seven_b, "cuda:1", 4, serves=False).devices[0].items}
+    shared = check(mixed, seven_b, "cuda:3", 4, serves=False).devices[0].items
+    assert {i.name: i.phase for i in shared}["engine weights"] == "serving"
+    # on CPU every replica shares the learner's memory; "cuda" alone is cuda:0
+    assert same_device("cuda", "cuda:0") and same_device("cpu", "cpu") and not same_device("cuda:1", "cuda:0")
+    cpu = ServerSettings(engine="vllm", engine_replicas=2, engine_sleep=True)
+    assert sleeping_replicas(cpu, local_learner_devices(cpu, "cpu", 1)) == [0, 1]
+    single = settings.model_copy(update={"engine_devices": "cuda:1,cuda:2", "engine_replicas": 2})
+    assert sleeping_replicas(single, local_learner_devices(single, "cuda", 1)) == []
+
+
+def test_engine_sleep_with_no_replica_on_a_learners_device_is_refused(tmp_path):
+    flags = ["--engine", "vllm", "--engine-replicas", "2", "--engine-devices", "cuda:0,cuda:1", "--engine-sleep"]
+    flags += ["--port", "0", "--state-dir", str(tmp_path / "state")]
+    out = subprocess.run(
+        [sys.executable, "-m", "agentjet_server", "up", *flags], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    text = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 2, text
+    assert "learner's devices (cpu)" in text and "leave --engine-sleep out" in text
 
 
 def test_check_fits_the_embedded_model_and_can_be_overridden(model_dir):

@@ -748,10 +748,13 @@ class ReplicaInfo(_Strict):
     tokens: int = 0  # tokens it sampled
     restarts: int = 0  # times its process died and was started again
     failovers: int = 0  # requests that were in flight when it died and went on on another replica
+    sleeps: bool = False  # --engine-sleep: it sleeps through every learner step (it shares the learner's device)
+    asleep: bool = False  # asleep now: requests go to an awake replica, or wait for the step to end
 
     def summary(self) -> str:
+        state = f"{self.state}, asleep" if self.asleep else self.state
         return (
-            f"replica {self.index} ({self.device}, {self.state}, v{self.version}): in flight {self.in_flight}  "
+            f"replica {self.index} ({self.device}, {state}, v{self.version}): in flight {self.in_flight}  "
             f"requests {self.requests}  tokens {self.tokens}"
             + (f"  restarts {self.restarts}  failed over {self.failovers}" if self.restarts or self.failovers else "")
         )

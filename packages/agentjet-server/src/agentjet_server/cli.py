@@ -143,7 +143,8 @@ def up(
         bool,
         typer.Option(
             help="vLLM's sleep mode: during each learner step the engine frees its KV cache and moves its "
-            "weights to host memory; serving pauses until the new weights are in"
+            "weights to host memory; serving pauses until the new weights are in (with --engine-replicas: the "
+            "replicas on a learner's device sleep, the others serve on)"
         ),
     ] = False,
     lora_rank: Annotated[
@@ -329,6 +330,16 @@ def serve(settings: Any) -> None:
     ctx = distributed.init_from_env(settings.device, devices=settings.learner_device_list())
     finished = False
     try:
+        if settings.engine_sleep and settings.engine_replicas > 1 and not _sleeping_replicas(settings, ctx):
+            from agentjet_server import memory
+            from agentjet_server.errors import ConfigError
+
+            learner = ", ".join(memory.local_learner_devices(settings, ctx.device, ctx.world_size))
+            raise ConfigError(
+                f"--engine-sleep frees the memory of the engine replicas on the learner's devices ({learner}), "
+                f"and --engine-devices {settings.engine_devices} puts none there: every replica serves on "
+                "through the steps, so leave --engine-sleep out"
+            )
         path = _model_path(settings, ctx)
         settings = _memory_plan(settings, path, ctx)
         if not ctx.is_main:
@@ -340,12 +351,23 @@ def serve(settings: Any) -> None:
             # after rank 0's last checkpoint (which needs this rank's shards)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            loop.worker_loop(build_learner(settings, str(path), ctx), ctx)
+            from agentjet_server.memory import same_device
+
+            # an engine replica sleeping on this rank's device wakes into the memory the step leaves
+            hosts_sleeper = settings.engine_sleep and settings.engine_replicas > 1
+            hosts_sleeper = hosts_sleeper and any(same_device(d, ctx.device) for d in settings.engine_device_list())
+            loop.worker_loop(build_learner(settings, str(path), ctx), ctx, free_cache=hosts_sleeper)
         else:
             _serve_main(settings, path, ctx)
         finished = True
     finally:
         distributed.shutdown(ctx, wait_for_others=finished)
+
+
+def _sleeping_replicas(settings: Any, ctx: Any) -> list[int]:
+    from agentjet_server import memory
+
+    return memory.sleeping_replicas(settings, memory.local_learner_devices(settings, ctx.device, ctx.world_size))
 
 
 def _memory_plan(settings: Any, path: Path, ctx: Any) -> Any:
@@ -464,13 +486,21 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
                     else ", ".join(devices)
                 )
             )
+            sleepers = _sleeping_replicas(settings, ctx) if settings.engine_sleep else []
+            if sleepers:
+                console.print(
+                    f"[cyan]agentjet[/cyan] --engine-sleep: replica(s) {', '.join(map(str, sleepers))} sleep through "
+                    "every learner step"
+                    + ("; the others serve on" if len(sleepers) < settings.engine_replicas else "")
+                )
             engine = ReplicaSet(
                 settings.engine,
                 engine_path,
                 replicas=settings.engine_replicas,
                 devices=devices,
                 threads=cpu_threads_per_replica(settings.engine_replicas) if on_cpu else None,
-                **{k: v for k, v in options.items() if k != "device"},
+                sleepers=sleepers,
+                **{k: v for k, v in options.items() if k not in ("device", "sleep_mode")},
             )
         elif settings.engine == "vllm" and ctx.enabled:
             # vLLM's engine core joins torch.distributed wherever it runs; this process belongs to the

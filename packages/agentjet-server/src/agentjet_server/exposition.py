@@ -104,6 +104,7 @@ class RuntimeCollector(Collector):
             per = (
                 (GaugeMetricFamily, "agentjet_replica_up", "1 while the engine replica serves", "state"),
                 (GaugeMetricFamily, "agentjet_replica_in_flight", "Requests the replica is sampling now", "in_flight"),
+                (GaugeMetricFamily, "agentjet_replica_asleep", "1 while the replica sleeps (--engine-sleep)", "asleep"),
                 (CounterMetricFamily, "agentjet_replica_requests", "Requests routed to the replica", "requests"),
                 (CounterMetricFamily, "agentjet_replica_tokens", "Tokens the replica sampled", "tokens"),
                 (

@@ -34,6 +34,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal
 
 GIB = 1 << 30
@@ -178,6 +179,37 @@ def _gib(n: int) -> str:
 
 def device_kind(device: str) -> str:
     return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two device names are one device (``cuda`` is ``cuda:0``; the CPU is one device)."""
+
+    def canonical(device: str) -> str:
+        if device_kind(device) == "cpu":
+            return "cpu"
+        return device if ":" in device else "cuda:0"
+
+    return canonical(a) == canonical(b)
+
+
+def local_learner_devices(settings: Any, device: str, ranks: int) -> list[str]:
+    """The devices the learner ranks on this machine compute on (``device``: this process's;
+    ``ranks``: the learner's world size)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if ranks > 1 else 1
+    named = settings.learner_device_list()
+    if named:
+        return named[:local]
+    if ranks > 1 and device_kind(device) == "cuda":
+        return [f"cuda:{i}" for i in range(local)]
+    return [device]
+
+
+def sleeping_replicas(settings: Any, learner_devices: Sequence[str]) -> list[int]:
+    """``--engine-sleep --engine-replicas N``: the replicas on a device a learner rank computes on
+    (they sleep through its steps; the others serve on)."""
+    devices = settings.engine_device_list()
+    placed = devices if len(devices) > 1 else devices * settings.engine_replicas
+    return [i for i, d in enumerate(placed) if any(same_device(d, ld) for ld in learner_devices)]
 
 
 def device_capacity(device: str) -> int:
@@ -452,9 +484,18 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
     engine_device = (
         (settings.engine_device_list()[0] if settings.engine_devices else learner_device) if serves else learner_device
     )
+    # under torchrun, a GPU replica may sit on another rank's device: that rank plans for it (CPU
+    # replicas are all in rank 0's plan)
+    hosts_replica = (
+        not serves
+        and settings.engine_replicas > 1
+        and device_kind(learner_device) == "cuda"
+        and any(same_device(d, learner_device) for d in settings.engine_device_list())
+    )
+    engine = settings.engine if serves or hosts_replica else "none"
     engine_dtype = str(resolve_dtype(settings.dtype, engine_device)).removeprefix("torch.")
     return Layout(
-        engine=settings.engine if serves else "none",
+        engine=engine,
         engine_device=engine_device,
         learner_device=learner_device,
         engine_dtype=engine_dtype,
@@ -469,7 +510,10 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         engine_replicas=settings.engine_replicas if serves else 1,
         lora_rank=settings.lora_rank,
         cpu_offload=settings.cpu_offload,
-        engine_sleep=settings.engine_sleep and serves,
+        # with replicas, those on a learner's device sleep through its steps
+        engine_sleep=settings.engine_sleep
+        and engine != "none"
+        and (settings.engine_replicas == 1 or same_device(engine_device, learner_device)),
         local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if learner_ranks > 1 else 1,
     )
 

@@ -210,11 +210,6 @@ class ServerSettings(BaseModel):
                 "--engine-sleep is vLLM's sleep mode (it frees the engine's GPU memory while the learner steps): "
                 "add --engine vllm, or leave --engine-sleep out"
             )
-        if self.engine_sleep and self.engine_replicas > 1:
-            raise ValueError(
-                "--engine-sleep pauses the one engine that shares its GPU with the learner; with --engine-replicas "
-                f"{self.engine_replicas} the replicas serve on through every step: leave one of them out"
-            )
         if self.gpu_memory_utilization is not None and self.engine != "vllm":
             raise ValueError("--gpu-memory-utilization sets vLLM's share of its GPU: it needs --engine vllm")
         devices = self.engine_device_list()

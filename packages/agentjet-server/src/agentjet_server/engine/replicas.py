@@ -15,6 +15,11 @@ Weights: an update is handed to every running replica at once (the CPU tensors s
 memory, so each replica copies them once) and returns when all have loaded it. The newest weights
 are kept, so a replica that restarts loads them before it takes requests.
 
+Sleep (``--engine-sleep``, vLLM): the replicas that share a device with a learner rank (all of them
+on CPU) sleep through each learner step and wake with its weights; the others serve on, and while
+the sleepers sleep every request goes to an awake replica when there is one. A sleeper that dies
+while its device's learner steps is started again only after the step, when its memory is free.
+
 Failures: a replica whose process dies is restarted in the background (with back-off). A request
 it was serving continues on another replica from where it stopped: the tokens already streamed
 stay (each keeps the version tag of the weights that sampled it), and the rest are sampled with
@@ -31,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -71,6 +76,8 @@ class Replica:
     tokens: int = 0
     restarts: int = 0
     failovers: int = 0  # requests that died with this replica and went on elsewhere
+    sleeps: bool = False  # --engine-sleep: it sleeps through every learner step
+    asleep: bool = False
     blocks: collections.OrderedDict[int, None] = dataclasses.field(default_factory=collections.OrderedDict)
 
     def matched(self, blocks: list[int]) -> int:
@@ -101,6 +108,8 @@ class Replica:
             "tokens": self.tokens,
             "restarts": self.restarts,
             "failovers": self.failovers,
+            "sleeps": self.sleeps,
+            "asleep": self.asleep,
         }
 
 
@@ -116,8 +125,10 @@ class ReplicaSet(TemplateEngine):
         devices: Sequence[str],
         threads: int | None = None,
         startup_timeout: float = 600.0,
+        sleepers: Collection[int] = (),
         **engine_kwargs: Any,
     ) -> None:
+        """``sleepers``: the replicas that sleep through learner steps (vLLM's sleep mode)."""
         if replicas < 1:
             raise ValueError("replicas must be at least 1")
         if len(devices) not in (1, replicas):
@@ -135,7 +146,11 @@ class ReplicaSet(TemplateEngine):
         self._lock = threading.Lock()
         self._latest: tuple[Mapping[str, torch.Tensor], int] | None = None  # the newest weights, for restarts
         self._closed = threading.Event()
-        self.replicas = [Replica(i, devices[i] if len(devices) > 1 else devices[0]) for i in range(replicas)]
+        self._awake = threading.Event()  # cleared while the sleepers sleep through a step
+        self._awake.set()
+        self.replicas = [
+            Replica(i, devices[i] if len(devices) > 1 else devices[0], sleeps=i in sleepers) for i in range(replicas)
+        ]
         # start them side by side: each loads the model on its own
         with ThreadPoolExecutor(replicas) as pool:
             engines = list(pool.map(self._start, self.replicas))
@@ -145,6 +160,8 @@ class ReplicaSet(TemplateEngine):
 
     def _start(self, replica: Replica) -> EngineProcess:
         kwargs = {**self._kwargs, "device": replica.device, "version": self._version}
+        if replica.sleeps:
+            kwargs["sleep_mode"] = True
         engine = EngineProcess(
             self.kind, self.model_path, startup_timeout=self._startup_timeout, threads=self._threads, **kwargs
         )
@@ -160,6 +177,8 @@ class ReplicaSet(TemplateEngine):
                 ready = [r for r in self.replicas if r.state == "ready"]
             if not ready:
                 return None
+            awake = [r for r in ready if not r.asleep]
+            ready = awake or ready  # a sleeper holds its requests until the step ends
             least = min(r.in_flight for r in ready)
             margin = max(2, least // 4)  # affinity wins only while the load stays close
             near = [r for r in ready if r.in_flight <= least + margin]
@@ -230,18 +249,76 @@ class ReplicaSet(TemplateEngine):
         def load(item: tuple[Replica, EngineProcess]) -> BaseException | None:
             replica, engine = item
             try:
-                engine.update_weights(weights, version)
+                engine.update_weights(weights, version)  # a sleeping replica wakes for it
             except (EngineError, OSError) as exc:
                 if engine.alive:
                     return exc
                 self._restart(replica, engine)  # it loads the newest weights when it is back
+            replica.asleep = False
             return None
 
-        with ThreadPoolExecutor(max(1, len(targets))) as pool:
-            errors = [e for e in pool.map(load, targets) if e is not None]
+        errors = self._each(load, targets)
+        self._awake.set()
         if errors:
             raise EngineError(f"loading weights v{version} failed on a replica: {errors[0]}")
         self._version = max(self._version, version)
+
+    # ----------------------------------------------------------------------------- sleep
+
+    @property
+    def can_sleep(self) -> bool:
+        return any(r.sleeps for r in self.replicas)
+
+    def sleep(self) -> None:
+        """The sleepers free their device memory, side by side; returns when all have."""
+        with self._lock:
+            self._awake.clear()
+            targets = [(r, r.engine) for r in self.replicas if r.sleeps and r.state == "ready" and r.engine]
+            for replica, _engine in targets:
+                replica.asleep = True  # routing avoids it from now on
+
+        def fall_asleep(item: tuple[Replica, EngineProcess]) -> BaseException | None:
+            replica, engine = item
+            try:
+                engine.sleep()
+            except (EngineError, OSError) as exc:
+                if engine.alive:
+                    return exc
+                self._restart(replica, engine)  # started again once the step is over
+            return None
+
+        errors = self._each(fall_asleep, targets)
+        if errors:
+            raise EngineError(f"an engine replica could not sleep: {errors[0]}")
+
+    def wake(self) -> None:
+        """Every sleeper serves again with the weights it had."""
+        with self._lock:
+            targets = [(r, r.engine) for r in self.replicas if r.asleep and r.engine is not None]
+
+        def wake_up(item: tuple[Replica, EngineProcess]) -> BaseException | None:
+            replica, engine = item
+            try:
+                engine.wake()
+            except (EngineError, OSError) as exc:
+                if engine.alive:
+                    return exc
+                self._restart(replica, engine)
+            replica.asleep = False
+            return None
+
+        errors = self._each(wake_up, targets)
+        self._awake.set()
+        if errors:
+            raise EngineError(f"an engine replica could not wake up: {errors[0]}")
+
+    @staticmethod
+    def _each(
+        action: Callable[[tuple[Replica, EngineProcess]], BaseException | None],
+        targets: list[tuple[Replica, EngineProcess]],
+    ) -> list[BaseException]:
+        with ThreadPoolExecutor(max(1, len(targets))) as pool:
+            return [e for e in pool.map(action, targets) if e is not None]
 
     # ----------------------------------------------------------------------------- restarts
 
@@ -260,6 +337,9 @@ class ReplicaSet(TemplateEngine):
         attempt = 0
         while not self._closed.is_set():
             engine: EngineProcess | None = None
+            if replica.sleeps and not self._awake.is_set():
+                self._awake.wait(1.0)  # the learner's step has its device: start it after the step
+                continue
             try:
                 engine = self._start(replica)
                 while True:  # load the newest weights; an update may land meanwhile
@@ -270,6 +350,7 @@ class ReplicaSet(TemplateEngine):
                     with self._lock:
                         if self._latest is latest:
                             replica.engine, replica.state = engine, "ready"
+                            replica.asleep = False
                             replica.restarts += 1
                             replica.blocks.clear()
                             logger.info("engine replica %d is back (pid %d)", replica.index, engine.pid)

@@ -293,11 +293,13 @@ class TrainingLoop:
         by_tag, by_agent, lag = batch_figures(groups, batch.included, self.version)
         self.trained_lag.update(lag)
         batch.included = []  # the other ranks need the sequences only
-        if self.learner.ctx.enabled:
-            distributed.broadcast(self.learner.ctx, batch)
+        # asleep before the other ranks have the batch: none of them starts its step on a device a
+        # sleeping engine replica has not freed yet
         slept = self._sleep_engine()
         new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
         try:
+            if self.learner.ctx.enabled:
+                distributed.broadcast(self.learner.ctx, batch)
             stats = self.learner.step(batch)
             self.learner.release_gradients()  # between steps that memory serves (or wakes) the engine
             if slept is not None and self.learner.device.type == "cuda":
@@ -372,8 +374,10 @@ def _differences(old: LearnerConfig, new: LearnerConfig) -> str:
     return ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before[k] != after[k])
 
 
-def worker_loop(learner: Learner, ctx: DistContext) -> None:
-    """Ranks other than 0: take part in every step rank 0 starts, until it says stop."""
+def worker_loop(learner: Learner, ctx: DistContext, free_cache: bool = False) -> None:
+    """Ranks other than 0: take part in every step rank 0 starts, until it says stop. ``free_cache``:
+    an engine replica sleeps on this rank's GPU through the step; the memory the step cached goes back
+    to the driver before rank 0 (waiting for this rank in the weight gather) wakes the replica."""
     logger.info("learner rank %d waiting for batches", ctx.rank)
     while True:
         message = distributed.broadcast(ctx, None)
@@ -393,4 +397,8 @@ def worker_loop(learner: Learner, ctx: DistContext) -> None:
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
         learner.step(message)
         learner.release_gradients()
+        if free_cache and learner.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
         learner.full_state_dict()
