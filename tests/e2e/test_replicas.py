@@ -5,6 +5,7 @@ sampled right after), and a replica SIGKILLed mid-run fails no episode (it is re
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -38,11 +39,13 @@ async def _probe(url: str, n: int) -> list[list[int]]:
     return [r.json()["choices"][0]["agentjet"]["completion_versions"] for r in replies]
 
 
-def run_with_replicas(tmp_path: Path, engine: str) -> None:
+def run_with_replicas(tmp_path: Path, engine: str, sleep: bool = False) -> None:
+    """``sleep``: ``--engine-sleep`` too (vLLM): both CPU replicas share the learner's device, so
+    both sleep through every step."""
     env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), "AGENTJET_DIGITS": "3,8"}
     state = tmp_path / "state"
     args = ["--engine", engine, "--engine-replicas", "2", "--batch-groups", "2", "--group-size", "16"]
-    args += ["--lr", "1e-3", "--state-dir", str(state)]
+    args += ["--lr", "1e-3", "--state-dir", str(state)] + (["--engine-sleep"] if sleep else [])
     server = ServerProcess(args, tmp_path / "server.log", env=env)
     url = server.url
     command = [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
@@ -122,6 +125,11 @@ def run_with_replicas(tmp_path: Path, engine: str) -> None:
     assert {v for versions in probes for v in versions} == {status["policy_version"]}
     assert replicas[1]["restarts"] == 1 and replicas[1]["pid"] != seen["killed"]
     assert {r["version"] for r in replicas} == {status["policy_version"]}
+    if sleep:  # every step put both replicas to sleep first
+        steps = [json.loads(line) for line in (state / "metrics.jsonl").read_text().splitlines()]
+        steps = [s for s in steps if s["kind"] == "step"]
+        assert len(steps) == status["policy_version"] and all(s["engine_sleep_seconds"] > 0 for s in steps)
+        assert [r["sleeps"] for r in replicas] == [True, True] and not any(r["asleep"] for r in replicas)
     # every trained token's tag: never newer than the version published before the turn, never
     # going back within a turn
     for record in read_records(state / "log", compacted=False):

@@ -1,5 +1,6 @@
-"""``--engine-replicas 2 --engine vllm``: the replicas end-to-end test of tests/e2e/test_replicas.py
-with two vLLM engine processes (runs in the vLLM suite's environment)."""
+"""``--engine-replicas 2 --engine vllm --engine-sleep``: the replicas end-to-end test of
+tests/e2e/test_replicas.py with two vLLM engine processes that sleep through every step (runs in
+the vLLM suite's environment; replicas without sleep are the transformers run of the same test)."""
 
 import pytest
 
@@ -14,5 +15,5 @@ pytestmark = [
 ]
 
 
-def test_two_vllm_replicas_train_and_survive_a_kill(model_dir, tmp_path):
-    run_with_replicas(tmp_path, "vllm")
+def test_two_sleeping_vllm_replicas_train_and_survive_a_kill(model_dir, tmp_path):
+    run_with_replicas(tmp_path, "vllm", sleep=True)

@@ -158,3 +158,74 @@ def test_torchrun_learner_ranks_with_a_sleeping_vllm_in_its_own_process(model_di
     steps = [s for s in steps if s["kind"] == "step"]
     assert len(steps) == status["policy_version"]
     assert all(s["engine_sleep_seconds"] > 0 for s in steps), steps[0]
+
+
+def test_sleeping_replicas_hold_their_requests_the_awake_one_serves_and_a_dead_sleeper_waits_for_the_step(
+    chatty_model_dir,
+):
+    """``--engine-sleep --engine-replicas 2`` with replica 0 on the learner's device (it sleeps)
+    and replica 1 on a device of its own (it serves on): while 0 sleeps every request goes to 1;
+    a request 0 was sampling is preempted and resumes after waking; 0 killed while asleep is
+    started again only once the step is over, with the newest weights."""
+    import asyncio
+    import os
+    import signal
+
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.engine.base import SamplingParams
+    from agentjet_server.engine.replicas import ReplicaSet
+
+    engine = ReplicaSet(
+        "vllm", chatty_model_dir, replicas=2, devices=["cpu"], threads=1, model_name=None, max_batch=64, sleepers=[0]
+    )
+    try:
+        assert engine.can_sleep and [r["sleeps"] for r in engine.replica_status()] == [True, False]
+        ids = engine.render(ASK)
+
+        async def drain(seed: int, max_tokens: int, started: asyncio.Event | None = None) -> list:
+            out = []
+            async for event in engine.generate(ids, SamplingParams(max_tokens=max_tokens, seed=seed)):
+                out.append(event)
+                if started is not None and len(out) == 5:
+                    started.set()
+            return out
+
+        async def across_a_sleep() -> tuple[list, list[list], list[int]]:
+            started = asyncio.Event()
+            long = asyncio.create_task(drain(1, 300, started))  # idle replicas: it goes to replica 0
+            await started.wait()
+            assert [r["in_flight"] for r in engine.replica_status()] == [1, 0]
+            await asyncio.to_thread(engine.sleep)
+            assert [r["asleep"] for r in engine.replica_status()] == [True, False]
+            served = [r["requests"] for r in engine.replica_status()]
+            during = await asyncio.gather(*(drain(10 + i, 6) for i in range(4)))  # finish while 0 sleeps
+            after = [r["requests"] for r in engine.replica_status()]
+            assert not long.done(), "replica 0 sampled while asleep"
+            await asyncio.to_thread(engine.wake)
+            return await long, during, [a - b for a, b in zip(after, served, strict=True)]
+
+        long, during, routed = asyncio.run(across_a_sleep())
+        assert routed == [0, 4], routed  # every request went to the awake replica
+        assert all(len(d) == 6 for d in during) and len(long) == 300
+        # a sleeper that dies during the step comes back after it, with the step's weights
+        engine.sleep()
+        victim = engine.replica_status()[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while engine.replicas[0].engine.alive:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert len(asyncio.run(drain(20, 4))) == 4  # replica 1 serves it, and the router sees 0 dead
+        assert engine.replica_status()[0]["state"] == "restarting"
+        time.sleep(3)
+        assert engine.replica_status()[0]["pid"] == victim  # not started while the learner steps
+        new = {k: v + 0.01 for k, v in AutoModelForCausalLM.from_pretrained(chatty_model_dir).state_dict().items()}
+        engine.update_weights(new, 5)  # the step is over: replica 1 takes them, 0 starts and loads them
+        deadline = time.monotonic() + 180
+        while (status := engine.replica_status()[0])["state"] != "ready":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.5)
+        assert status["version"] == 5 and status["restarts"] == 1 and not status["asleep"]
+    finally:
+        engine.close()

@@ -171,6 +171,10 @@ class ReplicaSet(TemplateEngine):
     # ----------------------------------------------------------------------------- routing
 
     def _choose(self, blocks: list[int], avoid: set[int]) -> Replica | None:
+        for replica in self.replicas:  # one that died idle (or asleep) is noticed here
+            engine = replica.engine
+            if replica.state == "ready" and engine is not None and not engine.alive:
+                self._restart(replica, engine)
         with self._lock:
             ready = [r for r in self.replicas if r.state == "ready" and r.index not in avoid]
             if not ready:
@@ -294,7 +298,7 @@ class ReplicaSet(TemplateEngine):
     def wake(self) -> None:
         """Every sleeper serves again with the weights it had."""
         with self._lock:
-            targets = [(r, r.engine) for r in self.replicas if r.asleep and r.engine is not None]
+            targets = [(r, r.engine) for r in self.replicas if r.asleep and r.state == "ready" and r.engine]
 
         def wake_up(item: tuple[Replica, EngineProcess]) -> BaseException | None:
             replica, engine = item
