@@ -301,10 +301,14 @@ def test_check_fits_the_embedded_model_and_can_be_overridden(model_dir):
 # fall back to slow kernels (one bf16 step of the 26M model there: about 300 s, against 26 s in
 # fp32), so such a host measures the checkpointing branch of the estimate in fp32 instead
 _BF16_FAST = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-_SECOND = {"learner_dtype": "bfloat16", "gradient_checkpointing": True} if _BF16_FAST else {"gradient_checkpointing": True}
+_SECOND = (
+    {"learner_dtype": "bfloat16", "gradient_checkpointing": True} if _BF16_FAST else {"gradient_checkpointing": True}
+)
 
 
-@pytest.mark.parametrize("layout", [{}, _SECOND], ids=["fp32", "bf16 + checkpointing" if _BF16_FAST else "checkpointing"])
+@pytest.mark.parametrize(
+    "layout", [{}, _SECOND], ids=["fp32", "bf16 + checkpointing" if _BF16_FAST else "checkpointing"]
+)
 def test_estimate_is_within_20_percent_of_the_measured_peak(tmp_path, layout):
     """bench/memory.py's measurement on the 26M model, in a fresh process per layout."""
     sys.path.insert(0, str(ROOT / "bench"))

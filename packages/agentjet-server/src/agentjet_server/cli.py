@@ -490,8 +490,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
             if sleepers:
                 console.print(
                     f"[cyan]agentjet[/cyan] --engine-sleep: replica(s) {', '.join(map(str, sleepers))} sleep through "
-                    "every learner step"
-                    + ("; the others serve on" if len(sleepers) < settings.engine_replicas else "")
+                    "every learner step" + ("; the others serve on" if len(sleepers) < settings.engine_replicas else "")
                 )
             engine = ReplicaSet(
                 settings.engine,

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Literal
 
 GIB = 1 << 30
@@ -196,7 +196,7 @@ def local_learner_devices(settings: Any, device: str, ranks: int) -> list[str]:
     """The devices the learner ranks on this machine compute on (``device``: this process's;
     ``ranks``: the learner's world size)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if ranks > 1 else 1
-    named = settings.learner_device_list()
+    named: list[str] | None = settings.learner_device_list()
     if named:
         return named[:local]
     if ranks > 1 and device_kind(device) == "cuda":
