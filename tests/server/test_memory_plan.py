@@ -257,6 +257,11 @@ def test_replicas_on_the_ranks_devices_are_planned_by_their_rank_and_those_there
         items = {i.name: i for i in result.devices[0].items}
         assert items["engine weights"].phase == "serving" and items["engine while asleep"].phase == "step"
     assert other.layout.gpu_memory_utilization == main.layout.gpu_memory_utilization
+    # replicas run on rank 0's machine: the ranks of the second node plan none
+    monkeypatch.setenv("GROUP_RANK", "1")
+    second = check(settings, seven_b, "cuda:5", 16, serves=False)
+    assert "engine weights" not in {i.name for i in second.devices[0].items}
+    monkeypatch.setenv("GROUP_RANK", "0")
     # awake through the steps, the same pairs do not fit 40 GB (what the sleep buys)
     with pytest.raises(ConfigError, match="need more memory than there is"):
         check(settings.model_copy(update={"engine_sleep": False}), seven_b, "cuda:5", 8, serves=False)

@@ -351,11 +351,10 @@ def serve(settings: Any) -> None:
             # after rank 0's last checkpoint (which needs this rank's shards)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            from agentjet_server.memory import same_device
+            from agentjet_server.memory import hosts_replica
 
             # an engine replica sleeping on this rank's device wakes into the memory the step leaves
-            hosts_sleeper = settings.engine_sleep and settings.engine_replicas > 1
-            hosts_sleeper = hosts_sleeper and any(same_device(d, ctx.device) for d in settings.engine_device_list())
+            hosts_sleeper = settings.engine_sleep and hosts_replica(settings, ctx.device)
             loop.worker_loop(build_learner(settings, str(path), ctx), ctx, free_cache=hosts_sleeper)
         else:
             _serve_main(settings, path, ctx)

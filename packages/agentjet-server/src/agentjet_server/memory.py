@@ -204,6 +204,14 @@ def local_learner_devices(settings: Any, device: str, ranks: int) -> list[str]:
     return [device]
 
 
+def hosts_replica(settings: Any, device: str) -> bool:
+    """Whether a torchrun rank on ``device`` shares it with an engine replica: replicas run on rank
+    0's machine (torchrun's node ``GROUP_RANK`` 0), on the devices ``--engine-devices`` names."""
+    if settings.engine_replicas < 2 or int(os.environ.get("GROUP_RANK", "0")) != 0:
+        return False
+    return any(same_device(d, device) for d in settings.engine_device_list())
+
+
 def sleeping_replicas(settings: Any, learner_devices: Sequence[str]) -> list[int]:
     """``--engine-sleep --engine-replicas N``: the replicas on a device a learner rank computes on
     (they sleep through its steps; the others serve on)."""
@@ -486,13 +494,8 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
     )
     # under torchrun, a GPU replica may sit on another rank's device: that rank plans for it (CPU
     # replicas are all in rank 0's plan)
-    hosts_replica = (
-        not serves
-        and settings.engine_replicas > 1
-        and device_kind(learner_device) == "cuda"
-        and any(same_device(d, learner_device) for d in settings.engine_device_list())
-    )
-    engine = settings.engine if serves or hosts_replica else "none"
+    shared = not serves and device_kind(learner_device) == "cuda" and hosts_replica(settings, learner_device)
+    engine = settings.engine if serves or shared else "none"
     engine_dtype = str(resolve_dtype(settings.dtype, engine_device)).removeprefix("torch.")
     return Layout(
         engine=engine,
