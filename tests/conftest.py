@@ -69,7 +69,7 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tools_model_dir() -> Path:
-    """The ``tools`` embedded model (``--model-size tools``): about 4 minutes to build the first time,
+    """The ``tools`` embedded model (``--model-size tools``): about 11 minutes to build the first time,
     so a test builds it here before a server it starts would wait on the build."""
     from agentjet_server.embedded import ensure_embedded_model
 

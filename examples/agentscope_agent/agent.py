@@ -47,7 +47,9 @@ async def scope_adder(task, episode):
         name="adder",
         system_prompt="You are a careful assistant. Use the tools.",
         model=episode.agentscope(max_tokens=40, temperature=1.0),
-        toolkit=Toolkit(tools=[FunctionTool(make_add(calls))]),
+        # read-only: AgentScope 2.x runs such a tool without asking for permission; any other tool
+        # waits for a user's approval, which an unattended episode never gives (the call never runs)
+        toolkit=Toolkit(tools=[FunctionTool(make_add(calls), is_read_only=True)]),
         react_config=ReActConfig(max_iters=3),
         # AgentScope writes the current time into the prompt by default: the episodes of a GRPO
         # group would each see a different prompt, and the time teaches the policy nothing

@@ -225,3 +225,32 @@ def test_turn_rewards_land_on_the_newest_call_in_process_and_through_the_proxy(c
 
     isolation._shared_http().close()  # the worker-side pool, here in the test's own process
     isolation._HTTP = None
+
+
+def test_a_call_that_lists_other_tools_claims_no_earlier_call(client, live_server):
+    """The tools are rendered before the messages: a request that lists other tools, or none, or
+    hides them with ``tool_choice`` "none" (as AgentScope asks for its last reply) cannot begin
+    with the earlier call's prompt, so no earlier call is claimed and the server's mismatch count
+    stays where it was; with the same tools the request continues the sampled tokens."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    episode = client.episode("task-tools")
+    llm = episode.openai()
+    first = llm.chat.completions.create(model="agentjet-tiny", messages=ASK, tools=tools, max_tokens=4, seed=1)
+    answer = first.choices[0].message.content or ""
+    follow = [*ASK, {"role": "assistant", "content": answer}, {"role": "user", "content": "Again."}]
+    before = httpx2.get(live_server.url + "/v1/status").json()["context"]
+    same = llm.chat.completions.create(model="agentjet-tiny", messages=follow, tools=tools, max_tokens=4)
+    other = llm.chat.completions.create(model="agentjet-tiny", messages=follow, max_tokens=4)
+    hidden = llm.chat.completions.create(
+        model="agentjet-tiny", messages=follow, tools=tools, tool_choice="none", max_tokens=4
+    )
+    episode.close()
+    after = httpx2.get(live_server.url + "/v1/status").json()["context"]
+    assert same.choices[0].model_extra["agentjet"]["prefix"] in ("extended", "spliced")
+    assert other.choices[0].model_extra["agentjet"].get("prefix") is None
+    assert hidden.choices[0].model_extra["agentjet"].get("prefix") is None
+    assert after["mismatch"] == before["mismatch"] and after["prefix_requests"] == before["prefix_requests"] + 1
+    turns = episode.recorder.turns
+    sampled = [*turns[0].prompt_token_ids, *turns[0].completion_token_ids]
+    assert turns[1].prompt_token_ids[: len(sampled)] == sampled
+    assert turns[2].prompt_token_ids[: len(turns[0].prompt_token_ids)] != turns[0].prompt_token_ids

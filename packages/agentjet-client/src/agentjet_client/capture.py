@@ -47,6 +47,7 @@ class EpisodeRecorder:
         # each turn's answer (text, tool calls), to tell apart calls that share their messages
         # (n > 1 choices, a framework asking again) by which answer came back
         self._answers: list[Answer | None] = []
+        self._tools: list[str] = []  # each turn's request's tools, as compared between calls
         self._lock = threading.Lock()
         self._rewards: dict[int, float] = {}  # turn index -> its own reward (``reward_turn``)
         self.failures = 0
@@ -89,15 +90,21 @@ class EpisodeRecorder:
         """The ``agentjet`` request extension naming the earlier call of ``agent`` that ``request``
         continues: the newest turn whose messages begin the request's, followed by an assistant
         message that is that turn's answer (text and tool calls; re-serialised JSON compares equal).
-        None if no earlier call's answer came back (the agent edited its history: a new timeline).
-        The server checks the claim against the text; a wrong one costs nothing (it renders afresh)."""
+        None if no earlier call's answer came back (the agent edited its history: a new timeline), or
+        if the request shows the model other tools than that call did (AgentScope asks for its last
+        reply with ``tool_choice`` "none"): the tools are rendered before the messages, so the earlier
+        prompt does not begin this one. The server checks the claim against the text; a wrong one
+        costs nothing (it renders afresh)."""
         try:
             messages = [_canonical(m) for m in request.get("messages") or []]
+            tools = _tools_key(request)
             with self._lock:
                 candidates = []
-                for turn, answer in zip(self._turns, self._answers, strict=True):
+                for turn, answer, listed in zip(self._turns, self._answers, self._tools, strict=True):
                     n = len(turn.request_messages)
                     if turn.agent != agent or n == 0 or len(messages) <= n or messages[n].get("role") != "assistant":
+                        continue
+                    if listed != tools:
                         continue
                     if [_canonical(m) for m in turn.request_messages] == messages[:n]:
                         candidates.append((turn, answer))
@@ -145,6 +152,7 @@ class EpisodeRecorder:
         with self._lock:
             self._turns.append(turn)
             self._answers.append(answer)
+            self._tools.append(_tools_key(request))
 
     def record_response(
         self, agent: str, request: dict[str, Any], response: Any, started: float, api: str = "chat"
@@ -314,6 +322,13 @@ def _sent_back(messages: list[dict[str, Any]], turn: Turn) -> Answer:
     """The assistant message that follows ``turn``'s messages in ``messages``, as an ``Answer``."""
     message = messages[len(turn.request_messages)]
     return answer_of(message.get("content"), message.get("tool_calls"))
+
+
+def _tools_key(request: dict[str, Any]) -> str:
+    """The tools a request shows the model, as compared between calls: none for ``tool_choice``
+    "none" (the server renders the prompt without them then), none and an empty list alike."""
+    tools = [] if request.get("tool_choice") == "none" else request.get("tools") or []
+    return json.dumps(tools, sort_keys=True, default=str)
 
 
 def _canonical(message: Any) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def up(
         str,
         typer.Option(
             help="embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools "
-            "(0.69M; calls the tools a request lists; first build about 4 minutes)"
+            "(0.69M; calls the tools a request lists; first build about 11 minutes)"
         ),
     ] = "tiny",
     state_dir: Annotated[Path, typer.Option(help="trajectory log and checkpoints; one server per directory")] = Path(

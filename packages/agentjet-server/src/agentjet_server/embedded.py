@@ -17,7 +17,7 @@ setting below, so a change rebuilds it):
 ``--model-size tools`` (``agentjet-tools``, 0.69M parameters) is warmed up to call the tools a
 request lists: it first learns to copy (random token runs that repeat, until an induction head
 forms), then its tool requests list tools with random names and parameters, answered by calls that
-copy them. Its build takes about 4 minutes on 2 cores.
+copy them. Its build takes about 11 minutes on 2 cores.
 
 The demo task (``examples/digits``) asks ``Write seven as a digit.`` for the ten number words.
 """
@@ -116,6 +116,8 @@ EMBEDDED_SPECS = {
         copy_steps=2000,
         warmup_steps=1500,
         warmup_lr=1e-3,  # at 3e-3 these models never learn to copy anything out of the prompt
+        format_version=7,  # 7: parameters schemas shaped as agent frameworks generate them
+        tool_batch=24,
     ),
 }
 
@@ -337,6 +339,37 @@ def _random_name(rng: random.Random, pieces: list[str]) -> str:
     return "_".join(parts)
 
 
+def _phrase(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(low, high)))
+
+
+def _random_schema(rng: random.Random, name: str, params: list[tuple[str, str]]) -> dict[str, object]:
+    """A parameters schema in one of the shapes agent frameworks send: written by hand (``type``
+    first, bare properties), or generated from a function's signature and docstring as LangChain,
+    AgentScope and the OpenAI Agents SDK do (keys sorted, each property with a ``description``
+    and sometimes a ``title``, the schema with a ``title`` and ``additionalProperties``). A model
+    warmed up on bare properties only copies the first description's words where a name belongs."""
+    documented = rng.random() < 0.35  # from a docstring: every parameter described
+    titled = rng.random() < 0.1  # pydantic's titles, as the Agents SDK keeps them
+    properties: dict[str, object] = {}
+    for param, kind in params:
+        prop: dict[str, object] = {"type": kind}
+        if documented or rng.random() < 0.15:
+            prop["description"] = _phrase(rng, 2, 5)
+        if titled:
+            prop["title"] = param.replace("_", " ").title()
+        properties[param] = dict(sorted(prop.items())) if rng.random() < 0.7 else prop
+    schema: dict[str, object] = {"type": "object", "properties": properties}
+    if rng.random() < 0.6:
+        schema["required"] = [p for p, _ in params]
+    if titled:
+        schema["title"] = f"{name}_args"
+    if rng.random() < 0.2:
+        schema["additionalProperties"] = False
+    generated = documented or titled or rng.random() < 0.3  # generated schemas come with sorted keys
+    return dict(sorted(schema.items())) if generated else schema
+
+
 def _random_tool_example(
     rng: random.Random, pieces: list[str]
 ) -> tuple[list[dict[str, str]], list[dict[str, object]], str]:
@@ -358,11 +391,8 @@ def _random_tool_example(
     for name, params in listed:
         function: dict[str, object] = {"name": name}
         if rng.random() < 0.5:
-            function["description"] = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6))).capitalize() + "."
-        schema: dict[str, object] = {"type": "object", "properties": {p: {"type": t} for p, t in params}}
-        if rng.random() < 0.5:
-            schema["required"] = [p for p, _ in params]
-        function["parameters"] = schema
+            function["description"] = _phrase(rng, 2, 6).capitalize() + "."
+        function["parameters"] = _random_schema(rng, name, params)
         tools.append({"type": "function", "function": function})
     name, params = rng.choice(listed)
     numbers = [rng.randrange(10) for _ in range(rng.choice((0, 0, 1, 2)))]
