@@ -3,6 +3,7 @@
     python bench/gpu.py --budget-s 420          # prints tables; skips what the budget no longer allows
     python bench/gpu.py --qwen-0.5b             # the model built from Qwen2.5-0.5B's published shape
     python bench/gpu.py --smoke                 # a tiny model on CPU: checks the script runs (no figures)
+    python bench/gpu.py --parts layouts,learner # only these parts, in this order
 
 No vLLM on the lent machine, so the engine measured is the transformers one (bf16); vLLM on GPU
 is covered by ``pytest -m gpu`` where the official wheel is installed. All ratios are measured
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import tempfile
 import threading
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from agentjet_server.learner.distributed import DistContext
 
 
 def build(
@@ -155,14 +157,18 @@ def replica_rows(model: Path, device: str, max_tokens: int) -> list[tuple[str, s
         from transformers import AutoModelForCausalLM
 
         weights = AutoModelForCausalLM.from_pretrained(model).state_dict()
-        started = time.perf_counter()
-        engine.update_weights(weights, 1)
-        updates[label] = time.perf_counter() - started
+        took = []
+        for version in (1, 2, 3):  # new tensors each time, as the learner hands them over
+            fresh = {name: tensor.clone() for name, tensor in weights.items()}
+            started = time.perf_counter()
+            engine.update_weights(fresh, version)
+            took.append(time.perf_counter() - started)
+        updates[label] = took[-1]
         engine.close()
         rows.append((f"{label}: tokens/s, 16 concurrent", f"{rates[label]:.0f}"))
-        rows.append((f"{label}: weight update (ms)", f"{updates[label] * 1000:.1f}"))
+        rows.append((f"{label}: weight update, 1st / 3rd (ms)", f"{took[0] * 1000:.0f} / {took[-1] * 1000:.0f}"))
     rows.append(("2 replicas / 1 engine, tokens/s", f"{rates['2 replicas'] / rates['1 engine']:.2f}x"))
-    rows.append(("fan-out to 2 / one update", f"{updates['2 replicas'] / updates['1 engine']:.2f}x"))
+    rows.append(("fan-out to 2 / one update, 3rd", f"{updates['2 replicas'] / updates['1 engine']:.2f}x"))
     return rows
 
 
@@ -251,7 +257,13 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
     return rows
 
 
-def learner_rows(model: Path, groups: int, steps: int) -> list[tuple[str, str]]:
+class _ShardedAlone(DistContext):
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+def learner_rows(model: Path, device: str, groups: int, steps: int) -> list[tuple[str, str]]:
     from transformers import AutoModelForCausalLM
 
     from agentjet_client.protocol import Trajectory, Turn
@@ -286,33 +298,27 @@ def learner_rows(model: Path, groups: int, steps: int) -> list[tuple[str, str]]:
             )
         return build_batch(out)
 
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     rows = []
     times: dict[str, float] = {}
     for label, sharded in (("plain", False), ("FSDP2", True)):
-        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to("cuda")
-        ctx = distributed.DistContext(device="cuda")
-        if sharded:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29533")
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("nccl", rank=0, world_size=1)
-            ctx = distributed.DistContext(rank=0, world_size=1, device="cuda")
-            # world of 1 skips sharding in shard_model; shard by hand to measure FSDP2's bookkeeping
-            from torch.distributed.fsdp import fully_shard
-
-            for layer in distributed.decoder_layers(lm):
-                fully_shard(layer)
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
+        # shard_model leaves a world of 1 alone; a context that counts as distributed makes it shard
+        # as for several ranks (a unit per decoder layer, the policy as root) over a group of one, so
+        # the difference is FSDP2's own bookkeeping
+        ctx = _ShardedAlone(device=device) if sharded else distributed.DistContext(device=device)
         learner = Learner(lm, LearnerConfig(micro_batch_tokens=8192), pad_id=0, ctx=ctx)
         learner.step(batch())  # warm-up
-        torch.cuda.synchronize()
+        sync()
         started = time.perf_counter()
         tokens = 0
         for _ in range(steps):
             stats = learner.step(batch())
             tokens += stats.trained_tokens
-        torch.cuda.synchronize()
+        sync()
         times[label] = (time.perf_counter() - started) / steps
         rows.append((f"learner step, {label} (s)", f"{times[label]:.3f}"))
         rows.append((f"learner trained tokens/s, {label}", f"{tokens / (time.perf_counter() - started):.0f}"))
@@ -320,9 +326,19 @@ def learner_rows(model: Path, groups: int, steps: int) -> list[tuple[str, str]]:
         learner.full_state_dict()
         rows.append((f"full-weight gather to CPU, {label} (ms)", f"{(time.perf_counter() - started) * 1000:.1f}"))
         del learner, lm
-        torch.cuda.empty_cache()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
     rows.append(("FSDP2 / plain step time", f"{times['FSDP2'] / times['plain']:.2f}x"))
     return rows
+
+
+PARTS = {
+    "engine": "engine",
+    "staggered": "staggered arrivals",
+    "replicas": "replicas",
+    "layouts": "learner layouts",
+    "learner": "learner, plain vs FSDP2",
+}
 
 
 def main() -> None:
@@ -336,7 +352,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=420)
     parser.add_argument("--smoke", action="store_true", help="a tiny model on CPU: only checks that it runs")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated, in the order given (default: all of {','.join(PARTS)})",
+    )
     args = parser.parse_args()
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("bench/gpu.py needs CUDA; on CPU use bench/engines.py and bench/latency.py (or --smoke)")
     device = "cpu" if args.smoke else "cuda"
@@ -352,21 +377,23 @@ def main() -> None:
             params = build(model, args.hidden, args.layers, args.vocab)
         name = torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke run)"
         print(f"device: {name}  model: {params / 1e6:.1f}M parameters", flush=True)
-        parts = [
-            ("engine", lambda: engine_rows(model, args.max_tokens, device, dtype)),
-            ("staggered arrivals", lambda: staggered_rows(model, device, dtype)),
-            ("replicas", lambda: replica_rows(model, device, args.max_tokens)),
-            ("learner layouts", lambda: layout_rows(model, device, args.steps, deadline)),
-        ]
-        if not args.smoke:
-            parts.append(("learner, plain vs FSDP2", lambda: learner_rows(model, args.groups, args.steps)))
-        for title, measure in parts:
+        measures = {
+            "engine": lambda: engine_rows(model, args.max_tokens, device, dtype),
+            "staggered": lambda: staggered_rows(model, device, dtype),
+            "replicas": lambda: replica_rows(model, device, args.max_tokens),
+            "layouts": lambda: layout_rows(model, device, args.steps, deadline),
+            "learner": lambda: learner_rows(model, device, 1 if args.smoke else args.groups, args.steps),
+        }
+        for part in chosen:
+            title = PARTS[part]
             if time.monotonic() > deadline:
                 print(f"{title}: budget spent, skipped", flush=True)
                 continue
             print(f"{title}:", flush=True)
-            for row in measure():
+            started = time.monotonic()
+            for row in measures[part]():
                 print(f"  {row[0]:45} {row[1]:>12}", flush=True)
+            print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

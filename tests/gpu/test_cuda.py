@@ -97,6 +97,82 @@ def test_learner_step_on_cuda_moves_the_weights(model_dir):
     assert all(v.device.type == "cpu" for v in learner.full_state_dict().values())
 
 
+def test_fp32_learner_on_cuda_attends_without_the_quadratic_kernel(model_dir):
+    """An fp32 step on one 2,048-token chain of a grouped-query model: transformers' grouped SDPA
+    falls back to the math kernel, which keeps heads x length^2 floats per layer; the learner's
+    attention repeats the key/value heads instead. Same loss, and a peak without that term."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_client.protocol import Trajectory, Turn
+    from agentjet_server.batching.batch import build_batch
+    from agentjet_server.learner import attention
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+
+    turns = [
+        Turn(
+            policy_version=0,
+            prompt_token_ids=[10 + i % 200 for i in range(1024)],
+            completion_token_ids=[20 + i % 150 for i in range(1024)],
+            completion_logprobs=[-2.0] * 1024,
+            finish_reason="length",
+        )
+    ]
+    batch = build_batch([[Trajectory(id=str(i), task_id="t", reward=float(i), turns=turns) for i in range(2)]])
+    results = {}
+    for label in ("grouped", "repeated"):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda")
+        assert model.config.num_key_value_heads < model.config.num_attention_heads
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        learner = Learner(model, LearnerConfig(tree_attention="segments"), pad_id=0)
+        assert model.config._attn_implementation == attention.NAME
+        if label == "grouped":
+            model.set_attn_implementation("sdpa")  # transformers' own, as before the learner's
+        stats = learner.step(copy.deepcopy(batch))
+        torch.cuda.synchronize()
+        results[label] = (stats.loss, torch.cuda.max_memory_allocated() - base)
+        del learner, model
+        torch.cuda.empty_cache()
+    config = AutoModelForCausalLM.from_pretrained(model_dir).config
+    quadratic = config.num_hidden_layers * config.num_attention_heads * 2048 * 2048 * 4
+    print(f"peak grouped {results['grouped'][1] / 2**20:.0f} MiB, repeated {results['repeated'][1] / 2**20:.0f} MiB")
+    assert results["repeated"][0] == pytest.approx(results["grouped"][0], abs=1e-5)
+    assert results["grouped"][1] - results["repeated"][1] > 0.5 * quadratic
+
+
+@pytest.mark.parametrize("learner_dtype", ["float32", "bfloat16"])
+def test_learner_attention_on_cuda_groups_heads_only_where_flash_takes_them(model_dir, learner_dtype):
+    """fp32: key/value heads repeated (no grouped call, which only the math kernel would take);
+    bf16 autocast: transformers' grouped call as before (the query reaches the attention function
+    in fp32 there, but the kernel gets bf16)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.trainer import Learner, LearnerConfig
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((query.shape[1], key.shape[1], bool(kwargs.get("enable_gqa", False))))
+        return sdpa(query, key, value, **kwargs)
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda")
+    learner = Learner(model, LearnerConfig(compute_dtype=learner_dtype, tree_attention="segments"), pad_id=0)
+    torch.nn.functional.scaled_dot_product_attention = spy
+    try:
+        learner.step(_batch())
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+    assert calls
+    if learner_dtype == "float32":
+        assert all(q == k and not gqa for q, k, gqa in calls), calls[:3]
+    else:
+        assert all(k < q and gqa for q, k, gqa in calls), calls[:3]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL across processes")
 def test_two_gpu_nccl_fsdp_step_equals_single_gpu(model_dir, tmp_path):
     from safetensors.torch import load_file

@@ -51,19 +51,22 @@ def test_requests_spread_over_replicas_and_an_update_reaches_every_one(replicas,
     assert all(n >= 2 for n in before), before  # both replicas served
 
     base = AutoModelForCausalLM.from_pretrained(chatty_model_dir).state_dict()
-    new = {k: v + 0.02 * torch.randn_like(v) for k, v in base.items()}
-    replicas.update_weights(new, 1)
-    assert replicas.version == 1 and [r["version"] for r in replicas.replica_status()] == [1, 1]
-    outs = asyncio.run(burst(8, 100))
-    after = [r["requests"] for r in replicas.replica_status()]
-    assert all(a - b >= 2 for a, b in zip(after, before, strict=True)), (before, after)
-    assert all({e.version for e in o} == {1} for o in outs)  # whichever replica sampled them
-    # and the new weights are the ones sampling: log-probs equal a plain forward pass with them
     model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
-    model.load_state_dict(new)
-    for out in outs[:3]:
-        expected = _plain_logprobs(model, ids, out)
-        assert max(abs(x - e.logprob) for x, e in zip(expected, out, strict=True)) < 1e-4
+    # three updates: the shared-memory sets the updates take in turn are reused from the third on
+    for version in (1, 2, 3):
+        new = {k: v + 0.02 * torch.randn_like(v) for k, v in base.items()}
+        replicas.update_weights(new, version)
+        assert replicas.version == version and [r["version"] for r in replicas.replica_status()] == [version] * 2
+        outs = asyncio.run(burst(8, 100 * version))
+        after = [r["requests"] for r in replicas.replica_status()]
+        assert all(a - b >= 2 for a, b in zip(after, before, strict=True)), (before, after)
+        before = after
+        assert all({e.version for e in o} == {version} for o in outs)  # whichever replica sampled them
+        # and the new weights are the ones sampling: log-probs equal a plain forward pass with them
+        model.load_state_dict(new)
+        for out in outs:
+            expected = _plain_logprobs(model, ids, out)
+            assert max(abs(x - e.logprob) for x, e in zip(expected, out, strict=True)) < 1e-4
 
 
 def test_the_calls_of_one_episode_follow_their_prefix(replicas):
@@ -147,3 +150,6 @@ def test_the_memory_plan_counts_each_cpu_replica(model_dir):
     engine3 = [i for i in three.devices[0].items if i.name.startswith("engine")]
     assert sum(i.bytes for i in engine3) == 3 * sum(i.bytes for i in engine)
     assert three.devices[0].total > one.devices[0].total + 2 * sum(i.bytes for i in engine)
+    # and the fan-out's shared memory: two sets of the weights in the engines' dtype
+    fanout = [i.bytes for i in three.devices[0].items if i.name == "weights fan-out"]
+    assert fanout == [2 * shape.parameters * 4] and not any(i.name == "weights fan-out" for i in one.devices[0].items)

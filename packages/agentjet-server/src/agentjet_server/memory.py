@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 GIB = 1 << 30
 KV_TOKENS = 2048  # context per concurrent sequence the transformers engine's KV cache is planned for
+MERGED = "merged weights for the engine"
 DENSE_TREE_MAX = 2048  # as learner.packing: larger trees run chain by chain, without a tree mask
 RUNTIME_OVERHEAD = {"cpu": int(0.35 * GIB), "cuda": int(1.0 * GIB)}  # per process: libraries, CUDA context
 HEADROOM = 0.95  # plan for at most this share of a device (fragmentation, allocator caches)
@@ -284,8 +285,9 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
             Item("LoRA adapter", a * w // ranks, f"rank {layout.lora_rank}: {a / 1e6:.2f}M parameters", host=host),
             Item("gradients", a * w // ranks, "the adapter's only", phase="step", host=host),
             Item("AdamW state", 2 * a * w // ranks, f"two moments, {layout.optimizer_dtype}", host=host),
-            # the weights handed to the engine after a step: a copy, and the merged layers
-            Item("merged weights for the engine", 2 * p * w, "built after each step"),
+            # the weights handed to the engine after a step: a copy, and the merged layers; built
+            # in host memory (the learner's own on a CPU learner), so not on a learner's GPU
+            Item(MERGED, 2 * p * w, "built after each step", host=device_kind(layout.learner_device) == "cuda"),
         ]
         if device_kind(layout.learner_device) == "cpu":
             items.append(Item("peft", int(0.1 * GIB), "the library (measured)"))
@@ -321,16 +323,23 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
             items.append(Item("allocator slack", int(0.25 * GIB), "several micro-batches in a row", phase="step"))
     # a sharded learner (torchrun ranks, or --cpu-offload) runs every micro-batch as one dense tree
     # (FSDP gathers each layer once per pass): on CPU that costs what bench/memory.py measures (the
-    # per-head mask expansion below: within 4% at 4,096 tokens, 35% over at 8,192); on GPUs, whose
-    # attention kernels take the mask as it is, it is not measured yet and the plan stays chain by chain
-    sharded = (layout.learner_ranks > 1 or layout.cpu_offload) and device_kind(layout.learner_device) == "cpu"
+    # per-head mask expansion below: within 4% at 4,096 tokens, 35% over at 8,192); on a GPU what
+    # bench/gpu.py measures (the mask term below)
+    on_gpu = device_kind(layout.learner_device) == "cuda"
+    sharded = layout.learner_ranks > 1 or layout.cpu_offload
     dense = tokens if sharded else min(tokens, DENSE_TREE_MAX)
-    # measured on CPU (bench/memory.py): a dense tree keeps its mask expanded per head in every layer
-    # (about 1.25 bytes per query-key pair, head and layer); a checkpointed layer recomputed in the
-    # backward pass holds its attention and the gradient of it while it runs (about 112 bytes per
-    # pair in fp32, 48 in bf16, whatever the number of heads)
+    # a dense tree's mask, measured: on CPU it is kept expanded per head in every layer (about 1.25
+    # bytes per query-key pair, head and layer, bench/memory.py); on a GPU each layer's attention
+    # kernel turns the boolean mask into an additive one in the compute dtype and keeps it for the
+    # backward pass (4 bytes per pair and layer in fp32: the 0.5B-class model's --cpu-offload step at
+    # 8,192 tokens held 6.9 GiB more than the plan without it, 24 layers x 0.25 GiB). A checkpointed
+    # layer recomputed in the backward pass holds its attention and the gradient of it while it
+    # runs (about 112 bytes per pair in fp32, 48 in bf16, whatever the number of heads; measured on
+    # CPU, and within 3% of the GPU's peaks in bench/gpu.py)
     if layout.gradient_checkpointing:
         attention = dense * dense * (112 if compute == 4 else 48)
+    elif on_gpu:
+        attention = shape.layers * dense * dense * compute
     else:
         attention = int(shape.layers * shape.heads * dense * dense * 1.25)
     # chain by chain, each chain's keys and values are kept whole for the chains that continue it
@@ -407,6 +416,9 @@ def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryP
             # replica processes of their own, side by side in this machine's memory
             items = [replace(i, bytes=i.bytes * replicas, note=f"{i.note}; {replicas} replicas") for i in items]
             items.append(Item("runtime", RUNTIME_OVERHEAD["cpu"] * replicas, f"{replicas} engine processes"))
+            # the fan-out's two sets of shared memory, in the engines' dtype (engine.replicas)
+            b = _BYTES.get(layout.engine_dtype, 4)
+            items.append(Item("weights fan-out", 2 * shape.parameters * b, "shared memory, two sets"))
         engine.items.extend(items)  # on GPUs each replica has a device like this one
     learner = on(layout.learner_device)
     items = learner_items(shape, layout)
@@ -415,15 +427,17 @@ def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryP
         ranks = layout.learner_ranks
         learner.items.append(Item("runtime", RUNTIME_OVERHEAD["cpu"] * (ranks - 1), f"{ranks - 1} more ranks"))
         learner.items.extend(replace(i, bytes=i.bytes * ranks, note=f"{ranks} ranks") for i in items)
-    elif device_kind(layout.learner_device) == "cuda" and layout.cpu_offload:
-        # offloaded state lives in host memory, which the learner ranks of this machine share
+    elif device_kind(layout.learner_device) == "cuda" and any(i.host for i in items):
+        # offloaded state lives in host memory, which the learner ranks of this machine share (the
+        # merged weights for the engine are rank 0's alone)
         learner.items.extend(i for i in items if not i.host)
         host = on("cpu")
         local = max(1, layout.local_ranks)
         for i in items:
             if i.host:
-                note = f"{i.note}; {local} ranks on this machine" if local > 1 else i.note
-                host.items.append(replace(i, bytes=i.bytes * local, note=note.strip("; ")))
+                each = 1 if i.name == MERGED else local
+                note = f"{i.note}; {local} ranks on this machine" if each > 1 else i.note
+                host.items.append(replace(i, bytes=i.bytes * each, note=note.strip("; ")))
     else:
         learner.items.extend(items)
     return MemoryPlan(layout, list(devices.values()), activation_bytes_per_token(shape, layout))
@@ -434,8 +448,8 @@ def default_gpu_memory_utilization(shape: ModelShape, layout: Layout, capacity: 
     if layout.engine_device != layout.learner_device:
         return 0.9
     # on the device: what the learner holds while the engine serves (all of it, unless the engine
-    # sleeps through every step; offloaded state is in host memory)
-    held = [i for i in learner_items(shape, layout) if not (i.host and layout.cpu_offload)]
+    # sleeps through every step; offloaded state and the merged weights are in host memory)
+    held = [i for i in learner_items(shape, layout) if not i.host]
     learner = sum(i.bytes for i in held if not (layout.engine_sleep and i.phase == "step")) + RUNTIME_OVERHEAD["cuda"]
     return max(0.05, min(0.9, math.floor(1000 * (capacity * HEADROOM - learner) / capacity) / 1000))
 

@@ -47,6 +47,10 @@ class Reconfigure:
     config: object  # a LearnerConfig
 
 
+# on GPUs, NCCL for the model's tensors and gloo for the few CPU tensors the learner reduces
+CUDA_BACKEND = "cpu:gloo,cuda:nccl"
+
+
 @dataclass(frozen=True)
 class DistContext:
     """Where this process sits in the learner group."""
@@ -99,7 +103,9 @@ def init_from_env(
     if device.startswith("cuda"):
         device = device if devices else f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-        backend = "nccl"
+        # NCCL for the model's tensors; gloo for the learner's small CPU-side reductions (advantage
+        # statistics, flags), which NCCL alone refuses ("no backend for device type cpu")
+        backend = CUDA_BACKEND
     else:
         backend = "gloo"
     if not dist.is_initialized():
@@ -124,7 +130,7 @@ def shard_model(
     on_gpu = ctx.device.startswith("cuda")
     if not dist.is_initialized():  # one process: a group of one, nothing on the network
         store = dist.HashStore()  # type: ignore[attr-defined]
-        dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=0, world_size=1)
+        dist.init_process_group(CUDA_BACKEND if on_gpu else "gloo", store=store, rank=0, world_size=1)
     mesh = init_device_mesh("cuda" if on_gpu else "cpu", (ctx.world_size,))
     # pinned host memory: the copies to and from the device overlap compute
     policy_ = CPUOffloadPolicy(pin_memory=on_gpu) if offload else OffloadPolicy()

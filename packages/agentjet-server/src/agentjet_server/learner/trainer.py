@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentjet_server.batching.batch import Batch, Sequence
+from agentjet_server.learner.attention import use_learner_attention
 from agentjet_server.learner.distributed import (
     DistContext,
     decoder_layers,
@@ -133,6 +134,7 @@ class Learner:
         # where micro-batches go: offloaded weights may sit in host memory while compute is on ctx.device
         self.device = torch.device(self.ctx.device) if config.cpu_offload else next(model.parameters()).device
         self.lora = config.lora
+        use_learner_attention(model)  # fp32 on CUDA: attention linear in length (see learner.attention)
         if self.lora is not None:
             attach(model, self.lora)  # in place: ``model`` keeps its interface, only the adapter trains
         if config.gradient_checkpointing:
@@ -149,6 +151,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.reference: PolicyModel | None = None
         if reference is not None:
+            use_learner_attention(reference)
             reference.requires_grad_(False)
             reference.eval()
             self.reference = PolicyModel(reference)
