@@ -13,8 +13,8 @@ common system prompt) once one replica has its share.
 
 Weights: an update is handed to every running replica at once (copied once into shared memory
 that the updates reuse, in the engines' dtype, so each replica copies it once more) and returns
-when all have loaded it. The newest weights
-are kept, so a replica that restarts loads them before it takes requests.
+when all have loaded it. The newest weights are kept, so a replica that restarts loads them before
+it takes requests.
 
 Sleep (``--engine-sleep``, vLLM): the replicas that share a device with a learner rank (all of them
 on CPU) sleep through each learner step and wake with its weights; the others serve on, and while
