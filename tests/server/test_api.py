@@ -187,6 +187,10 @@ def test_tool_call_parser():
         '<tool_call>{"name": "square", "arguments": 6}</tool_call>',  # arguments must be an object
         '<tool_call>{"name": "add", "arguments": "[1, 2]"}</tool_call>',
         '<tool_call>{"name": "add", "arguments": "{oops"}</tool_call>',
+        # a key twice: a reader keeps one, so the call sent back would not be the sampled one
+        '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 3, "b": 2}}</tool_call>',
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"a\\": 2}"}</tool_call>',
+        '<tool_call>{"name": "add", "name": "sub", "arguments": {}}</tool_call>',
     ):
         broken = parse_tool_calls(text)
         assert broken.tool_calls == [] and broken.content == text

@@ -12,6 +12,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from agentjet_client.protocol import FunctionCall, ToolCall
 
@@ -59,12 +60,20 @@ class ParsedOutput:
 _CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({key for key, _ in pairs}) != len(pairs):
+        raise ValueError(f"a key appears twice in {pairs!r}")
+    return dict(pairs)
+
+
 def parse_tool_calls(text: str) -> ParsedOutput:
     """Split model output into plain content and tool calls.
 
     A block that is not a JSON object with a string ``name`` and object ``arguments`` (or a string
     holding one) leaves the whole output as plain content: a malformed call is the model's mistake
-    and must reach the agent unchanged. Calls whose arguments are not an object would be rewritten
+    and must reach the agent unchanged. So does an object with a key twice (``{"b": 3, "b": 2}``):
+    any JSON reader keeps one of them, so the call the agent sends back would differ from the
+    sampled one. Calls whose arguments are not an object would be rewritten
     by the agent's framework (LangChain makes them invalid calls, AgentScope empty ones), so the
     history it sends back would no longer be what was sampled.
     """
@@ -73,16 +82,16 @@ def parse_tool_calls(text: str) -> ParsedOutput:
     calls: list[ToolCall] = []
     for match in _CALL_RE.finditer(text):
         try:
-            payload = json.loads(match.group(1).strip())
-        except json.JSONDecodeError:
+            payload = json.loads(match.group(1).strip(), object_pairs_hook=_unique_keys)
+        except ValueError:  # not JSON, or a key given twice
             return ParsedOutput(content=text, tool_calls=[])
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return ParsedOutput(content=text, tool_calls=[])
         arguments = payload.get("arguments", {})
         if isinstance(arguments, str):
             try:
-                decoded = json.loads(arguments)
-            except json.JSONDecodeError:
+                decoded = json.loads(arguments, object_pairs_hook=_unique_keys)
+            except ValueError:
                 return ParsedOutput(content=text, tool_calls=[])
             if not isinstance(decoded, dict):
                 return ParsedOutput(content=text, tool_calls=[])
