@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
-REQUIREMENTS = ["torch==2.13.0", "pytest>=8", "hypothesis>=6.100"]
+TORCH = "torch==2.13.0"
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
 # the main environment only: playwright drives the dashboard test's Chromium; tensorboard and
 # wandb are the --log-to extras, tested there; the agent harnesses users bring are tested against
 # the server there too
@@ -53,42 +54,49 @@ def sh(*cmd: str, **kw: object) -> None:
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
 
 
+def _layer(bin_dir: Path, stamp: Path, commands: list[list[str]]) -> None:
+    """Run ``commands`` (pip argument lists) unless ``stamp`` says they ran with these very arguments
+    and these package definitions."""
+    projects = "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
+    wanted = "\n".join(" ".join(c) for c in commands) + "\n" + projects
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
+    for command in commands:
+        sh(*python, *command)
+    stamp.write_text(wanted)
+
+
 def ensure_env(
     where: Path = VENV,
+    tests: bool = True,
     extra: list[str] | None = None,
     remove: list[str] | None = None,
     client_extras: str = "[langchain,agentscope,anthropic,research]",
 ) -> Path:
-    """A virtual environment with torch (CPU), pytest, ``extra`` and both packages (the client with
-    ``client_extras``, for the framework examples and tests); returns its bin dir."""
+    """A virtual environment with torch (CPU), ``extra`` and both packages; with ``tests`` also pytest,
+    the test tools and the client's ``client_extras`` (for the framework examples and tests). Returns
+    its bin dir. The demo takes the first layer only, so its first run installs as little as it can."""
     bin_dir = where / "bin"
-    stamp = where / ".agentjet-installed"
-    tools = MAIN_TOOLS if where == VENV else []
-    requirements = REQUIREMENTS + tools + (extra or [])
-    projects = "".join(p.read_text() for p in sorted(ROOT.glob("packages/*/pyproject.toml")))
-    wanted = "\n".join(requirements) + "\n" + client_extras + "\n" + projects
-    if stamp.exists() and stamp.read_text() == wanted:
-        return bin_dir
-    print(f"setting up {where.name} (first run only: a few minutes)", flush=True)
     if not (bin_dir / "python").exists():
+        print(f"setting up {where.name} (first run only: a few minutes)", flush=True)
         venv.EnvBuilder(with_pip=True).create(where)
-    python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
-    sh(*python, "install", "-q", *REQUIREMENTS, *tools)  # torch first, from the local CPU build
+    client, server = str(ROOT / "packages" / "agentjet-client"), str(ROOT / "packages" / "agentjet-server")
+    base = [["install", "-q", TORCH]]  # torch first, from the local CPU build
     if extra:
         # not quiet: this one downloads ~600 MB, and its progress bars show it is moving
-        sh(*python, "install", "--progress-bar", "on", *extra, REQUIREMENTS[0])  # keeps torch at the CPU build
+        base.append(["install", "--progress-bar", "on", *extra, TORCH])  # keeps torch at the CPU build
     if remove:
-        sh(*python, "uninstall", "-q", "-y", *remove)
-    sh(
-        *python,
-        "install",
-        "-q",
-        "-e",
-        str(ROOT / "packages" / "agentjet-client") + client_extras,
-        "-e",
-        str(ROOT / "packages" / "agentjet-server") + "[lora]",
-    )
-    stamp.write_text(wanted)
+        base.append(["uninstall", "-q", "-y", *remove])
+    base.append(["install", "-q", "-e", client, "-e", server])
+    _layer(bin_dir, where / ".agentjet-installed", base)
+    if tests:
+        tools = TEST_REQUIREMENTS + (MAIN_TOOLS if where == VENV else [])
+        layer = [
+            ["install", "-q", TORCH, *tools],
+            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora]"],
+        ]
+        _layer(bin_dir, where / ".agentjet-tests-installed", layer)
     return bin_dir
 
 
@@ -106,7 +114,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0) 
 
 
 def demo(port: int = 8765, episodes: int = 26000) -> None:
-    ensure_env()
+    ensure_env(tests=False)
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [str(BIN / "agentjet-server"), "up", "--port", str(port), "--log-level", "warning", "--fresh"]
@@ -136,33 +144,44 @@ def demo(port: int = 8765, episodes: int = 26000) -> None:
 
 def pytest(bin_dir: Path, args: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["--durations=15", *args]  # the 15 slowest tests, at the end of every run
     print("+ pytest", " ".join(args), flush=True)
     return subprocess.run([str(bin_dir / "python"), "-m", "pytest", *args], cwd=ROOT, env=env).returncode
 
 
-def ensure_browser() -> None:
-    """A real Chromium for the dashboard test: Debian's ``chromium`` package (playwright drives it
-    through ``executable_path``; its own browser download can't be used offline)."""
-    if shutil.which("chromium") or shutil.which("chromium-browser"):
+# what the tests drive besides Python: Debian's Chromium (the dashboard test, through playwright's
+# ``executable_path``: its own browser download can't be used offline), Node.js (the JavaScript
+# example) and curl + jq (the shell example). Debian package -> the command it provides.
+SYSTEM_TOOLS = {"chromium": "chromium", "nodejs": "node", "jq": "jq", "curl": "curl"}
+
+
+def ensure_system_tools() -> None:
+    """Install the system tools the tests need (apt-get, first run only), or exit saying which are
+    missing: a test must never pass by skipping for want of one."""
+    missing = [package for package, command in SYSTEM_TOOLS.items() if not shutil.which(command)]
+    if not missing:
         return
+    how = f"install them (Debian: apt-get install {' '.join(missing)}) and run again"
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        print("no chromium on PATH (install Debian's chromium package): the dashboard browser test is skipped")
-        return
-    print("installing chromium for the dashboard browser test (apt-get, first run only)", flush=True)
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        if subprocess.run(command, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}).returncode:
-            print(f"`{' '.join(command)}` failed: the dashboard browser test is skipped")
-            return
+        sys.exit(f"the tests need {', '.join(missing)}, which are not on PATH: {how}")
+    print(f"installing {', '.join(missing)} for the tests (apt-get, first run only)", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+        if subprocess.run(command, env=env).returncode:
+            sys.exit(f"`{' '.join(command)}` failed, so the tests would skip what needs {', '.join(missing)}: {how}")
+    still = [package for package in missing if not shutil.which(SYSTEM_TOOLS[package])]
+    if still:
+        sys.exit(f"apt-get installed {', '.join(still)} but the command is still not on PATH: {how}")
 
 
 def test_main(extra: list[str]) -> int:
     bin_dir = ensure_env()
-    ensure_browser()
+    ensure_system_tools()
     return pytest(bin_dir, extra)
 
 
 def test_vllm(extra: list[str]) -> int:
-    bin_dir = ensure_env(VLLM_VENV, VLLM_REQUIREMENTS, VLLM_REMOVE, client_extras="")
+    bin_dir = ensure_env(VLLM_VENV, extra=VLLM_REQUIREMENTS, remove=VLLM_REMOVE, client_extras="")
     return pytest(bin_dir, ["tests/vllm", "-m", "vllm", *extra])
 
 

@@ -5,7 +5,8 @@ from agentjet_client.capture import EpisodeRecorder
 from agentjet_client.client import SwarmClient
 from agentjet_client.episode import Episode, EpisodeHandle
 from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedRequest, ServerError, ServerUnreachable
-from agentjet_client.runner import RunConfig, Runner, RunReport
+from agentjet_client.report import RunReport
+from agentjet_client.runner import RunConfig, Runner
 from agentjet_client.spool import Spool, SpoolError
 
 __version__ = "0.1.0"

@@ -22,11 +22,11 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 
 from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
 from agentjet_client.protocol import ServerStatus
+from agentjet_client.report import RunReport
 
 if TYPE_CHECKING:
     from agentjet_client.client import SwarmClient
     from agentjet_client.delivery import Sender
-    from agentjet_client.runner import RunReport
 
 logger = logging.getLogger(__name__)
 

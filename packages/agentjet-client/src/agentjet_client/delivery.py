@@ -21,11 +21,11 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 
 from agentjet_client.errors import AgentJetError, RejectedRequest
 from agentjet_client.protocol import ClientReport, Trajectory, TrajectoryBatchResult
+from agentjet_client.report import RunReport
 from agentjet_client.spool import GroupCommit, Spool, SpoolError
 
 if TYPE_CHECKING:
     from agentjet_client.client import SwarmClient
-    from agentjet_client.runner import RunReport
 
 logger = logging.getLogger(__name__)
 

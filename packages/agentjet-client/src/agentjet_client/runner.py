@@ -28,11 +28,10 @@ import math
 import random
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from agentjet_client.admission import Admission
 from agentjet_client.agent import SwarmAgent, Task
@@ -41,6 +40,7 @@ from agentjet_client.delivery import Sender
 from agentjet_client.isolation import AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import ClientReport, TrajectoryStatus
+from agentjet_client.report import RunReport, coerce_reward
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
 from agentjet_client.tracks import RemoteAgent, Track
 
@@ -63,72 +63,6 @@ class RunConfig:
     eval_episodes: int = 0  # episodes per evaluation round, over the agent's eval_tasks in order
     eval_only: bool = False  # one evaluation round, no training episodes (``agentjet-client eval``)
     sync: bool = False  # one batch at a time: roll out, wait for the step, repeat (see the module docstring)
-
-
-@dataclass
-class RunReport:
-    rewards: list[float] = field(default_factory=list)
-    started: int = 0
-    finished: int = 0
-    failed: int = 0
-    accepted: int = 0  # answers from the servers (with agents on several, one per server per episode)
-    duplicate: int = 0
-    rejected: int = 0
-    reject_reasons: Counter[str] = field(default_factory=Counter)
-    failure_reasons: Counter[str] = field(default_factory=Counter)
-    by_server: dict[str, Counter[str]] = field(default_factory=dict)  # server -> answers to training episodes
-    first_version: int | None = None
-    last_version: int | None = None
-    elapsed_s: float = 0.0
-    resent_leftovers: int = 0  # answered items a previous run had left in the spool
-    waits_for_server: int = 0  # status polls that found the server down (episodes held back meanwhile)
-    spool_errors: int = 0  # failed spool writes (retried: the trajectory waits in memory)
-    code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
-    rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
-    agent_rewards: dict[str, list[float]] = field(default_factory=dict)  # each agent's, complete episodes only
-    tag_rewards: dict[str, list[float]] = field(default_factory=dict)  # each task tag's ('' untagged), complete only
-    episodes_by_tag: Counter[str] = field(default_factory=Counter)  # training episodes started per task tag
-    turns_by_agent: Counter[str] = field(default_factory=Counter)  # captured calls of training episodes
-    reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
-    reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
-    eval_rewards: dict[int, list[float]] = field(default_factory=dict)  # policy version -> eval rewards
-    evaluated: int = 0  # evaluation episodes finished
-    rounds: int = 0  # --sync: batches rolled out and trained
-    waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
-
-    def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
-        """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of
-        ``agent``'s own rewards, if given)."""
-        rewards = self.rewards if agent is None else self.agent_rewards.get(agent, [])
-        n = len(rewards)
-        part = rewards[int(n * lo) : max(int(n * lo) + 1, math.ceil(n * hi))]
-        return sum(part) / len(part) if part else math.nan
-
-    def recent_mean(self, window: int) -> float:
-        part = self.rewards[-window:]
-        return sum(part) / len(part) if part else math.nan
-
-
-def _coerce_reward(value: Any) -> tuple[float, dict[str, float] | None]:
-    """An agent returns its episode's reward, or ``{agent name: reward}`` for a multi-agent episode
-    (each agent's timelines are then trained with its own reward; the episode's is their mean)."""
-    if isinstance(value, dict) and value:
-        rewards = {}
-        for name, reward in value.items():
-            if not isinstance(name, str) or isinstance(reward, bool) or not isinstance(reward, int | float):
-                raise TypeError(f"the agent returned {value!r}; per-agent rewards map agent names to numbers")
-            if not math.isfinite(reward):
-                raise TypeError(f"the reward of agent {name!r} is {reward}; rewards must be finite numbers")
-            rewards[name] = float(reward)
-        return sum(rewards.values()) / len(rewards), rewards
-    if isinstance(value, bool):
-        return float(value), None
-    if isinstance(value, int | float) and math.isfinite(value):
-        return float(value), None
-    raise TypeError(
-        f"the agent returned {value!r}; an agent must return its reward as a finite number "
-        "(or a dict of them by agent name)"
-    )
 
 
 class Runner:
@@ -457,7 +391,7 @@ class Runner:
                     value = await asyncio.wait_for(
                         loop.run_in_executor(self._executor, agent.fn, task, episode), self.config.timeout
                     )
-                reward, agent_rewards = _coerce_reward(value)
+                reward, agent_rewards = coerce_reward(value)
             except TimeoutError:
                 status, error = "failed", f"episode timed out after {self.config.timeout:g}s"
             except AgentFailed as exc:  # raised in a worker process
@@ -477,23 +411,7 @@ class Runner:
                 agent_rewards=agent_rewards,
                 metadata={"task": task_id},
             )
-            if evaluation is not None:
-                self.report.evaluated += 1
-                if trajectory.status == "complete":
-                    self.report.eval_rewards.setdefault(evaluation, []).append(reward)
-            else:
-                self.report.finished += 1
-                self.report.code_versions[code_version or "-"] += 1
-                self.report.turns_by_agent.update(t.agent for t in trajectory.turns)
-                if trajectory.status == "complete":
-                    self.report.rewards.append(reward)
-                    self.report.tag_rewards.setdefault(track.tag or "", []).append(reward)
-                    self.report.rewards_by_version.setdefault(code_version or "-", []).append(reward)
-                    for name, value in (agent_rewards or {}).items():
-                        self.report.agent_rewards.setdefault(name, []).append(value)
-            if trajectory.status != "complete":
-                self.report.failed += 1
-                self.report.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
+            self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation)
             for server, part in self.client.split(trajectory).items():  # on disk before we go on
                 await self.senders[server].put(part, evaluation is not None)
             self._on_progress(self.report)

@@ -145,7 +145,7 @@ def create_app(
 ) -> Starlette:
     """The ASGI app. ``runtime`` defaults to a new one over ``engine`` (its learner starts now).
     ``on_stop`` ends the process's HTTP server (``POST /v1/admin/stop``); without it, stop is refused."""
-    rt = runtime or SwarmRuntime.create(engine, settings, model_path or str(getattr(engine, "model_path", "")))
+    rt = runtime or SwarmRuntime.create(engine, settings, model_path or str(engine.model_path))
     gate = BodyGate()  # judges large bodies in a process of its own (started on first use)
     large = asyncio.Semaphore(LARGE_IN_FLIGHT)
     exposition = Exposition(rt.telemetry, rt.snapshot)

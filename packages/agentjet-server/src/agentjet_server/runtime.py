@@ -232,8 +232,8 @@ class SwarmRuntime:
             if checkpoint is not None and engine.version != checkpoint.meta.version:
                 # an engine built from the original model: give it the checkpoint's weights and version
                 assert trainer_state is not None
-                if getattr(engine, "serves_adapters", False):  # the base model, and the trained adapter
-                    engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)  # type: ignore[attr-defined]
+                if engine.serves_adapters:  # the base model, and the trained adapter
+                    engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)
                 else:
                     engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
             model: Any = learner.model
@@ -278,7 +278,7 @@ class SwarmRuntime:
             checkpoint_step=self.last_checkpoint_step,
             learner_error=self.loop.error,
             by_tag=self.by_tag(),
-            replicas=getattr(self.engine, "replica_status", list)(),
+            replicas=self.engine.replica_status(),
         )
 
     @property
@@ -389,7 +389,7 @@ class SwarmRuntime:
             uptime_s=time.monotonic() - self.started,
             context=self.chat.context.model_copy(),
             paused=self.loop.paused,
-            replicas=[ReplicaInfo(**r) for r in getattr(self.engine, "replica_status", list)()],
+            replicas=[ReplicaInfo(**r) for r in self.engine.replica_status()],
         )
 
     def close(self, checkpoint: bool = True) -> None:

@@ -41,7 +41,6 @@ from agentjet_client.protocol import (
 from agentjet_server.chat_format import TOOL_CALL_OPEN, forced_tool_prefix, parse_tool_calls, without_tool_calls
 from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
-from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.metrics import ServingStats
 from agentjet_server.parsing import ChoiceReader, Delta, OutputParser, Parsed
@@ -49,7 +48,7 @@ from agentjet_server.signing import DEFAULT_AGENT, Sample, SampleSigner
 
 # n x max_tokens x (1 + top_logprobs) a single request may ask for: bounds its memory and response size
 MAX_TOKEN_ENTRIES = 1 << 20
-FALLBACK_TOKEN_CHARS = 64  # characters per token assumed where the engine's vocabulary can't be read
+FALLBACK_TOKEN_CHARS = 64  # characters per token assumed where the vocabulary lists no token (empty)
 
 
 @dataclass(frozen=True)
@@ -90,9 +89,8 @@ class _ChoiceState:
             self.family = self.prepared.reader()
 
     def _decode(self, ids: list[int]) -> str:
-        chat = getattr(self.engine, "chat", None)
-        if self.family is not None and self.family.keep_special_tokens and isinstance(chat, ChatTokenizer):
-            return chat.decode_all(ids)  # the family's parser reads its special tokens as text
+        if self.family is not None and self.family.keep_special_tokens:
+            return self.engine.chat.decode_all(ids)  # the family's parser reads its special tokens as text
         return self.engine.decode(ids)
 
     @property
@@ -196,10 +194,9 @@ class _ChoiceState:
         """One entry per sampled token, the end-of-turn token too (as vLLM lists it: the entries
         count ``usage.completion_tokens``), which is named by its special token text."""
         entries = []
-        chat = getattr(self.engine, "chat", None)
         for event in events:
-            if self.engine.is_stop_token(event.token_id) and isinstance(chat, ChatTokenizer):
-                token = chat.decode_all([event.token_id])
+            if self.engine.is_stop_token(event.token_id):
+                token = self.engine.chat.decode_all([event.token_id])
             else:
                 token = self.engine.decode([event.token_id])
             entries.append(
@@ -260,10 +257,9 @@ class ChatService:
         self.max_token_entries = max_token_entries
         self.context = ContextCounts()
         self._counts_lock = threading.Lock()  # requests are prepared in worker threads
-        chat = getattr(engine, "chat", None)
         # no token spans more characters than the longest vocabulary entry: text longer than
         # context x that can't fit, and is refused before it is tokenised
-        longest = max((len(t) for t in chat.tokenizer.get_vocab()), default=0) if isinstance(chat, ChatTokenizer) else 0
+        longest = max((len(t) for t in engine.chat.tokenizer.get_vocab()), default=0)
         self.max_prompt_chars = engine.max_context * (longest or FALLBACK_TOKEN_CHARS)
 
     def _check_size(self, request: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> None:
@@ -285,9 +281,9 @@ class ChatService:
     ) -> tuple[list[int], Status | None, bool]:
         """The prompt's token ids; with ``agentjet.prefix_token_ids``, continued from those exactly."""
         messages = _message_dicts(request.messages)
-        chat = getattr(self.engine, "chat", None)
+        chat = self.engine.chat
         claim = request.agentjet
-        if claim is None or claim.prefix_token_ids is None or not isinstance(chat, ChatTokenizer):
+        if claim is None or claim.prefix_token_ids is None:
             return self.engine.render(messages, tools, assistant_prefix=prefix), None, False
         assert claim.prefix_prompt_tokens is not None  # validated: both or neither
         if claim.prefix_prompt_tokens >= len(claim.prefix_token_ids):
@@ -329,8 +325,7 @@ class ChatService:
 
     def _history_reader(self, tools: list[dict[str, Any]] | None) -> Callable[[list[int]], Parsed]:
         """How an earlier completion (its token ids) reads as an answer, for ``continuation``."""
-        chat = getattr(self.engine, "chat", None)
-        assert isinstance(chat, ChatTokenizer)
+        chat = self.engine.chat
         parser = self.parser
 
         def read(completion: list[int]) -> Parsed:
@@ -574,9 +569,7 @@ class ChatService:
 
     def prepare_text(self, request: CompletionRequest) -> list[PreparedRequest]:
         """One prepared request per prompt (text is tokenised as vLLM does, special tokens added)."""
-        chat = getattr(self.engine, "chat", None)
-        if not isinstance(chat, ChatTokenizer):
-            raise InvalidRequestError("this engine serves chat only; use /v1/chat/completions")
+        chat = self.engine.chat
         vocab = len(chat.tokenizer)
         agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
         out = []

@@ -4,6 +4,10 @@ An engine renders chat messages to token ids with the model's chat template, sam
 completions token by token with per-token log-probabilities, and swaps in new weights at a
 version. Every sampled token is tagged with the version of the weights that produced it;
 weights change only between decode steps, never inside one.
+
+``Engine`` declares everything the rest of the server asks of an engine, optional capabilities
+included (a LoRA adapter served apart, replicas, sleep mode), each with the answer of an engine
+that lacks it: the server never probes an engine with ``getattr``.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from agentjet_server.engine.tokens import ChatTokenizer
 
 FinishReason = Literal["stop", "length"]
 
@@ -40,17 +47,26 @@ class TokenEvent:
 
 
 class Engine(abc.ABC):
-    """What the server needs from inference."""
+    """What the server needs from inference. A subclass sets the attributes below in its constructor
+    and implements ``generate``, ``update_weights`` and ``close``; the token side (render, decode,
+    stops) comes from its ``chat``, and its engine thread advances ``_version`` as new weights land."""
 
-    model_name: str
-    max_context: int
+    model_name: str  # served in /v1/models
+    model_path: Path  # the model directory it was started from
+    max_context: int  # prompt + completion tokens a request may take
+    chat: ChatTokenizer  # the tokenizer and chat template
+    _version: int
 
     @property
-    @abc.abstractmethod
     def version(self) -> int:
         """The policy version of the weights new tokens are sampled from."""
+        return self._version
 
-    @abc.abstractmethod
+    @property
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer behind ``chat``."""
+        return self.chat.tokenizer
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -58,14 +74,15 @@ class Engine(abc.ABC):
         assistant_prefix: str = "",
     ) -> list[int]:
         """Token ids of the prompt, ending with the assistant header and ``assistant_prefix``."""
+        return self.chat.render(messages, tools, assistant_prefix)
 
-    @abc.abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens dropped."""
+        return self.chat.decode(token_ids)
 
-    @abc.abstractmethod
     def is_stop_token(self, token_id: int) -> bool:
         """Whether sampling this token ends the turn (it is kept as a trained token)."""
+        return token_id in self.chat.stop_ids
 
     @abc.abstractmethod
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
@@ -78,6 +95,21 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop the engine and release its resources."""
+
+    @property
+    def serves_adapters(self) -> bool:
+        """Whether the engine serves the learner's LoRA adapter apart from the frozen base (vLLM with
+        ``--lora-rank``): the learner then sends the adapter alone (``update_adapter``), not merged
+        weights."""
+        return False
+
+    def update_adapter(self, adapter: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load a new LoRA adapter at ``version`` (only where ``serves_adapters``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves merged weights, not adapters")
+
+    def replica_status(self) -> list[dict[str, Any]]:
+        """One entry per engine replica (``--engine-replicas``) for ``/v1/status``; none for one engine."""
+        return []
 
     @property
     def can_sleep(self) -> bool:

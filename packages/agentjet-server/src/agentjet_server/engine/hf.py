@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentjet_server.engine.base import SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream, WeightSlot
-from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
+from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class _Batch:
 _WAKE = object()
 
 
-class TransformersEngine(TemplateEngine):
+class TransformersEngine(Engine):
     """Inference with ``transformers`` models: continuously batched, KV-cached, version-tagged."""
 
     def __init__(

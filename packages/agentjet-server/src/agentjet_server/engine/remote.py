@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.multiprocessing
 
-from agentjet_server.engine.base import SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream
-from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
+from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ _LAUNCHER_VARS = (
 )
 
 
-class EngineProcess(TemplateEngine):
+class EngineProcess(Engine):
     def __init__(
         self,
         kind: str,

@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.base import SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.remote import EngineProcess
-from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
+from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Replica:
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class ReplicaSet(TemplateEngine):
+class ReplicaSet(Engine):
     """N ``EngineProcess`` replicas of one model, used like a single engine."""
 
     def __init__(

@@ -1,9 +1,8 @@
 """What every engine shares about tokens: the chat template, detokenisation, and stops.
 
 ``ChatTokenizer`` loads a model directory's tokenizer (it must carry a chat template) and
-knows which token ids end a turn. ``TemplateEngine`` is the part of ``Engine`` that only needs
-it; the transformers and vLLM engines both build on it, so a prompt renders to the same ids
-whichever engine serves it.
+knows which token ids end a turn. Every engine renders and decodes through one (``Engine.chat``),
+so a prompt renders to the same ids whichever engine serves it.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentjet_server.engine.base import Engine
 from agentjet_server.errors import InvalidRequestError, ModelLoadError
 
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
@@ -124,33 +122,3 @@ class ChatTokenizer:
         window = 4 * max(len(x) for x in stops) + 4
         tail = self.decode(output_ids[-window:])
         return any(x in tail for x in stops)
-
-
-class TemplateEngine(Engine):
-    """The token-side half of ``Engine``, from a ``ChatTokenizer`` in ``self.chat``, and the version
-    counter, which the engine thread advances when it applies new weights."""
-
-    chat: ChatTokenizer
-    _version: int
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.chat.tokenizer
-
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        assistant_prefix: str = "",
-    ) -> list[int]:
-        return self.chat.render(messages, tools, assistant_prefix)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.chat.decode(token_ids)
-
-    def is_stop_token(self, token_id: int) -> bool:
-        return token_id in self.chat.stop_ids

@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, FinishReason, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream, WeightSlot
-from agentjet_server.engine.tokens import ChatTokenizer, TemplateEngine, check_model_dir
+from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import ConfigError, EngineError, ModelLoadError
 from agentjet_server.learner.lora import LoraSpec, write_adapter
 
@@ -118,7 +118,7 @@ def _set_vllm_env(device: str) -> None:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # binding cores costs 6x on shared CPUs
 
 
-class VLLMEngine(TemplateEngine):
+class VLLMEngine(Engine):
     """Inference with vLLM: continuously batched, version-tagged, weights swapped between steps."""
 
     def __init__(

@@ -307,8 +307,8 @@ class TrainingLoop:
 
                 torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
             started = time.perf_counter()
-            if getattr(self.engine, "serves_adapters", False):  # vLLM serving the LoRA adapter: move it alone
-                self.engine.update_adapter(self.learner.adapter_weights(), new_version)  # type: ignore[attr-defined]
+            if self.engine.serves_adapters:  # vLLM serving the LoRA adapter: move it alone
+                self.engine.update_adapter(self.learner.adapter_weights(), new_version)
             else:
                 self.engine.update_weights(self.learner.full_state_dict(), new_version)  # wakes a sleeping one
             update_seconds = time.perf_counter() - started

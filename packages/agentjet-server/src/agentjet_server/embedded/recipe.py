@@ -1,45 +1,40 @@
-"""The embedded default model: a tiny Qwen2-architecture model built locally, no downloads.
-
-``agentjet-server up`` with no ``--model`` serves this so the whole loop can be watched on a
-laptop CPU. It is built in three stages and cached on disk (the cache key covers every
-setting below, so a change rebuilds it):
+"""How an embedded model is built from its spec: no downloads, about a minute (``tools``: 11-14).
 
 1. a byte-level BPE tokenizer (Qwen2's pre-tokenizer, ChatML special tokens, tool-call tags)
    trained on a small generated corpus, with the ChatML chat template that supports tools;
-2. a ``Qwen2ForCausalLM`` of about half a million parameters (``--model-size small``: 1.7M) from a
-   fresh config;
+2. a ``Qwen2ForCausalLM`` from a fresh config (``tiny`` 0.66M parameters, ``small`` 1.7M,
+   ``tools`` 0.69M);
 3. a short supervised warm-up on *formats*: demo prompts with random digits as targets (the
    model learns to answer with one digit and stop, not which digit: that is left to RL), and
    requests with tools answered by a well-formed ``<tool_call>``. The ``small`` model also gets
    a weak prior for ``Repeat the digit 7.``: it first learns to copy the digit (every answer
    right), then a third of its answers there are right (it ends near 0.3).
 
-``--model-size tools`` (``agentjet-tools``, 0.69M parameters) is warmed up to call the tools a
-request lists: it first learns to copy (random token runs that repeat, until an induction head
-forms), then its tool requests list tools with random names and parameters, answered by calls that
-copy them. Its build takes about 11 minutes on 2 cores.
+``tools`` (``recipe="copy"``) is warmed up to call the tools a request lists: it first learns to
+copy (random token runs that repeat, until an induction head forms), then its tool requests list
+tools with random names and parameters, answered by calls that copy them.
 
-The demo task (``examples/digits``) asks ``Write seven as a digit.`` for the ten number words.
+The server ships the three models this recipe built (``embedded/models/``), so every machine serves
+and trains the same bits; ``agentjet-server build-model NAME`` runs the recipe again. Float sums
+differ between CPUs, so a rebuild elsewhere is a slightly different model that learns the same things
+(``tests/server/test_embedded_build.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from agentjet_server.chat_format import CHATML_TOOLS_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-
-logger = logging.getLogger(__name__)
+from agentjet_server.embedded.specs import EMBEDDED_SPEC, EmbeddedSpec, demo_tasks, spec_hash
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EXTRA_TOKENS = [TOOL_CALL_OPEN, TOOL_CALL_CLOSE]
@@ -49,77 +44,6 @@ QWEN2_SPLIT_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-
-
-@dataclass(frozen=True)
-class EmbeddedSpec:
-    """Everything that decides the embedded model; its hash names the cache directory."""
-
-    name: str = "agentjet-tiny"
-    vocab_size: int = 1024
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 4096  # the context: real frameworks' system prompts must fit
-    warmup_steps: int = 300
-    warmup_batch: int = 32
-    warmup_lr: float = 3e-3
-    tool_every: int = 3  # every n-th warm-up step is a batch of tool-call examples
-    # "formats": the steps above; "copy": ``_warm_up_to_copy`` (the ``tools`` size), with these:
-    recipe: str = "formats"
-    copy_steps: int = 0  # at most this many steps learning to copy (it ends at the phase change)
-    tool_batch: int = 16
-    # after the copy phase, batches take turns in this order: tool requests, demo prompts, copy runs
-    cycle: tuple[str, ...] = ("tool", "demo", "tool", "copy")
-    lr_decay: float = 0.9  # over those steps the rate falls linearly by this share: the last ones settle
-    seed: int = 1234
-    tasks: tuple[str, ...] = ("words",)  # demo prompt kinds whose answer *format* the warm-up teaches
-    # a weak prior: for these kinds, this share of warm-up answers is the right one (the rest random),
-    # as an instruction-tuned model follows an instruction some of the time before RL
-    prior_kinds: tuple[str, ...] = ()
-    prior_share: float = 0.0
-    # the first steps answer those kinds right every time: reading the prompt (copying a digit out
-    # of it) is learnt from a strong signal, then the answers relax to ``prior_share``
-    prior_steps: int = 0
-    format_version: int = 6
-
-
-EMBEDDED_SPEC = EmbeddedSpec()
-# the sizes ``agentjet-server up --model-size`` offers: ``small`` (about 3x the parameters) also
-# knows the format of ``Repeat the digit 3.``, the executor's prompt in examples/planner_executor
-EMBEDDED_SPECS = {
-    "tiny": EMBEDDED_SPEC,
-    "small": EmbeddedSpec(
-        name="agentjet-small",
-        hidden_size=192,
-        intermediate_size=576,
-        num_hidden_layers=3,
-        tasks=("words", "copy"),
-        # it follows "Repeat the digit 7." about a third of the time: without such a prior the executor
-        # of examples/planner_executor settles on one constant digit (prompt-independent) under RL.
-        # Copying a digit out of the prompt is learnt in the first 150 steps, where every answer is
-        # right, and only at this lower rate: at 3e-3 the model stays with the digits' marginal.
-        prior_kinds=("copy",),
-        prior_share=1 / 3,
-        prior_steps=150,
-        warmup_lr=1e-3,
-    ),
-    # calls the tools a request lists, names it never saw included (tests/server/test_embedded.py)
-    "tools": EmbeddedSpec(
-        name="agentjet-tools",
-        # a key/value head per query head: with two shared ones (grouped-query attention) it copied
-        # tool names out of the request less often (probability of the name 0.60 against 0.85)
-        num_key_value_heads=4,
-        recipe="copy",
-        copy_steps=2000,
-        warmup_steps=1500,
-        warmup_lr=1e-3,  # at 3e-3 these models never learn to copy anything out of the prompt
-        format_version=7,  # 7: parameters schemas shaped as agent frameworks generate them
-        tool_batch=24,
-    ),
-}
 
 _WORDS = (
     "the a an of to and in is it that for on with as was at by be this from or have not are "
@@ -142,24 +66,6 @@ _WORDS = (
     "later turn move face door cut done group true leave plus minus times equals question agent "
     "tool call function arguments weather search result user assistant system reward task"
 ).split()
-
-
-NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-
-
-def demo_tasks(kind: str) -> list[tuple[str, str]]:
-    """``(user message, answer)`` of every demo task (kept in step with ``examples/``)."""
-    if kind == "add":
-        return [(f"What is {a} + {b}?", str(a + b)) for a in range(10) for b in range(10) if a + b <= 9]
-    if kind == "max":
-        return [(f"Which is larger, {a} or {b}?", str(max(a, b))) for a in range(10) for b in range(10) if a != b]
-    if kind == "words":
-        return [(f"Write {w} as a digit.", str(i)) for i, w in enumerate(NUMBER_WORDS)]
-    if kind == "next":
-        return [(f"What comes after {a}?", str(a + 1)) for a in range(9)]
-    if kind == "copy":
-        return [(f"Repeat the digit {a}.", str(a)) for a in range(10)]
-    raise ValueError(kind)
 
 
 def _corpus(rng: random.Random) -> list[str]:
@@ -495,35 +401,13 @@ def _warm_up_to_copy(model: Any, tokenizer: Any, spec: EmbeddedSpec, progress: C
     return loss_value
 
 
-def spec_hash(spec: EmbeddedSpec) -> str:
-    payload = json.dumps({**asdict(spec), "template": CHATML_TOOLS_TEMPLATE}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("AGENTJET_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "agentjet"
-    )
-    return Path(base)
-
-
-def ensure_embedded_model(
-    cache_dir: Path | None = None, progress: Callable[[str], None] | None = None, size: str = "tiny"
-) -> Path:
-    """Return the directory of the embedded model of ``size`` (a key of ``EMBEDDED_SPECS``),
-    building and caching it on first use."""
-    say = progress or (lambda msg: logger.info("%s", msg))
-    if size not in EMBEDDED_SPECS:
-        raise ValueError(f"no embedded model of size '{size}'; choose one of {', '.join(EMBEDDED_SPECS)}")
-    spec = EMBEDDED_SPECS[size]
-    target = (cache_dir or default_cache_dir()) / f"{spec.name}-{spec_hash(spec)}"
-    if (target / "config.json").exists() and (target / "agentjet.json").exists():
-        return target
+def build_model(spec: EmbeddedSpec, target: Path, progress: Callable[[str], None]) -> Path:
+    """Run the recipe for ``spec`` and write the model to ``target`` (replaced whole, atomically:
+    a crash mid-build leaves no half-written model behind)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     started = time.monotonic()
-    say("building the embedded model (first start only; cached afterwards)")
     torch.manual_seed(spec.seed)
     tokenizer = build_tokenizer(spec.vocab_size, spec.seed)
     config = Qwen2Config(
@@ -541,21 +425,20 @@ def ensure_embedded_model(
     )
     model = Qwen2ForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
-    say(f"{size} Qwen2 model: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
-    loss = (_warm_up_to_copy if spec.recipe == "copy" else _warm_up)(model, tokenizer, spec, say)
+    progress(f"{spec.name}: Qwen2 model, {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
+    loss = (_warm_up_to_copy if spec.recipe == "copy" else _warm_up)(model, tokenizer, spec, progress)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "agentjet.json").write_text(
-            json.dumps({"spec": asdict(spec), "warmup_loss": loss, "parameters": params}, indent=2)
-        )
+        meta = {"spec": asdict(spec), "spec_hash": spec_hash(spec), "warmup_loss": loss, "parameters": params}
+        (staging / "agentjet.json").write_text(json.dumps(meta, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    say(f"embedded model ready in {time.monotonic() - started:.1f}s at {target}")
+    progress(f"{spec.name} built in {time.monotonic() - started:.1f}s at {target}")
     return target

@@ -1,0 +1,111 @@
+"""What a run did: ``RunReport``, the counts and rewards the runner, admission and delivery keep.
+
+Its own module so that those three read and write one record without importing each other. The
+runner records each finished episode (``record_episode``); delivery counts the servers' answers;
+admission counts the waits for a server that does not answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentjet_client.protocol import Trajectory
+
+
+@dataclass
+class RunReport:
+    rewards: list[float] = field(default_factory=list)
+    started: int = 0
+    finished: int = 0
+    failed: int = 0
+    accepted: int = 0  # answers from the servers (with agents on several, one per server per episode)
+    duplicate: int = 0
+    rejected: int = 0
+    reject_reasons: Counter[str] = field(default_factory=Counter)
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+    by_server: dict[str, Counter[str]] = field(default_factory=dict)  # server -> answers to training episodes
+    first_version: int | None = None
+    last_version: int | None = None
+    elapsed_s: float = 0.0
+    resent_leftovers: int = 0  # answered items a previous run had left in the spool
+    waits_for_server: int = 0  # status polls that found the server down (episodes held back meanwhile)
+    spool_errors: int = 0  # failed spool writes (retried: the trajectory waits in memory)
+    code_versions: Counter[str] = field(default_factory=Counter)  # finished episodes per code version
+    rewards_by_version: dict[str, list[float]] = field(default_factory=dict)  # complete episodes only
+    agent_rewards: dict[str, list[float]] = field(default_factory=dict)  # each agent's, complete episodes only
+    tag_rewards: dict[str, list[float]] = field(default_factory=dict)  # each task tag's ('' untagged), complete only
+    episodes_by_tag: Counter[str] = field(default_factory=Counter)  # training episodes started per task tag
+    turns_by_agent: Counter[str] = field(default_factory=Counter)  # captured calls of training episodes
+    reloads: list[str] = field(default_factory=list)  # code versions swapped in during the run
+    reload_errors: list[str] = field(default_factory=list)  # edits that did not load (old code kept)
+    eval_rewards: dict[int, list[float]] = field(default_factory=dict)  # policy version -> eval rewards
+    evaluated: int = 0  # evaluation episodes finished
+    rounds: int = 0  # --sync: batches rolled out and trained
+    waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
+
+    def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
+        """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of
+        ``agent``'s own rewards, if given)."""
+        rewards = self.rewards if agent is None else self.agent_rewards.get(agent, [])
+        n = len(rewards)
+        part = rewards[int(n * lo) : max(int(n * lo) + 1, math.ceil(n * hi))]
+        return sum(part) / len(part) if part else math.nan
+
+    def recent_mean(self, window: int) -> float:
+        part = self.rewards[-window:]
+        return sum(part) / len(part) if part else math.nan
+
+    def record_episode(
+        self,
+        trajectory: Trajectory,
+        reward: float,
+        agent_rewards: dict[str, float] | None,
+        tag: str | None,
+        evaluation: int | None = None,
+    ) -> None:
+        """Count a finished episode: an evaluation episode (``evaluation``: the policy version its round
+        started at) apart from training ones, whose rewards count only when the episode completed."""
+        complete = trajectory.status == "complete"
+        if evaluation is not None:
+            self.evaluated += 1
+            if complete:
+                self.eval_rewards.setdefault(evaluation, []).append(reward)
+        else:
+            code_version = trajectory.code_version or "-"
+            self.finished += 1
+            self.code_versions[code_version] += 1
+            self.turns_by_agent.update(t.agent for t in trajectory.turns)
+            if complete:
+                self.rewards.append(reward)
+                self.tag_rewards.setdefault(tag or "", []).append(reward)
+                self.rewards_by_version.setdefault(code_version, []).append(reward)
+                for name, value in (agent_rewards or {}).items():
+                    self.agent_rewards.setdefault(name, []).append(value)
+        if not complete:
+            self.failed += 1
+            self.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
+
+
+def coerce_reward(value: Any) -> tuple[float, dict[str, float] | None]:
+    """An agent returns its episode's reward, or ``{agent name: reward}`` for a multi-agent episode
+    (each agent's timelines are then trained with its own reward; the episode's is their mean)."""
+    if isinstance(value, dict) and value:
+        rewards = {}
+        for name, reward in value.items():
+            if not isinstance(name, str) or isinstance(reward, bool) or not isinstance(reward, int | float):
+                raise TypeError(f"the agent returned {value!r}; per-agent rewards map agent names to numbers")
+            if not math.isfinite(reward):
+                raise TypeError(f"the reward of agent {name!r} is {reward}; rewards must be finite numbers")
+            rewards[name] = float(reward)
+        return sum(rewards.values()) / len(rewards), rewards
+    if isinstance(value, bool):
+        return float(value), None
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value), None
+    raise TypeError(
+        f"the agent returned {value!r}; an agent must return its reward as a finite number "
+        "(or a dict of them by agent name)"
+    )
