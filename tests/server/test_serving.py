@@ -4,7 +4,7 @@ import pytest
 
 from agentjet_server.engine.base import SamplingParams, TokenEvent
 from agentjet_server.engine.hf import TransformersEngine
-from agentjet_server.serving import PreparedRequest, _ChoiceState
+from agentjet_server.serving import ChoiceState, PreparedRequest
 
 TEXT = "héllo wörld 🚀 ça va? 日本語 done"
 
@@ -18,7 +18,7 @@ def engine(model_dir):
 
 def feed(engine, ids, stop=()):
     prepared = PreparedRequest([1], SamplingParams(max_tokens=999, stop=tuple(stop)), "", False, False)
-    state = _ChoiceState(engine, prepared)
+    state = ChoiceState(engine, prepared)
     streamed = ""
     for i, tid in enumerate(ids):
         state.add(TokenEvent(tid, -0.1, 0, [], "stop" if i == len(ids) - 1 else None))
@@ -98,11 +98,11 @@ def test_a_client_that_hangs_up_stops_its_generation(chatty_server, stream):
 )
 def test_streamed_content_around_tool_calls_equals_the_whole_answer(engine, text):
     """A client that accumulates the deltas gets the content and calls a non-streamed answer has."""
-    from agentjet_server.serving import final_frames
+    from agentjet_server.serving.chat import final_frames
 
     ids = engine.tokenizer.encode(text, add_special_tokens=False)
     prepared = PreparedRequest([1], SamplingParams(max_tokens=999), "", True, False)
-    state = _ChoiceState(engine, prepared)
+    state = ChoiceState(engine, prepared)
     chunks: list = []
     streamed = ""
     for i, tid in enumerate(ids):

@@ -38,7 +38,6 @@ from agentjet_client.protocol import (
     ModelList,
     TrajectoryBatch,
 )
-from agentjet_server import apis
 from agentjet_server.bodies import LARGE_IN_FLIGHT, describe_validation_error, parse_json, read_body, read_model
 from agentjet_server.body_gate import BodyGate
 from agentjet_server.engine.base import Engine
@@ -55,6 +54,7 @@ from agentjet_server.errors import (
 from agentjet_server.exposition import CONTENT_TYPE, Exposition
 from agentjet_server.inspection import find_trajectory, trajectory_view
 from agentjet_server.runtime import SwarmRuntime
+from agentjet_server.serving import dialects as apis
 from agentjet_server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -259,8 +259,8 @@ def create_app(
         )
         check_model(body)
         if body.stream:
-            return await streamed(request, rt.chat.stream_text(body, rt.engine.model_name), chat_error)
-        completion = await _unless_disconnected(request, rt.chat.complete_text(body, rt.engine.model_name))
+            return await streamed(request, rt.text.stream(body, rt.engine.model_name), chat_error)
+        completion = await _unless_disconnected(request, rt.text.complete(body, rt.engine.model_name))
         if completion is None:  # nobody is waiting for it any more
             return Response(status_code=499)
         text = await asyncio.to_thread(completion.model_dump_json, exclude_none=True)

@@ -29,7 +29,7 @@ from agentjet_server.learner.lora import LoraSpec
 from agentjet_server.learner.trainer import LearnerConfig
 from agentjet_server.metrics import History
 from agentjet_server.recovery import LiveConfiguration
-from agentjet_server.serving import ChatService
+from agentjet_server.serving import PromptBuilder
 from agentjet_server.settings import ServerSettings
 from agentjet_server.store import TrajectoryStore
 from agentjet_server.wal import Configured
@@ -147,12 +147,12 @@ class Controller:
         loop: TrainingLoop,
         store: TrajectoryStore,
         buffer: GroupBuffer,
-        chat: ChatService,
+        prompts: PromptBuilder,
         history: History,
         live: LiveConfiguration,
     ) -> None:
         self._get, self._set = get_settings, set_settings
-        self.loop, self.store, self.buffer, self.chat, self.history = loop, store, buffer, chat, history
+        self.loop, self.store, self.buffer, self.prompts, self.history = loop, store, buffer, prompts, history
         self.live = live
         self.changes: list[ConfigChange] = []
         loop.paused = live.paused
@@ -173,7 +173,7 @@ class Controller:
         self.loop.max_staleness = settings.max_staleness
         self.loop.stale_policy = settings.stale_policy
         self.buffer.resize(settings.group_size, settings.batch_groups, settings.group_timeout_s)
-        self.chat.default_max_tokens = settings.default_max_tokens
+        self.prompts.default_max_tokens = settings.default_max_tokens
 
     def change(self, changes: Mapping[str, Any]) -> AdminConfig:
         current = self._get()

@@ -34,7 +34,7 @@ from agentjet_server.learner.trainer import Learner
 from agentjet_server.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
 from agentjet_server.parsing import load_parser
 from agentjet_server.recovery import LiveConfiguration, Recovery, restored_configuration
-from agentjet_server.serving import ChatService
+from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
 from agentjet_server.settings import ServerSettings
 from agentjet_server.signing import SampleSigner
 from agentjet_server.sinks import open_sinks
@@ -129,14 +129,15 @@ class SwarmRuntime:
             else []
         )
         self.telemetry = Telemetry(History(metrics_file, sinks))
-        self.chat = ChatService(
+        self.prompts = PromptBuilder(
             engine,
             parser=load_parser(model_path or Path(), settings.tool_call_parser, settings.reasoning_parser),
             default_max_tokens=settings.default_max_tokens,
-            signer=self.signer,
             max_token_entries=settings.max_request_token_entries,
-            stats=self.telemetry.serving if settings.metrics else None,
         )
+        sampler = Sampler(engine, signer=self.signer, stats=self.telemetry.serving if settings.metrics else None)
+        self.chat = ChatService(self.prompts, sampler)
+        self.text = TextService(self.prompts, sampler)
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups, group_timeout=settings.group_timeout_s)
         self.log = log if log is not None else TrajectoryLog(state.log_dir) if state is not None else None
         self.store = TrajectoryStore(
@@ -182,7 +183,7 @@ class SwarmRuntime:
             loop=self.loop,
             store=self.store,
             buffer=self.buffer,
-            chat=self.chat,
+            prompts=self.prompts,
             history=self.telemetry.history,
             live=live or LiveConfiguration({}),
         )
@@ -387,7 +388,7 @@ class SwarmRuntime:
             admission_budget=self.admission_budget(),
             by_tag=self.by_tag(),
             uptime_s=time.monotonic() - self.started,
-            context=self.chat.context.model_copy(),
+            context=self.prompts.context.model_copy(),
             paused=self.loop.paused,
             replicas=[ReplicaInfo(**r) for r in self.engine.replica_status()],
         )

@@ -1,0 +1,158 @@
+"""Chat completions: a prepared chat request sampled whole (``complete``) or streamed as chunks
+(``stream_chunks``: what ``stream`` sends as SSE, and what the Responses and Messages dialects translate).
+Each choice carries the ``agentjet`` extension with the exact prompt and completion token ids, per-token
+log-probabilities and versions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from agentjet_client.protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    ToolCallDelta,
+    Usage,
+)
+from agentjet_server.chat_format import without_tool_calls
+from agentjet_server.serving.choice import ChoiceState, Sampler, usage
+from agentjet_server.serving.prompt import PreparedRequest, PromptBuilder
+
+
+class ChatService:
+    """Serves chat completions: prompts from ``prompts``, tokens from ``sampler``."""
+
+    def __init__(self, prompts: PromptBuilder, sampler: Sampler) -> None:
+        self.prompts = prompts
+        self.sampler = sampler
+
+    async def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+        """``PromptBuilder.prepare_chat`` in a worker thread: rendering a long conversation takes a while."""
+        return await asyncio.to_thread(self.prompts.prepare_chat, request)
+
+    async def complete(self, request: ChatCompletionRequest, model_name: str) -> ChatCompletion:
+        prepared = await self.prepare(request)
+        states = await self.sampler.sample([(prepared, i) for i in range(request.n)])
+        # detokenising every token (and its top log-probs) of many choices is CPU work: off the event loop
+        return await asyncio.to_thread(self._completion, prepared, states, model_name)
+
+    def _completion(self, prepared: PreparedRequest, states: list[ChoiceState], model_name: str) -> ChatCompletion:
+        choices = []
+        for index, state in enumerate(states):
+            answer = state.answer()
+            choices.append(
+                Choice(
+                    index=index,
+                    message=AssistantMessage(
+                        content=answer.content,
+                        tool_calls=answer.tool_calls or None,
+                        reasoning=answer.reasoning,
+                        reasoning_content=answer.reasoning,
+                    ),
+                    logprobs=ChoiceLogprobs(content=state.logprob_entries(state.events))
+                    if prepared.want_logprobs
+                    else None,
+                    finish_reason=state.finish_reason(),
+                    agentjet=state.extension(),
+                )
+            )
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=model_name,
+            choices=choices,
+            usage=usage(len(prepared.prompt_ids), states),
+        )
+
+    async def stream(self, request: ChatCompletionRequest, model_name: str) -> AsyncIterator[str]:
+        """SSE frames, token by token; choices of ``n > 1`` interleave as they are sampled."""
+        async for chunk in self.stream_chunks(request, model_name):
+            yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def stream_chunks(
+        self, request: ChatCompletionRequest, model_name: str
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """The chunks of a streamed answer (what ``stream`` sends; the other APIs translate them)."""
+        prepared = await self.prepare(request)
+        chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def frame(choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=chunk_id, created=created, model=model_name, choices=choices, usage=usage)
+
+        states = [self.sampler.state(prepared) for _ in range(request.n)]
+        for index in range(request.n):
+            yield frame([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))])
+        jobs = [(prepared, i) for i in range(request.n)]
+        async with contextlib.aclosing(self.sampler.stream(jobs, states)) as sampled:
+            async for index, item, done in sampled:
+                state = states[index]
+                logprobs = None
+                if prepared.want_logprobs and item is not None:
+                    logprobs = ChoiceLogprobs(content=state.logprob_entries([item]))
+                if state.family is not None:
+                    step = state.family_step(final=done)
+                    thought = step.reasoning or None
+                    if step.content or thought or (logprobs and logprobs.content):
+                        delta = ChoiceDelta(content=step.content, reasoning=thought, reasoning_content=thought)
+                        yield frame([ChunkChoice(index=index, delta=delta, logprobs=logprobs)])
+                else:
+                    text = state.sendable(final=done)
+                    if text or (logprobs and logprobs.content):
+                        yield frame([ChunkChoice(index=index, delta=ChoiceDelta(content=text), logprobs=logprobs)])
+                if done:
+                    for chunk in final_frames(frame, index, state):
+                        yield chunk
+        if request.stream_options and request.stream_options.include_usage:
+            yield frame([], usage(len(prepared.prompt_ids), states))
+
+
+def final_frames(
+    frame: Callable[..., ChatCompletionChunk], index: int, state: ChoiceState
+) -> list[ChatCompletionChunk]:
+    """The closing frames of one choice: tool calls or held-back text, then finish and extension."""
+    content, calls = state.parsed()
+    out: list[ChatCompletionChunk] = []
+    if state.family is not None:
+        # reasoning and content were streamed as the family's parser read them; the calls come whole
+        if calls:
+            out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(tool_calls=_call_deltas(calls)))]))
+    elif calls:
+        # text around the calls that was held back: a streamed answer has the content a whole one has
+        if state.prepared.forced_prefix or state.sent == 0:
+            rest = content or ""
+        else:
+            rest = without_tool_calls(state.text[state.sent :]).rstrip()
+        if rest:
+            out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(content=rest))]))
+        out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(tool_calls=_call_deltas(calls)))]))
+    else:
+        # held back for tool parsing but not a valid call: it is plain content after all
+        rest = (content or "") if state.prepared.forced_prefix else state.text[state.sent :]
+        if rest:
+            out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(content=rest))]))
+    ext = state.extension()
+    out.append(frame([ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=ext.finish_reason, agentjet=ext)]))
+    return out
+
+
+def _call_deltas(calls: list[Any]) -> list[ToolCallDelta]:
+    return [
+        ToolCallDelta(
+            index=i,
+            id=call.id,
+            type="function",
+            function={"name": call.function.name, "arguments": call.function.arguments},
+        )
+        for i, call in enumerate(calls)
+    ]
