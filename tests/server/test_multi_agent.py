@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from agentjet_client import SwarmClient
-from agentjet_client.runner import _coerce_reward
+from agentjet_client.report import coerce_reward
 from agentjet_server.batching.batch import build_batch
 from agentjet_server.batching.timeline import build_timelines
 
@@ -26,7 +26,7 @@ async def episode_of_two(client: SwarmClient, rewards: dict[str, float]):  # typ
 
     await asyncio.gather(talk(planner, "Plan: write seven as a digit.", 3), talk(critic, "Check: seven.", 2))
     await episode.aclose()
-    reward, per_agent = _coerce_reward(rewards)
+    reward, per_agent = coerce_reward(rewards)
     return episode.to_trajectory(reward, agent_rewards=per_agent)
 
 
@@ -64,8 +64,8 @@ def test_concurrent_agents_get_separate_timelines_and_their_own_rewards(live_ser
 
 
 def test_per_agent_rewards_must_be_numbers():
-    assert _coerce_reward({"a": 1, "b": 0.5}) == (0.75, {"a": 1.0, "b": 0.5})
+    assert coerce_reward({"a": 1, "b": 0.5}) == (0.75, {"a": 1.0, "b": 0.5})
     with pytest.raises(TypeError, match="per-agent rewards map agent names to numbers"):
-        _coerce_reward({"a": "high"})
+        coerce_reward({"a": "high"})
     with pytest.raises(TypeError, match="must be finite"):
-        _coerce_reward({"a": float("nan")})
+        coerce_reward({"a": float("nan")})
