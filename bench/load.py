@@ -67,7 +67,7 @@ def server(state: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[byt
 
 
 def logged_ids(state: Path) -> set[str]:
-    from agentjet_server.wal import Accepted, read_records
+    from agentjet_server.ingest.wal import Accepted, read_records
 
     return {r.id for r in read_records(state / "log", compacted=True) if isinstance(r, Accepted)}
 

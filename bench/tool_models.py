@@ -57,7 +57,7 @@ def one_run(example: str, size: str, episodes: int, port: int) -> dict[str, obje
     from transformers import PreTrainedTokenizerFast
 
     from agentjet_server.embedded import ensure_embedded_model
-    from agentjet_server.wal import Accepted, read_records
+    from agentjet_server.ingest.wal import Accepted, read_records
 
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory(prefix="agentjet-bench-") as tmp:

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.wal import Accepted, TrajectoryLog, read_records
+from agentjet_server.ingest.wal import Accepted, TrajectoryLog, read_records
 from tests.conftest import ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ import httpx2
 import pytest
 
 from agentjet_client.spool import spool_key
-from agentjet_server.wal import Accepted, TrajectoryLog, read_records
+from agentjet_server.ingest.wal import Accepted, TrajectoryLog, read_records
 from tests.chaos.test_client_kill import spool_stats
 from tests.conftest import ServerProcess, free_port
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from agentjet_client.spool import spool_key
-from agentjet_server.wal import TrajectoryLog
+from agentjet_server.ingest.wal import TrajectoryLog
 from tests.chaos.test_client_kill import spool_stats
 from tests.chaos.test_server_kill import latest_checkpoint
 from tests.conftest import ServerProcess, free_port

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from agentjet_server.wal import Accepted, Evaluated, read_records
+from agentjet_server.ingest.wal import Accepted, Evaluated, read_records
 from tests.conftest import LiveServer, ServerProcess, run_digits_client
 
 pytestmark = pytest.mark.e2e

@@ -14,11 +14,11 @@ import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.batching.timeline import build_timelines, call_tokens
-from agentjet_server.chat_format import parse_tool_calls
-from agentjet_server.continuation import same_answer
 from agentjet_server.engine.tokens import ChatTokenizer
-from agentjet_server.parsing import Parsed
-from agentjet_server.wal import Accepted, read_records
+from agentjet_server.ingest.wal import Accepted, read_records
+from agentjet_server.serving.chat_format import parse_tool_calls
+from agentjet_server.serving.continuation import same_answer
+from agentjet_server.serving.parsing import Parsed
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.e2e

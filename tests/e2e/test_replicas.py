@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentjet_server.wal import Accepted, read_records
+from agentjet_server.ingest.wal import Accepted, read_records
 from tests.conftest import CACHE, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]

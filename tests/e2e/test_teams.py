@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentjet_client.protocol import Trajectory
-from agentjet_server.wal import Accepted, read_records
+from agentjet_server.ingest.wal import Accepted, read_records
 from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import pytest
 
 from agentjet_client import SwarmClient
 from agentjet_client.protocol import ClientReport, Trajectory
-from agentjet_server.wal import Configured, Evaluated, read_records
+from agentjet_server.ingest.wal import Configured, Evaluated, read_records
 from tests.conftest import LiveServer, ServerProcess
 
 CLIENT_KEY, ADMIN_KEY = "client-key-123", "admin-key-456"

@@ -177,7 +177,7 @@ def test_tool_calls_round_trip_through_history(sdk, live_server):
 
 
 def test_tool_call_parser():
-    from agentjet_server.chat_format import parse_tool_calls
+    from agentjet_server.serving.chat_format import parse_tool_calls
 
     out = parse_tool_calls('ok <tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>')
     assert out.content == "ok" and out.tool_calls[0].function.name == "add"

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from agentjet_client.protocol import Trajectory, TrajectoryBatch, Turn
-from agentjet_server.checkpoint import StateDir
 from agentjet_server.engine.hf import TransformersEngine
 from agentjet_server.errors import StateError
+from agentjet_server.ingest.wal import Rejected, TrajectoryLog
 from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
-from agentjet_server.wal import Rejected, TrajectoryLog
+from agentjet_server.state.checkpoint import StateDir
 
 K = 3
 GROUP, GROUPS = 4, 2  # trajectories per group, groups per step
@@ -225,8 +225,8 @@ def test_tied_head_model_round_trips_through_a_checkpoint(model_dir, trajectorie
 
     from agentjet_server.batching.batch import build_batch
     from agentjet_server.batching.buffer import BufferSnapshot
-    from agentjet_server.checkpoint import CheckpointMeta
     from agentjet_server.learner.trainer import Learner, LearnerConfig
+    from agentjet_server.state.checkpoint import CheckpointMeta
 
     config = AutoConfig.from_pretrained(model_dir)
     config.tie_word_embeddings = True

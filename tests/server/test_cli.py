@@ -75,7 +75,7 @@ def test_engine_choice_errors_say_how_to_fix_them(tmp_path):
 def test_a_state_dir_with_an_earlier_run_needs_resume_or_fresh(tmp_path):
     import os
 
-    from agentjet_server.wal import Rejected, TrajectoryLog
+    from agentjet_server.ingest.wal import Rejected, TrajectoryLog
     from tests.conftest import CACHE
 
     log = TrajectoryLog(tmp_path / "log")
@@ -110,8 +110,8 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
 
     from agentjet_client.protocol import Trajectory, Turn
     from agentjet_server.engine.tokens import ChatTokenizer
-    from agentjet_server.store import TrajectoryStore
-    from agentjet_server.wal import TrajectoryLog
+    from agentjet_server.ingest.store import TrajectoryStore
+    from agentjet_server.ingest.wal import TrajectoryLog
 
     chat = ChatTokenizer(model_dir)
     user = {"role": "user", "content": "Write two as a digit."}
@@ -132,7 +132,7 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
             finish_reason="stop",
         )
 
-    from agentjet_server.signing import Sample, SampleSigner
+    from agentjet_server.ingest.signing import Sample, SampleSigner
 
     signer = SampleSigner.load(tmp_path / "sample.key")
     first, second, third = turn(p1, c1), turn(p2, c2), turn(edited, c2)
@@ -223,7 +223,7 @@ def test_the_admin_cli_steers_a_running_server(model_dir, tmp_path):
 def test_parser_flags_without_vllm_say_how_to_fix_them(model_dir, tmp_path):
     import importlib.util
 
-    from agentjet_server.parsing import load_parser
+    from agentjet_server.serving.parsing import load_parser
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: its parsers are used (tests/vllm/test_parsers.py)")

@@ -10,8 +10,8 @@ import pytest
 
 from agentjet_client import SwarmClient
 from agentjet_server.batching.timeline import build_timelines
-from agentjet_server.continuation import continue_from
 from agentjet_server.engine.tokens import ChatTokenizer
+from agentjet_server.serving.continuation import continue_from
 
 USER = {"role": "user", "content": "Write seven as a digit."}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

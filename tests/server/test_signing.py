@@ -9,7 +9,7 @@ import pytest
 
 from agentjet_client import SwarmClient
 from agentjet_client.protocol import Trajectory
-from agentjet_server.signing import Sample, SampleSigner
+from agentjet_server.ingest.signing import Sample, SampleSigner
 from tests.conftest import LiveServer
 
 ASK = [{"role": "user", "content": "Write two as a digit."}]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agentjet_server.errors import ConfigError
-from agentjet_server.metrics import History
-from agentjet_server.sinks import TensorBoardSink, WandbSink, open_sinks, scalars
+from agentjet_server.observe.metrics import History
+from agentjet_server.observe.sinks import TensorBoardSink, WandbSink, open_sinks, scalars
 
 STEP = {"step": 1, "policy_version": 1, "loss": 0.5, "mean_reward": 0.25, "reward_by_tag": {"math": 0.25}}
 

@@ -14,8 +14,8 @@ import pytest
 
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.errors import StateError
-from agentjet_server.store import TrajectoryStore
-from agentjet_server.wal import Accepted, TrajectoryLog, read_records
+from agentjet_server.ingest.store import TrajectoryStore
+from agentjet_server.ingest.wal import Accepted, TrajectoryLog, read_records
 
 
 def traj(i: int, version: int = 0, token: int = 5) -> Trajectory:
@@ -235,7 +235,7 @@ def test_log_segments_are_readable_by_the_owner_only(tmp_path):
 def test_a_trajectory_logged_as_its_model_wrote_it_reads_back_as_the_same_record(tmp_path):
     """At ingest the log line embeds pydantic's own JSON (no dict, no json.dumps): what a restart
     reads is the trajectory that was accepted, token for token, and an evaluation likewise."""
-    from agentjet_server.wal import Evaluated, decode, encode
+    from agentjet_server.ingest.wal import Evaluated, decode, encode
 
     t = traj(3).model_copy(update={"metadata": {"note": "ünïcode ✓", "x": 0.1}, "task_tag": "math"})
     raw = t.model_dump_json().encode()

@@ -1,6 +1,6 @@
 """AgentJet server: serve a model through an OpenAI-compatible API and train it with GRPO.
 
-The names below are imported on first use: ``import agentjet_server.bodies`` (the request-body
+The names below are imported on first use: ``import agentjet_server.ingest.bodies`` (the request-body
 gate process) or ``agentjet-server status`` must not pay for torch.
 """
 

@@ -322,7 +322,7 @@ def _wrapped(items: list[str], width: int = 118) -> str:
 def serve(settings: Any) -> None:
     """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
     from agentjet_server.learner import distributed, loop
-    from agentjet_server.parsing import check_parser_names
+    from agentjet_server.serving.parsing import check_parser_names
 
     # what can be refused without the model is refused before it is built or loaded
     check_parser_names(settings.tool_call_parser, settings.reasoning_parser)
@@ -427,11 +427,11 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     from agentjet_server.app import create_app
-    from agentjet_server.checkpoint import StateDir
     from agentjet_server.control import learner_config
     from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
     from agentjet_server.runtime import SwarmRuntime
+    from agentjet_server.state.checkpoint import StateDir
 
     state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
     try:
@@ -583,7 +583,7 @@ def inspect(
 
     Example: agentjet-server inspect --state-dir .agentjet/server --recompute
     """
-    from agentjet_server.inspection import find_trajectory, latest_ids, rows
+    from agentjet_server.observe.inspection import find_trajectory, latest_ids, rows
 
     try:
         if trajectory_id is None:
@@ -606,7 +606,7 @@ def inspect(
         weights = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         weights.eval()  # type: ignore[no-untyped-call]
     from agentjet_server.batching.timeline import build_timelines, call_tokens
-    from agentjet_server.signing import SampleSigner
+    from agentjet_server.ingest.signing import SampleSigner
 
     timelines = build_timelines(trajectory.turns)
     signer = SampleSigner.existing(state_dir / "sample.key")

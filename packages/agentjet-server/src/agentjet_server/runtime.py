@@ -22,24 +22,24 @@ from agentjet_client.protocol import (
     TrajectoryBatchResult,
 )
 from agentjet_server.batching.buffer import GroupBuffer
-from agentjet_server.checkpoint import METRICS_FILE, StateDir
 from agentjet_server.control import Controller, learner_config, public_settings
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import ConfigError, PayloadTooLargeError, RateLimitError
-from agentjet_server.inspection import RecentTrajectories
+from agentjet_server.ingest.signing import SampleSigner
+from agentjet_server.ingest.store import TrajectoryStore
+from agentjet_server.ingest.wal import TrajectoryLog
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.trainer import Learner
-from agentjet_server.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
-from agentjet_server.parsing import load_parser
-from agentjet_server.recovery import LiveConfiguration, Recovery, restored_configuration
+from agentjet_server.observe.inspection import RecentTrajectories
+from agentjet_server.observe.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
+from agentjet_server.observe.sinks import open_sinks
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
+from agentjet_server.serving.parsing import load_parser
 from agentjet_server.settings import ServerSettings
-from agentjet_server.signing import SampleSigner
-from agentjet_server.sinks import open_sinks
-from agentjet_server.store import TrajectoryStore
-from agentjet_server.wal import TrajectoryLog
+from agentjet_server.state.checkpoint import METRICS_FILE, StateDir
+from agentjet_server.state.recovery import LiveConfiguration, Recovery, restored_configuration
 
 logger = logging.getLogger(__name__)
 

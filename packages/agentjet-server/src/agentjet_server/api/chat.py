@@ -18,8 +18,8 @@ from agentjet_client.protocol import ChatCompletionRequest, CompletionRequest, M
 from agentjet_server.api.auth import authorize
 from agentjet_server.api.context import api_of, runtime_of
 from agentjet_server.api.errors import error_frame
-from agentjet_server.bodies import read_model
 from agentjet_server.errors import EngineError, InvalidRequestError, RequestError
+from agentjet_server.ingest.bodies import read_model
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -10,10 +10,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from agentjet_server.bodies import LARGE_IN_FLIGHT
-from agentjet_server.body_gate import BodyGate
 from agentjet_server.errors import InvalidRequestError
-from agentjet_server.exposition import Exposition
+from agentjet_server.ingest.bodies import LARGE_IN_FLIGHT
+from agentjet_server.ingest.body_gate import BodyGate
+from agentjet_server.observe.exposition import Exposition
 from agentjet_server.runtime import SwarmRuntime
 from agentjet_server.settings import ServerSettings
 

@@ -17,8 +17,8 @@ from agentjet_client.protocol import ChatCompletionRequest
 from agentjet_server.api.auth import authorize
 from agentjet_server.api.chat import check_model, streamed, whole
 from agentjet_server.api.context import api_of, runtime_of
-from agentjet_server.bodies import parse_json, read_body
 from agentjet_server.errors import InvalidRequestError
+from agentjet_server.ingest.bodies import parse_json, read_body
 from agentjet_server.serving import dialects
 
 

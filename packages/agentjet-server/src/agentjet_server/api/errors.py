@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse, Response
 
 from agentjet_client.protocol import ErrorDetail, ErrorResponse
 from agentjet_server.api.context import runtime_of
-from agentjet_server.bodies import describe_validation_error
 from agentjet_server.errors import EngineError, RateLimitError, RequestError, StateError
+from agentjet_server.ingest.bodies import describe_validation_error
 
 logger = logging.getLogger(__name__)
 

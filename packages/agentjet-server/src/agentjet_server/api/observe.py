@@ -16,9 +16,9 @@ from starlette.routing import Route
 from agentjet_server.api.auth import authorize
 from agentjet_server.api.context import api_of, int_param, runtime_of
 from agentjet_server.errors import InvalidRequestError
-from agentjet_server.exposition import CONTENT_TYPE
+from agentjet_server.observe.exposition import CONTENT_TYPE
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard" / "index.html"
+DASHBOARD = Path(__file__).resolve().parent.parent / "observe" / "dashboard" / "index.html"
 
 
 def _plain(value: Any) -> Any:

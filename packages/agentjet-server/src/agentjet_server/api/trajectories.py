@@ -14,9 +14,9 @@ from starlette.routing import Route
 from agentjet_client.protocol import Health, TrajectoryBatch
 from agentjet_server.api.auth import authorize
 from agentjet_server.api.context import api_of, int_param, runtime_of
-from agentjet_server.bodies import read_model
 from agentjet_server.errors import NotFoundError, StateError
-from agentjet_server.inspection import find_trajectory, trajectory_view
+from agentjet_server.ingest.bodies import read_model
+from agentjet_server.observe.inspection import find_trajectory, trajectory_view
 
 
 async def healthz(request: Request) -> Response:

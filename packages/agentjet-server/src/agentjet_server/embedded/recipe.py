@@ -33,8 +33,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentjet_server.chat_format import CHATML_TOOLS_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from agentjet_server.embedded.specs import EMBEDDED_SPEC, EmbeddedSpec, demo_tasks, spec_hash
+from agentjet_server.serving.chat_format import CHATML_TOOLS_TEMPLATE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EXTRA_TOKENS = [TOOL_CALL_OPEN, TOOL_CALL_CLOSE]

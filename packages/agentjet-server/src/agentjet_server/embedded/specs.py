@@ -8,7 +8,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from agentjet_server.chat_format import CHATML_TOOLS_TEMPLATE
+from agentjet_server.serving.chat_format import CHATML_TOOLS_TEMPLATE
 
 
 @dataclass(frozen=True)

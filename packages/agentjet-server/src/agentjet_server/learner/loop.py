@@ -29,7 +29,7 @@ from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
-from agentjet_server.metrics import StepRecord, batch_figures
+from agentjet_server.observe.metrics import StepRecord, batch_figures
 
 logger = logging.getLogger(__name__)
 

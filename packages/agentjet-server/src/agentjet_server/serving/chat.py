@@ -24,7 +24,7 @@ from agentjet_client.protocol import (
     ToolCallDelta,
     Usage,
 )
-from agentjet_server.chat_format import without_tool_calls
+from agentjet_server.serving.chat_format import without_tool_calls
 from agentjet_server.serving.choice import ChoiceState, Sampler, usage
 from agentjet_server.serving.prompt import PreparedRequest, PromptBuilder
 

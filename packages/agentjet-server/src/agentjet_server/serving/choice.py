@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentjet_client.protocol import INT64_MIN, AgentJetExtension, TokenLogprob, TopLogprob, Usage
-from agentjet_server.chat_format import TOOL_CALL_OPEN, parse_tool_calls
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
-from agentjet_server.metrics import ServingStats
-from agentjet_server.parsing import ChoiceReader, Delta, Parsed
+from agentjet_server.ingest.signing import Sample, SampleSigner
+from agentjet_server.observe.metrics import ServingStats
+from agentjet_server.serving.chat_format import TOOL_CALL_OPEN, parse_tool_calls
+from agentjet_server.serving.parsing import ChoiceReader, Delta, Parsed
 from agentjet_server.serving.prompt import PreparedRequest
-from agentjet_server.signing import Sample, SampleSigner
 
 
 @dataclass

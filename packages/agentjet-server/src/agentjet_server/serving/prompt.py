@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentjet_client.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ContextCounts
-from agentjet_server.chat_format import forced_tool_prefix
-from agentjet_server.continuation import Status, continue_from
 from agentjet_server.engine.base import Engine, SamplingParams
 from agentjet_server.errors import InvalidRequestError
-from agentjet_server.parsing import ChoiceReader, OutputParser, Parsed
-from agentjet_server.signing import DEFAULT_AGENT
+from agentjet_server.ingest.signing import DEFAULT_AGENT
+from agentjet_server.serving.chat_format import forced_tool_prefix
+from agentjet_server.serving.continuation import Status, continue_from
+from agentjet_server.serving.parsing import ChoiceReader, OutputParser, Parsed
 
 # n x max_tokens x (1 + top_logprobs) a single request may ask for: bounds its memory and response size
 MAX_TOKEN_ENTRIES = 1 << 20

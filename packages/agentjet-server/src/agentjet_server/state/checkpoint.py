@@ -31,7 +31,7 @@ import torch
 
 from agentjet_server.batching.buffer import BufferSnapshot
 from agentjet_server.errors import StateError
-from agentjet_server.wal import fsync_dir
+from agentjet_server.ingest.wal import fsync_dir
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from agentjet_server.metrics import MAX_LABELS, Buckets, Snapshot, Telemetry
+from agentjet_server.observe.metrics import MAX_LABELS, Buckets, Snapshot, Telemetry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

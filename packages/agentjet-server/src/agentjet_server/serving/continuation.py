@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentjet_server.chat_format import parse_tool_calls
 from agentjet_server.engine.tokens import ChatTokenizer
-from agentjet_server.parsing import Parsed
+from agentjet_server.serving.chat_format import parse_tool_calls
+from agentjet_server.serving.parsing import Parsed
 
 Status = Literal["extended", "spliced", "mismatch", "reasoning_dropped"]
 Reader = Callable[[list[int]], Parsed]  # an earlier completion's token ids, read as an answer

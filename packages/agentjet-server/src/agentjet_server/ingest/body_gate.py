@@ -12,7 +12,7 @@ Protocol over the child's stdin/stdout: the server writes ``<kind: 1 byte><lengt
 <body>``, the gate answers one JSON line: ``null``, or ``{"message", "param", "code"}``. A gate
 that dies is restarted; meanwhile the server judges bodies itself.
 
-    python -m agentjet_server.body_gate        # what ``BodyGate`` starts
+    python -m agentjet_server.ingest.body_gate        # what ``BodyGate`` starts
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import IO, Any
 from pydantic import BaseModel, ValidationError
 
 from agentjet_client.protocol import ChatCompletionRequest, TrajectoryBatch
-from agentjet_server.bodies import GATE_BYTES, describe_validation_error, parse_model
 from agentjet_server.errors import RequestError
+from agentjet_server.ingest.bodies import GATE_BYTES, describe_validation_error, parse_model
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class BodyGate:
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agentjet_server.body_gate"],
+                [sys.executable, "-m", "agentjet_server.ingest.body_gate"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )

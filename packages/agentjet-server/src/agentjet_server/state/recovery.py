@@ -23,11 +23,11 @@ from typing import Any
 
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.buffer import GroupBuffer
-from agentjet_server.checkpoint import TRAINING_SETTINGS, CheckpointMeta, StateDir, settings_changes
 from agentjet_server.errors import StateError
+from agentjet_server.ingest.store import TrajectoryStore
+from agentjet_server.ingest.wal import TrajectoryLog
 from agentjet_server.learner.loop import TrainingLoop
-from agentjet_server.store import TrajectoryStore
-from agentjet_server.wal import TrajectoryLog
+from agentjet_server.state.checkpoint import TRAINING_SETTINGS, CheckpointMeta, StateDir, settings_changes
 
 logger = logging.getLogger(__name__)
 
