@@ -9,7 +9,7 @@ import nox
 
 nox.options.sessions = ["lint", "tests", "vllm"]
 CPU_TORCH = "torch==2.13.0"
-LINT = ["ruff==0.17.6", "mypy==2.4.1"]  # pinned: newer releases format and type-check differently
+LINT = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]  # pinned: newer releases format and type-check differently
 PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
 TEST_PACKAGES = ["-e", "packages/agentjet-client[research]", "-e", "packages/agentjet-server[lora]"]
 
@@ -34,12 +34,13 @@ def vllm(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy --strict on both packages."""
+    """ruff (lint + format check), mypy --strict on both packages, the architecture's contracts."""
     session.install(CPU_TORCH, *LINT)
     session.install(*PACKAGES)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "packages/agentjet-client/src", "packages/agentjet-server/src")
+    session.run("python", "scripts/architecture.py")
 
 
 @nox.session(python="3.11")

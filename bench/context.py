@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from agentjet_client.protocol import Turn
-from agentjet_server.batching.batch import Batch, Sequence
 from agentjet_server.batching.timeline import build_timelines
+from agentjet_server.learner.batch import Batch, Sequence
 from agentjet_server.learner.packing import pack, unique_tokens
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 

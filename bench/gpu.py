@@ -194,9 +194,9 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
     """Each layout: step time and peak memory against the plan (CUDA only for memory)."""
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.batching.batch import Batch, Sequence
+    from agentjet_server.engine.adapter import LoraSpec
+    from agentjet_server.learner.batch import Batch, Sequence
     from agentjet_server.learner.distributed import DistContext
-    from agentjet_server.learner.lora import LoraSpec
     from agentjet_server.learner.trainer import Learner, LearnerConfig
     from agentjet_server.memory import Layout, ModelShape, learner_items
 
@@ -267,8 +267,8 @@ def learner_rows(model: Path, device: str, groups: int, steps: int) -> list[tupl
     from transformers import AutoModelForCausalLM
 
     from agentjet_client.protocol import Trajectory, Turn
-    from agentjet_server.batching.batch import build_batch
     from agentjet_server.learner import distributed
+    from agentjet_server.learner.batch import build_batch
     from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     rng = random.Random(0)

@@ -34,8 +34,8 @@ def child(model: str, rank: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.batching.batch import Batch, Sequence
-    from agentjet_server.learner.lora import LoraSpec
+    from agentjet_server.engine.adapter import LoraSpec
+    from agentjet_server.learner.batch import Batch, Sequence
     from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     torch.set_num_threads(2)

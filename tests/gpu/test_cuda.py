@@ -60,7 +60,7 @@ def _batch():
     import random
 
     from agentjet_client.protocol import Trajectory, Turn
-    from agentjet_server.batching.batch import build_batch
+    from agentjet_server.learner.batch import build_batch
 
     rng = random.Random(0)
     group = [
@@ -106,8 +106,8 @@ def test_fp32_learner_on_cuda_attends_without_the_quadratic_kernel(model_dir):
     from transformers import AutoModelForCausalLM
 
     from agentjet_client.protocol import Trajectory, Turn
-    from agentjet_server.batching.batch import build_batch
     from agentjet_server.learner import attention
+    from agentjet_server.learner.batch import build_batch
     from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     turns = [

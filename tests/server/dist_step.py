@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.batching.batch import build_batch
 from agentjet_server.learner import distributed
+from agentjet_server.learner.batch import build_batch
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 

@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from agentjet_server.batching.batch import Sequence
 from agentjet_server.learner.attention import NAME, learner_sdpa, register, repeated_kv_sdpa
+from agentjet_server.learner.batch import Sequence
 from agentjet_server.learner.packing import pack
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 

@@ -223,8 +223,8 @@ def test_tied_head_model_round_trips_through_a_checkpoint(model_dir, trajectorie
     optimizer's moments come back for every parameter."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from agentjet_server.batching.batch import build_batch
     from agentjet_server.batching.buffer import BufferSnapshot
+    from agentjet_server.learner.batch import build_batch
     from agentjet_server.learner.trainer import Learner, LearnerConfig
     from agentjet_server.state.checkpoint import CheckpointMeta
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentjet_server.batching.batch import Sequence
+from agentjet_server.learner.batch import Sequence
 from agentjet_server.learner.distributed import partition
 from agentjet_server.learner.packing import pack
 
@@ -99,7 +99,7 @@ def test_small_micro_batches_make_ranks_pad_with_idle_passes(model_dir):
     from dist_step import fixed_groups
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.batching.batch import build_batch
+    from agentjet_server.learner.batch import build_batch
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.batching.batch import build_batch
 from agentjet_server.engine.tokens import load_tokenizer
+from agentjet_server.learner.batch import build_batch
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 
@@ -77,7 +77,7 @@ def test_head_on_trained_positions_only_equals_full_logits(model_dir):
 
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.batching.batch import Sequence
+    from agentjet_server.learner.batch import Sequence
     from agentjet_server.learner.packing import pack
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -230,7 +230,7 @@ def test_ppo_advantages_are_whitened_per_group_or_over_the_batch(model_dir, norm
     others' mean."""
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.learner.trainer import GROUP_STD_FLOOR
+    from agentjet_server.learner.advantages import GROUP_STD_FLOOR
 
     tok = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -4,8 +4,10 @@ settings that cannot go together are refused with what to do."""
 import pytest
 import torch
 
-from agentjet_server.learner.lora import LoraSpec, adapter_state, attach, merged
-from agentjet_server.learner.trainer import Learner, LearnerConfig, _check_lora
+from agentjet_server.engine.adapter import LoraSpec
+from agentjet_server.learner.lora import adapter_state, attach, merged
+from agentjet_server.learner.resume import check_lora
+from agentjet_server.learner.trainer import Learner, LearnerConfig
 from agentjet_server.settings import ServerSettings
 
 
@@ -22,7 +24,7 @@ def _model(model_dir, tied=False):
 def test_only_the_adapter_trains_and_the_merged_weights_are_what_the_adapted_model_computes(model_dir):
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.batching.batch import Batch, Sequence
+    from agentjet_server.learner.batch import Batch, Sequence
 
     model = _model(model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -67,12 +69,12 @@ def test_lora_flags_without_a_rank_and_mismatched_resumes_are_refused():
         ServerSettings(lora_alpha=16)
     spec = LoraSpec(rank=8, alpha=16.0)
     with pytest.raises(ValueError, match="resume it with the same --lora-rank 8"):
-        _check_lora(spec.as_dict(), None)
+        check_lora(spec.as_dict(), None)
     with pytest.raises(ValueError, match="trained without LoRA"):
-        _check_lora(None, spec)
+        check_lora(None, spec)
     with pytest.raises(ValueError, match="same --lora-\\* settings"):
-        _check_lora(spec.as_dict(), LoraSpec(rank=4, alpha=16.0))
-    _check_lora(spec.as_dict(), LoraSpec(rank=8, alpha=16.0))  # the same settings resume
+        check_lora(spec.as_dict(), LoraSpec(rank=4, alpha=16.0))
+    check_lora(spec.as_dict(), LoraSpec(rank=8, alpha=16.0))  # the same settings resume
 
 
 def test_merging_folds_each_adapter_into_its_base_weight():

@@ -9,26 +9,9 @@ from agentjet_server.learner.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     decoupled_policy_loss,
-    gae,
-    group_advantages,
     k3_kl,
     tis_policy_loss,
 )
-
-
-def test_group_advantages_matches_naive():
-    rewards = [1.0, 0.0, 0.0, 1.0, 0.5]
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    expected = [(r - mean) / (std + 1e-6) for r in rewards]
-    got = group_advantages(torch.tensor(rewards, dtype=torch.float64)).tolist()
-    assert got == pytest.approx(expected, abs=1e-9)
-
-
-def test_group_advantages_equal_rewards_are_zero_and_bad_input_raises():
-    assert group_advantages(torch.tensor([0.3, 0.3, 0.3])).abs().max() == 0
-    with pytest.raises(ValueError):
-        group_advantages(torch.tensor([]))
 
 
 def test_clipped_loss_matches_naive_per_token():
@@ -133,27 +116,6 @@ def test_k3_kl_matches_naive_and_is_zero_only_at_the_reference():
     draws = torch.multinomial(p, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
     estimate = k3_kl(p.log()[draws], q.log()[draws]).mean().item()
     assert estimate == pytest.approx(float((p * (p / q).log()).sum()), rel=0.02)
-
-
-def test_gae_matches_the_naive_sum():
-    rewards = [0.0, 0.5, 0.0, 0.0, 1.0]
-    values = [0.2, -0.1, 0.4, 0.3, 0.6]
-    gamma, lam = 0.9, 0.8
-    n = len(rewards)
-    deltas = [rewards[t] + gamma * (values[t + 1] if t + 1 < n else 0.0) - values[t] for t in range(n)]
-    expected = [sum((gamma * lam) ** (k - t) * deltas[k] for k in range(t, n)) for t in range(n)]
-    adv, returns = gae(
-        torch.tensor(rewards, dtype=torch.float64), torch.tensor(values, dtype=torch.float64), gamma, lam
-    )
-    assert adv.tolist() == pytest.approx(expected, rel=1e-12)
-    assert returns.tolist() == pytest.approx([a + v for a, v in zip(expected, values, strict=False)], rel=1e-12)
-    # lambda = 1, gamma = 1: the advantage is the return to go minus the value
-    adv1, ret1 = gae(torch.tensor(rewards), torch.tensor(values), 1.0, 1.0)
-    to_go = [sum(rewards[t:]) for t in range(n)]
-    assert ret1.tolist() == pytest.approx(to_go, abs=1e-6)
-    assert adv1.tolist() == pytest.approx([g - v for g, v in zip(to_go, values, strict=False)], abs=1e-6)
-    with pytest.raises(ValueError):
-        gae(torch.zeros(3), torch.zeros(4), 1.0, 1.0)
 
 
 def test_clipped_value_loss_matches_naive():

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentjet_server.batching.batch import Batch, Sequence
 from agentjet_server.errors import ConfigError
+from agentjet_server.learner.batch import Batch, Sequence
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 from agentjet_server.memory import (
     GIB,

@@ -9,8 +9,8 @@ import pytest
 
 from agentjet_client import SwarmClient
 from agentjet_client.report import coerce_reward
-from agentjet_server.batching.batch import build_batch
 from agentjet_server.batching.timeline import build_timelines
+from agentjet_server.learner.batch import build_batch
 
 
 async def episode_of_two(client: SwarmClient, rewards: dict[str, float]):  # type: ignore[no-untyped-def]

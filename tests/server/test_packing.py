@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from agentjet_server.batching.batch import Sequence
+from agentjet_server.learner.batch import Sequence
 from agentjet_server.learner.packing import Packed, pack, unique_tokens
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 

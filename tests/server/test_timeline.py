@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.batching.batch import Sequence, build_batch
 from agentjet_server.batching.timeline import build_timelines, call_tokens
+from agentjet_server.learner.batch import Sequence, build_batch
 from agentjet_server.learner.packing import pack, unique_tokens
 
 SYS, USER, TOOL, USER2 = [1, 2, 3], [10, 11, 12, 13], [20, 21, 22], [30, 31]

@@ -32,7 +32,7 @@ def _adapted(model_dir: Path, seed: int):
     """A model with a random (non-zero) LoRA adapter, and the learner around it."""
     from transformers import AutoModelForCausalLM
 
-    from agentjet_server.learner.lora import LoraSpec
+    from agentjet_server.engine.adapter import LoraSpec
     from agentjet_server.learner.trainer import Learner, LearnerConfig
 
     torch.manual_seed(seed)
@@ -46,9 +46,9 @@ def _adapted(model_dir: Path, seed: int):
 
 
 def test_vllm_serves_the_adapter_with_the_learners_logprobs_and_per_request_versions(chatty_model_dir):
+    from agentjet_server.engine.adapter import LoraSpec
     from agentjet_server.engine.base import SamplingParams
     from agentjet_server.engine.vllm import VLLMEngine
-    from agentjet_server.learner.lora import LoraSpec
 
     engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny", lora=LoraSpec(rank=8, alpha=16.0))
     try:

@@ -8,8 +8,7 @@ from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedReques
 from agentjet_client.report import RunReport
 from agentjet_client.runner import RunConfig, Runner
 from agentjet_client.spool import Spool, SpoolError
-
-__version__ = "0.1.0"
+from agentjet_client.version import __version__ as __version__
 
 __all__ = [
     "AgentJetError",

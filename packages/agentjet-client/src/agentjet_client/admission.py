@@ -56,6 +56,7 @@ class Admission:
         self._poll = poll_interval
         self._backoff_max = backoff_max
         self._down: set[str] = set()  # servers that did not answer the last poll (logged once per outage)
+        self._warned_full = False
 
     async def status(self, server: str) -> ServerStatus | None:
         """The server's status, waiting (backoff with jitter) while it is down; None if the run
@@ -88,6 +89,42 @@ class Admission:
             self._down.add(server)
             exc = state.outcome.exception() if state.outcome else None
             logger.warning("server %s unavailable (%s); new episodes wait until it answers", server, exc)
+
+    async def spool_room(self) -> None:
+        """Return once every server's spool can take more (no new work while finished work can't be
+        kept: a spool that fails to write, or one at its bound, holds new episodes back; nothing is dropped)."""
+        senders = list(self.senders.values())
+        while not self._stopped() and any(sender.failing for sender in senders):
+            await asyncio.sleep(self._poll * 5)
+        while not self._stopped():
+            full = await asyncio.to_thread(lambda: [s for s in senders if s.spool.full])
+            if not full:
+                break
+            if not self._warned_full:
+                logger.warning(
+                    "the spool of %s holds %d trajectories (its bound); no new episodes start until the server "
+                    "has taken some (nothing is dropped)",
+                    full[0].server,
+                    full[0].spool.max_items,
+                )
+                self._warned_full = True
+            await asyncio.sleep(self._poll * 5)
+        self._warned_full = False
+
+    async def drained(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Wait until the servers have answered every trajectory this run spooled (raising what killed a
+        sender in ``tasks``, if one died: the spool keeps its items)."""
+        announced = False
+        while (unanswered := sum(len(sender.mine) for sender in self.senders.values())) and not self._stopped():
+            for task in tasks:
+                if task.done():
+                    task.result()
+            if not announced:
+                logger.info("waiting for the servers to answer %d spooled trajectories", unanswered)
+                announced = True
+            for sender in self.senders.values():
+                sender.wake()
+            await asyncio.sleep(0.05)
 
     async def wait(self, need: int, tag: str | None = None) -> None:
         """Return once every server has room for ``need`` more episodes of this run, of task

@@ -27,20 +27,19 @@ import logging
 import math
 import random
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
 
 from agentjet_client.admission import Admission
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
-from agentjet_client.isolation import AgentFailed, WorkerPool
+from agentjet_client.isolation import WorkerPool
 from agentjet_client.loader import CodeWatcher
-from agentjet_client.protocol import ClientReport, TrajectoryStatus
-from agentjet_client.report import RunReport, coerce_reward
+from agentjet_client.protocol import ClientReport
+from agentjet_client.report import RunReport
+from agentjet_client.rollout import Rollouts
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
 from agentjet_client.tracks import RemoteAgent, Track
 
@@ -115,14 +114,22 @@ class Runner:
             poll_interval=config.poll_interval,
             backoff_max=config.backoff_max,
         )
-        self._on_progress = on_progress or (lambda report: None)
         self._on_reload = on_reload or (lambda version, error: None)
-        self._last_eval: int | None = None
-        self._eval_rounds = 0
-        self._warned_full = False
         self._sender_tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=max(1, config.concurrency), thread_name_prefix="agentjet-agent")
+        self.rollouts = Rollouts(
+            client,
+            self.tracks,
+            self.senders,
+            self.report,
+            self._executor,
+            concurrency=config.concurrency,
+            timeout=config.timeout,
+            eval_every=config.eval_every,
+            eval_episodes=config.eval_episodes,
+            on_progress=on_progress,
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -134,11 +141,6 @@ class Runner:
     def unanswered(self) -> int:
         """Trajectories of this run spooled and not yet answered by their servers."""
         return sum(len(sender.mine) for sender in self.senders.values())
-
-    @property
-    def _version(self) -> int:
-        """The newest policy version the default server told us of."""
-        return self.senders[self.client.server_url].version
 
     @property
     def agent(self) -> SwarmAgent | RemoteAgent:
@@ -157,26 +159,6 @@ class Runner:
             rng.shuffle(tasks)
             yield from tasks
 
-    async def _wait_for_spool_room(self) -> None:
-        senders = list(self.senders.values())
-        # no new work while finished work can't be kept
-        while not self._stop.is_set() and any(sender.failing for sender in senders):
-            await asyncio.sleep(self.config.poll_interval * 5)
-        while not self._stop.is_set():
-            full = await asyncio.to_thread(lambda: [s for s in senders if s.spool.full])
-            if not full:
-                break
-            if not self._warned_full:
-                logger.warning(
-                    "the spool of %s holds %d trajectories (its bound); no new episodes start until the server "
-                    "has taken some (nothing is dropped)",
-                    full[0].server,
-                    full[0].spool.max_items,
-                )
-                self._warned_full = True
-            await asyncio.sleep(self.config.poll_interval * 5)
-        self._warned_full = False
-
     async def _wait_for_admission(self, need: int) -> Track | None:
         """The track whose next group may start now (None once the run stops): of those with room
         on every server, the one with the most room for its tag; on a tie, the one that has
@@ -184,7 +166,7 @@ class Runner:
         for task in self._sender_tasks:
             if task.done():  # a sender died: say why now, not after waiting for room it can never make
                 task.result()
-        await self._wait_for_spool_room()
+        await self.admission.spool_room()
         room = await self.admission.choose(need, [track.tag for track in self.tracks])
         if not room:
             return None
@@ -192,43 +174,45 @@ class Runner:
         return self.tracks[best]
 
     async def run(self) -> RunReport:
-        started = time.monotonic()
+        started, rollouts = time.monotonic(), self.rollouts
         if self.config.sync and len(self.senders) > 1:
             raise ValueError("--sync drives one server; run the agents of other servers without --sync")
         if self.config.sync and len(self.tracks) > 1:
             raise ValueError("--sync runs one code dir; give one --code-dir")
         senders = [asyncio.create_task(sender.run()) for sender in self.senders.values()]
         self._sender_tasks = senders
-        watching = [asyncio.create_task(self._watch_loop(t)) for t in self.tracks if t.watcher is not None]
-        sem = asyncio.Semaphore(self.config.concurrency)
-        episodes: set[asyncio.Task[None]] = set()
+        interval = self.config.watch_interval
+        watching = [
+            asyncio.create_task(t.watch(interval, self.report, self._on_reload))
+            for t in self.tracks
+            if t.watcher is not None
+        ]
         g = self.config.group_size
         total_groups = math.ceil(self.config.episodes / g) if self.config.episodes else None
         streams = {id(t): self._task_stream(t, i) for i, t in enumerate(self.tracks)}
         groups = 0
         try:
             if self.config.eval_only:
-                await self._start_eval(sem, episodes)
+                await rollouts.start_eval()
                 total_groups = 0
             if self.config.sync and not self.config.eval_only:
-                await self._run_sync(sem, episodes, senders, streams[id(self.tracks[0])])
+                await self._run_sync(senders, streams[id(self.tracks[0])])
                 total_groups = 0
             while not self._stop.is_set() and (total_groups is None or groups < total_groups):
                 track = await self._wait_for_admission(g)
                 if track is None or self._stop.is_set():
                     break
-                if self._eval_due():
-                    await self._start_eval(sem, episodes)
+                if rollouts.eval_due():
+                    await rollouts.start_eval()
                 item = await asyncio.to_thread(next, streams[id(track)])  # another interpreter may load them
-                self._start_group(sem, episodes, track, item, str(groups), g)
+                rollouts.start_group(track, item, str(groups), g)
                 groups += 1
-            if episodes:
-                await asyncio.gather(*episodes)
-            await self._drained(senders)
-            if self.config.eval_every and not self._stop.is_set() and self._version != self._last_eval:
-                await self._start_eval(sem, episodes)  # the policy the run ends with
-                await asyncio.gather(*episodes)
-                await self._drained(senders)
+            await rollouts.finish()
+            await self.admission.drained(senders)
+            if self.config.eval_every and not self._stop.is_set() and rollouts.version != rollouts.last_eval:
+                await rollouts.start_eval()  # the policy the run ends with
+                await rollouts.finish()
+                await self.admission.drained(senders)
         finally:
             for task in [*senders, *watching]:
                 task.cancel()
@@ -242,12 +226,11 @@ class Runner:
 
     async def _run_sync(
         self,
-        sem: asyncio.Semaphore,
-        episodes: set[asyncio.Task[None]],
         senders: list[asyncio.Task[None]],
         tasks: Iterator[tuple[str, Task]],
     ) -> None:
         """The synchronous loop (``RunConfig.sync``): a batch, all of it answered, the step, again."""
+        rollouts = self.rollouts
         status = await self.admission.status(self.client.server_url)
         if status is None:
             return
@@ -258,17 +241,16 @@ class Runner:
         rounds = math.ceil(self.config.episodes / per_round) if self.config.episodes else None
         logger.info("synchronous rounds of %d groups x %d episodes", batch_groups, g)
         while not self._stop.is_set() and (rounds is None or self.report.rounds < rounds):
-            await self._wait_for_spool_room()
-            if self._eval_due():
-                await self._start_eval(sem, episodes)
+            await self.admission.spool_room()
+            if rollouts.eval_due():
+                await rollouts.start_eval()
             trained_before = status.trajectories.trained
             accepted_before = self.report.accepted
             for k in range(batch_groups):
                 item = await asyncio.to_thread(next, tasks)
-                self._start_group(sem, episodes, self.tracks[0], item, f"r{self.report.rounds}:{k}", g)
-            if episodes:
-                await asyncio.gather(*episodes)
-            await self._drained(senders)
+                rollouts.start_group(self.tracks[0], item, f"r{self.report.rounds}:{k}", g)
+            await rollouts.finish()
+            await self.admission.drained(senders)
             waiting = time.monotonic()
             target = trained_before + (self.report.accepted - accepted_before)
             while not self._stop.is_set():  # the server counts them trained once the step's weights are live
@@ -281,140 +263,6 @@ class Runner:
                 await asyncio.sleep(self.config.poll_interval)
             self.report.waiting_for_learner_s += time.monotonic() - waiting
             self.report.rounds += 1
-
-    def _eval_due(self) -> bool:
-        """Whether an evaluation round should start now (``eval_every`` versions since the last)."""
-        every = self.config.eval_every
-        return bool(every) and (self._last_eval is None or self._version >= self._last_eval + every)
-
-    def _start_group(
-        self,
-        sem: asyncio.Semaphore,
-        running: set[asyncio.Task[None]],
-        track: Track,
-        item: tuple[str, Task],
-        label: str,
-        size: int,
-    ) -> None:
-        """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""
-        task_id, task = item
-        group_tag = f"{task_id}@{self.client.client_id}:{label}"
-        for _ in range(size):
-            for sender in self.senders.values():
-                sender.started(track.tag)
-            self.report.started += 1
-            self.report.episodes_by_tag[track.tag or ""] += 1
-            track.episodes += 1
-            job = asyncio.create_task(self._episode(sem, track, group_tag, task_id, task))
-            running.add(job)
-            job.add_done_callback(running.discard)
-
-    async def _start_eval(self, sem: asyncio.Semaphore, running: set[asyncio.Task[None]]) -> None:
-        """Start a round of evaluation episodes over each code dir's eval tasks, in order."""
-        self._last_eval = self._version
-        self._eval_rounds += 1
-        for track in self.tracks:
-            if track.agent.eval_tasks is None and len(self.tracks) > 1:
-                continue  # a code dir without held-out tasks is not evaluated (with one, load_tasks says so)
-            tasks = await asyncio.to_thread(track.agent.load_tasks, True)
-            count = self.config.eval_episodes or len(tasks)
-            logger.info("evaluation round %d: %d episodes at policy v%d", self._eval_rounds, count, self._version)
-            for k in range(count):
-                task_id, task = tasks[k % len(tasks)]
-                group = f"eval:{task_id}@{self.client.client_id}:{self._eval_rounds}"
-                job = asyncio.create_task(self._episode(sem, track, group, task_id, task, evaluation=self._version))
-                running.add(job)
-                job.add_done_callback(running.discard)
-
-    async def _watch_loop(self, track: Track) -> None:
-        """Hot swap: new episodes take the new code; running ones finish on the code they started with."""
-        watcher = track.watcher
-        assert watcher is not None
-        while True:
-            await asyncio.sleep(self.config.watch_interval)
-            swapped = await asyncio.to_thread(watcher.poll)
-            if swapped is not None:
-                track.agent, track.code_version = swapped
-                self.report.reloads.append(swapped[1])
-                self._on_reload(swapped[1], None)
-            elif watcher.last_error and (
-                not self.report.reload_errors or self.report.reload_errors[-1] != watcher.last_error
-            ):
-                self.report.reload_errors.append(watcher.last_error)
-                self._on_reload(watcher.version, watcher.last_error)
-
-    async def _drained(self, senders: list[asyncio.Task[None]]) -> None:
-        """Wait until the servers have answered every trajectory this run produced."""
-        announced = False
-        while self.unanswered and not self._stop.is_set():
-            for task in senders:
-                if task.done():  # a sender died: say why instead of waiting forever (the spool keeps the items)
-                    task.result()
-            if not announced:
-                logger.info("waiting for the servers to answer %d spooled trajectories", self.unanswered)
-                announced = True
-            for sender in self.senders.values():
-                sender.wake()
-            await asyncio.sleep(0.05)
-
-    async def _episode(
-        self,
-        sem: asyncio.Semaphore,
-        track: Track,
-        group_id: str,
-        task_id: str,
-        task: Task,
-        evaluation: int | None = None,
-    ) -> None:
-        """One episode; ``evaluation`` (the policy version its round started at) makes it an
-        evaluation episode: pushed as such, never trained, reported apart."""
-        async with sem:
-            agent, code_version = track.agent, track.code_version
-            purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
-            episode = self.client.episode(group_id, task_tag=track.tag, purpose=purpose)
-            status: TrajectoryStatus = "complete"
-            error: str | None = None
-            reward, agent_rewards = 0.0, None
-            try:
-                if track.in_workers(agent):
-                    assert track.workers is not None
-                    proxy_base = episode.base_url.split("/episodes/", 1)[0]
-                    value, code_version = await track.workers.run(
-                        task, episode.id, episode.task_id, proxy_base, episode.api_key, self.config.timeout
-                    )
-                elif isinstance(agent, RemoteAgent):
-                    raise AgentFailed(f"the agent in {track.code_dir} runs in its own interpreter and needs workers")
-                elif agent.is_async:
-                    value = await asyncio.wait_for(agent.fn(task, episode), self.config.timeout)
-                else:
-                    loop = asyncio.get_running_loop()
-                    value = await asyncio.wait_for(
-                        loop.run_in_executor(self._executor, agent.fn, task, episode), self.config.timeout
-                    )
-                reward, agent_rewards = coerce_reward(value)
-            except TimeoutError:
-                status, error = "failed", f"episode timed out after {self.config.timeout:g}s"
-            except AgentFailed as exc:  # raised in a worker process
-                status, error = "failed", str(exc)
-                logger.warning("episode of task %s failed: %s", group_id, error)
-            except Exception as exc:  # the agent's bug fails this episode only
-                status = "failed"
-                error = "".join(traceback.format_exception_only(exc)).strip()
-                logger.warning("episode of task %s failed: %s", group_id, error)
-            finally:
-                await episode.aclose()
-            trajectory = episode.to_trajectory(
-                reward,
-                status=status,
-                error=error,
-                code_version=code_version,
-                agent_rewards=agent_rewards,
-                metadata={"task": task_id},
-            )
-            self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation)
-            for server, part in self.client.split(trajectory).items():  # on disk before we go on
-                await self.senders[server].put(part, evaluation is not None)
-            self._on_progress(self.report)
 
     def _client_report(self, spool: Spool, sending: int = 0) -> ClientReport:
         """What this run tells a server about itself with each push (the depth of that server's

@@ -21,6 +21,7 @@ numbers, lists), which tasks are anyway in practice.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import shutil
@@ -28,14 +29,19 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentjet_client.agent import SwarmAgent, Task
+from agentjet_client.episode import Episode
 from agentjet_client.errors import AgentLoadError
-from agentjet_client.isolation import STARTUP_TIMEOUT, WorkerPool
+from agentjet_client.isolation import STARTUP_TIMEOUT, AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher, code_version, load_agent
+from agentjet_client.report import RunReport
+from agentjet_client.version import __version__
 
 RUNTIME_FILE = "agentjet.toml"
 RUNTIME_KEYS = {"python"}
@@ -185,8 +191,6 @@ class RemoteAgent:
     @classmethod
     def load(cls, python: str, code_dir: Path) -> tuple[RemoteAgent, str]:
         info = describe(python, code_dir, "none")
-        from agentjet_client import __version__
-
         if info.client_version != __version__:
             raise AgentLoadError(
                 f"{python} has agentjet-client {info.client_version}, this run {__version__}; install the same "
@@ -245,6 +249,38 @@ class Track:
     def in_workers(self, agent: Any) -> bool:
         """Whether ``agent``'s episodes go to the worker pool (else they run in this process)."""
         return self.workers is not None and (isinstance(agent, RemoteAgent) or not agent.is_async)
+
+    async def play(
+        self, agent: SwarmAgent | RemoteAgent, task: Task, episode: Episode, timeout: float, executor: Executor
+    ) -> tuple[Any, str | None]:
+        """Run one episode of ``agent`` (this track's, as it was when the episode started) within
+        ``timeout``: in a worker, as a coroutine here, or in ``executor``'s threads. Returns what the
+        agent returned, and the code version a worker ran (None: the one the episode started with)."""
+        if self.in_workers(agent):
+            assert self.workers is not None
+            proxy_base = episode.base_url.split("/episodes/", 1)[0]
+            return await self.workers.run(task, episode.id, episode.task_id, proxy_base, episode.api_key, timeout)
+        if isinstance(agent, RemoteAgent):
+            raise AgentFailed(f"the agent in {self.code_dir} runs in its own interpreter and needs workers")
+        if agent.is_async:
+            return await asyncio.wait_for(agent.fn(task, episode), timeout), None
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(executor, agent.fn, task, episode), timeout), None
+
+    async def watch(self, interval: float, report: RunReport, on_reload: Callable[[str, str | None], None]) -> None:
+        """Hot swap: new episodes take the new code; running ones finish on the code they started with."""
+        watcher = self.watcher
+        assert watcher is not None
+        while True:
+            await asyncio.sleep(interval)
+            swapped = await asyncio.to_thread(watcher.poll)
+            if swapped is not None:
+                self.agent, self.code_version = swapped
+                report.reloads.append(swapped[1])
+                on_reload(swapped[1], None)
+            elif watcher.last_error and (not report.reload_errors or report.reload_errors[-1] != watcher.last_error):
+                report.reload_errors.append(watcher.last_error)
+                on_reload(watcher.version, watcher.last_error)
 
 
 def open_track(code_dir: Path, *, concurrency: int, isolate: bool = True, watch: bool = True) -> Track:

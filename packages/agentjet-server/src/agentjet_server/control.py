@@ -23,11 +23,11 @@ from pydantic import ValidationError
 
 from agentjet_client.protocol import AdminConfig, AdminState, CheckpointInfo, ConfigChange
 from agentjet_server.batching.buffer import GroupBuffer
+from agentjet_server.engine.adapter import LoraSpec
 from agentjet_server.errors import InvalidRequestError, StateError
 from agentjet_server.ingest.store import TrajectoryStore
 from agentjet_server.ingest.wal import Configured
 from agentjet_server.learner.loop import TrainingLoop
-from agentjet_server.learner.lora import LoraSpec
 from agentjet_server.learner.trainer import LearnerConfig
 from agentjet_server.observe.metrics import History
 from agentjet_server.serving import PromptBuilder

@@ -7,9 +7,9 @@ from typing import Literal
 
 import torch
 
+from agentjet_server.engine.adapter import LoraSpec
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.errors import ConfigError
-from agentjet_server.learner.lora import LoraSpec
 
 EngineKind = Literal["transformers", "vllm"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]

@@ -44,11 +44,11 @@ from typing import Any
 
 import torch
 
+from agentjet_server.engine.adapter import LoraSpec, write_adapter
 from agentjet_server.engine.base import Engine, FinishReason, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream, WeightSlot
 from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import ConfigError, EngineError, ModelLoadError
-from agentjet_server.learner.lora import LoraSpec, write_adapter
 
 logger = logging.getLogger(__name__)
 

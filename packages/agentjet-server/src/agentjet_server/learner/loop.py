@@ -22,11 +22,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from agentjet_client.protocol import Trajectory
-from agentjet_server.batching.batch import Batch, StalePolicy, build_batch
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
+from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
 from agentjet_server.observe.metrics import StepRecord, batch_figures

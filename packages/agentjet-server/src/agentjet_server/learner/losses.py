@@ -1,10 +1,5 @@
-"""Pure loss functions of the learner: no state, no I/O, tensors in and tensors out.
-
-Advantages
-* ``group_advantages`` — GRPO: each episode's reward normalised within its group of siblings
-  that share a task (same prompt), so the group mean is the baseline.
-* ``gae`` — PPO: generalised advantage estimation over one timeline's trained tokens, from the
-  critic's values and per-token rewards (the learner whitens them over the batch).
+"""Pure loss functions of the learner: no state, no I/O, tensors in and tensors out. The advantages
+they weigh tokens by come from ``learner.advantages``.
 
 Policy objectives (per trained token, weighted, summed and divided by ``normaliser``)
 * ``clipped_policy_loss`` — PPO's clipped surrogate against the *behaviour* log-probs the engine
@@ -27,33 +22,6 @@ Regularisers
 from __future__ import annotations
 
 import torch
-
-
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``(r - mean(r)) / (std(r) + eps)`` over one group (population std)."""
-    if rewards.ndim != 1 or rewards.numel() == 0:
-        raise ValueError("rewards must be a non-empty 1-D tensor of one group's episode rewards")
-    centred = rewards - rewards.mean()
-    return centred / (rewards.std(unbiased=False) + eps)
-
-
-def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns of one timeline's trained tokens, in order (1-D tensors).
-
-    ``values[t]`` is the critic's estimate before token t is sampled, ``rewards[t]`` what arrives
-    with it (a turn's reward at its last token, the episode's at the timeline's last). The state
-    after the last token is terminal (value 0). ``returns = advantages + values``.
-    """
-    if rewards.shape != values.shape or rewards.ndim != 1:
-        raise ValueError("rewards and values must be 1-D tensors of the same length")
-    advantages = torch.zeros_like(values)
-    running = values.new_zeros(())
-    for t in range(values.numel() - 1, -1, -1):
-        next_value = values[t + 1] if t + 1 < values.numel() else values.new_zeros(())
-        delta = rewards[t] + gamma * next_value - values[t]
-        running = delta + gamma * lam * running
-        advantages[t] = running
-    return advantages, advantages + values
 
 
 def _reduce(per_token: torch.Tensor, weights: torch.Tensor, normaliser: float | None) -> torch.Tensor:

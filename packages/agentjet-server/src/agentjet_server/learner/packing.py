@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentjet_server.batching.batch import Sequence
+from agentjet_server.learner.batch import Sequence
 
 DENSE_TREE_MAX = 2048  # nodes; above it a tree mask costs more than running its chains separately
 

@@ -1,4 +1,4 @@
-"""One policy update over a batch of trajectory groups (``batching.batch.build_batch``), top to bottom.
+"""One policy update over a batch of trajectory groups (``learner.batch.build_batch``), top to bottom.
 
 1. ``Learner.step`` packs the batch's sequences into prefix trees (``learner.packing``: shared
    prefixes such as a group's prompt are computed once), split into ``mini_batches`` (one
@@ -6,7 +6,7 @@
 2. ``Learner.prepare`` — one forward pass without gradient, before any weight changes, where the
    objective needs it: the *proximal* log-probs of the weights about to be updated (decoupled
    objective; the sampled log-probs are reused for tokens the current version sampled), the
-   critic's values (PPO, then GAE per timeline and advantage normalisation, see ``_advantages``),
+   critic's values (PPO, then GAE per timeline and advantage normalisation: ``learner.advantages``),
    and the frozen reference model's log-probs (KL penalty).
 3. For each epoch and mini-batch: forward each micro-batch with a tree attention mask, the policy
    objective of ``--off-policy`` (``learner.losses``) plus the KL, value and entropy terms,
@@ -21,15 +21,17 @@ The server runs this in a background thread (``learner.loop``); it runs on its o
 from __future__ import annotations
 
 import math
-import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from agentjet_server.batching.batch import Batch, Sequence
+from agentjet_server.engine.adapter import LoraSpec
+from agentjet_server.learner.advantages import ppo_advantages
 from agentjet_server.learner.attention import use_learner_attention
+from agentjet_server.learner.batch import Batch, Sequence
 from agentjet_server.learner.distributed import (
     DistContext,
     decoder_layers,
@@ -37,22 +39,19 @@ from agentjet_server.learner.distributed import (
     partition,
     shard_model,
 )
-from agentjet_server.learner.lora import LoraSpec, adapter_state, attach, merged
+from agentjet_server.learner.lora import adapter_state, attach, merged
 from agentjet_server.learner.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     decoupled_policy_loss,
-    gae,
     k3_kl,
     tis_policy_loss,
 )
 from agentjet_server.learner.packing import DENSE_TREE_MAX, MicroBatch, Packed, pack
 from agentjet_server.learner.policy import PolicyModel
+from agentjet_server.learner.resume import load_training_state, training_state
 
 OffPolicy = Literal["decoupled", "tis", "none"]
-# PPO's per-group advantage whitening divides by the group's spread plus this (rewards on a 0-1
-# scale), so that small differences between the critic's values are not blown up to unit scale
-GROUP_STD_FLOOR = 0.1
 
 
 @dataclass(frozen=True)
@@ -203,90 +202,12 @@ class Learner:
         return sum(p.numel() for group in self.optimizer.param_groups for p in group["params"])
 
     def training_state(self) -> dict[str, Any]:
-        """Everything a resumed learner needs, whole, on rank 0 (collective under FSDP; ``{}``
-        elsewhere): model weights (HF names), the critic's value head, optimizer state (by
-        parameter name, so it loads into any world size), step count and RNG state."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optimizer = get_optimizer_state_dict(self.policy, self.optimizer, options=options)
-        raw = full_state_dict(self.model, self.ctx)
-        weights = merged(raw, self.lora) if self.lora is not None and raw else raw
-        critic = full_state_dict(self.policy.value_head, self.ctx) if self.policy.value_head is not None else None
-        if not self.ctx.is_main:
-            return {}
-        state: dict[str, Any] = {
-            "weights": weights,
-            "optimizer": optimizer,
-            "steps": self.steps,
-            "rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-        }
-        if critic is not None:
-            state["critic"] = critic
-        if self.lora is not None:
-            state["adapter"] = adapter_state(raw)
-            state["lora"] = self.lora.as_dict()
-        return state
+        """Everything a resumed learner needs, whole, on rank 0 (``learner.resume``; collective under FSDP)."""
+        return training_state(self.model, self.policy, self.optimizer, self.ctx, self.lora, self.steps)
 
     def load_training_state(self, state: dict[str, Any] | None) -> None:
         """Inverse of ``training_state``: rank 0 passes the state, the others ``None`` (collective)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.ctx.enabled)
-        if state:
-            _check_lora(state.get("lora"), self.lora)
-        weights: dict[str, Any] = {}
-        if state and self.lora is not None:
-            # the base is the run's --model, as it was; only the adapter was trained
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.ctx.enabled, strict=False)
-            weights = {f"lm.{k}": v for k, v in state["adapter"].items()}
-        elif state:
-            weights = {f"lm.{k}": v for k, v in self._complete_tied(state["weights"]).items()}
-        if state and self.policy.value_head is not None:
-            if "critic" not in state:
-                raise ValueError(
-                    "the checkpoint has no critic (it was trained with --algorithm grpo); resume it with "
-                    "--algorithm grpo, or start PPO from its model dir with --model"
-                )
-            weights.update({f"value_head.{k}": v for k, v in state["critic"].items()})
-        set_model_state_dict(self.policy, weights, options=options)
-        set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"] if state else {}, options=options)
-        steps = state["steps"] if state else 0
-        if self.ctx.enabled:
-            import torch.distributed as dist
-
-            box = [steps]
-            dist.broadcast_object_list(box, src=0)
-            steps = box[0]
-        self.steps = int(steps)
-        if state:
-            torch.set_rng_state(state["rng"])
-            random.setstate(state["python_rng"])
-
-    def _complete_tied(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Fill names that a saved HF checkpoint leaves out because they share a tensor with another
-        (a tied output head); any other missing name is an error."""
-        groups: dict[int, list[str]] = {}
-        for name, param in self.model.named_parameters(remove_duplicate=False):
-            groups.setdefault(id(param), []).append(name)
-        out = dict(weights)
-        missing = []
-        for names in groups.values():
-            present = [n for n in names if n in weights]
-            for name in names:
-                if name not in out:
-                    if present:
-                        out[name] = weights[present[0]]
-                    else:
-                        missing.append(name)
-        if missing:
-            raise ValueError(f"the checkpoint has no weights for {', '.join(sorted(missing)[:5])}")
-        return out
+        self.steps = load_training_state(self.model, self.policy, self.optimizer, self.ctx, self.lora, state)
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -364,67 +285,7 @@ class Learner:
                     with self.autocast():
                         m.reference_logprobs = self.reference.run(m)[0]
         if need_values:
-            self._advantages(real)
-
-    def _advantages(self, micro: list[MicroBatch]) -> None:
-        """GAE over each sequence's trained tokens, then whitening, with the same figures on every
-        rank: over the whole batch (``advantage_norm="batch"``, PPO as usually written), or over
-        each group of sibling episodes (``"group"``, the default).
-
-        Per group, ``(A - mean) / (std + GROUP_STD_FLOOR)`` over the group's trained tokens, and a
-        group whose episodes all got the same return carries no policy gradient (advantage 0; the
-        critic still learns from it), as GRPO's group normalisation does. Whitened over the batch,
-        a prompt's advantages scale with the spread of its own rewards, so a rarely solved prompt
-        gets a weak push, and a solved prompt's advantages are the critic's residuals, which push
-        its tokens in directions no reward asked for: on the demo three of ten prompts collapsed
-        onto a wrong answer and PPO stalled at 0.6-0.7; per group it reaches 0.87-0.99
-        (docs/benchmarks.md)."""
-        config = self.config
-        for m in micro:
-            assert m.old_values is not None
-            advantages = torch.zeros_like(m.old_values)
-            returns = torch.zeros_like(m.old_values)
-            for start, end in m.spans:
-                a, r = gae(m.rewards[start:end], m.old_values[start:end], config.gamma, config.lam)
-                advantages[start:end], returns[start:end] = a, r
-            m.advantages, m.returns = advantages, returns
-        per_group = config.advantage_norm == "group"
-        size = max((int(m.groups.max()) + 1 for m in micro if m.entries), default=1) if per_group else 1
-        if self.ctx.enabled and per_group:
-            import torch.distributed as dist
-
-            largest = torch.tensor([size], dtype=torch.int64)
-            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-            size = int(largest.item())
-        sums = torch.zeros(3, size, dtype=torch.float64)  # weighted sums of A, of A^2, of the weights
-        lowest = torch.full((size,), math.inf, dtype=torch.float64)  # each group's lowest and highest return
-        highest = torch.full((size,), -math.inf, dtype=torch.float64)
-        for m in micro:
-            w, a = m.weights.double().cpu(), m.advantages.double().cpu()
-            index = m.groups.cpu() if per_group else torch.zeros_like(m.groups.cpu())
-            for row, values in enumerate((w * a, w * a * a, w)):
-                sums[row].index_add_(0, index, values)
-            rewards = m.rewards.double().cpu()
-            for start, end in m.spans:
-                if end > start:
-                    g, total_return = int(index[start]), rewards[start:end].sum()
-                    lowest[g] = torch.minimum(lowest[g], total_return)
-                    highest[g] = torch.maximum(highest[g], total_return)
-        if self.ctx.enabled:
-            import torch.distributed as dist
-
-            dist.all_reduce(sums)
-            dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
-            dist.all_reduce(highest, op=dist.ReduceOp.MAX)
-        total = sums[2].clamp(min=1e-12)
-        mean = sums[0] / total
-        std = (sums[1] / total - mean * mean).clamp(min=0.0).sqrt()
-        scale = std + (GROUP_STD_FLOOR if per_group else 1e-8)
-        signal = (highest - lowest > 1e-9) | torch.tensor(not per_group)  # per group: flat groups carry none
-        for m in micro:
-            index = m.groups.cpu() if per_group else torch.zeros_like(m.groups.cpu())
-            whitened = (m.advantages - mean[index].to(m.advantages)) / scale[index].to(m.advantages)
-            m.advantages = torch.where(signal[index].to(m.advantages.device), whitened, torch.zeros_like(whitened))
+            ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", self.ctx)
 
     def _all_ranks(self, flag: bool) -> bool:
         if not self.ctx.enabled:
@@ -457,7 +318,7 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 for planned in mini.micro:
                     part = planned if planned is not None else idle
-                    loss, stats = self._loss(part, mini.tokens)
+                    loss, stats = objective(self.config, self.policy, part, mini.tokens, self.autocast)
                     weight = float(part.entries) / batch_tokens
                     if planned is None:
                         loss, weight = loss * 0.0, 0.0
@@ -488,58 +349,6 @@ class Learner:
             prepare_seconds=prepare_seconds,
         )
 
-    def _loss(self, part: MicroBatch, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """This micro-batch's share of its mini-batch's loss (normalised by the mini-batch's
-        ``tokens``) and its figures (means over its entries)."""
-        config = self.config
-        with self.autocast():
-            logprobs, entropy, values = self.policy.run(part)
-        weights = part.weights
-        if config.off_policy == "decoupled":
-            assert part.proximal_logprobs is not None
-            loss, stats = decoupled_policy_loss(
-                logprobs,
-                part.proximal_logprobs,
-                part.old_logprobs,
-                part.advantages,
-                weights,
-                config.clip_low,
-                config.clip_high,
-                config.is_cap,
-                normaliser=tokens,
-            )
-        elif config.off_policy == "tis":
-            loss, stats = tis_policy_loss(
-                logprobs, part.old_logprobs, part.advantages, weights, config.is_cap, normaliser=tokens
-            )
-        else:
-            loss, stats = clipped_policy_loss(
-                logprobs,
-                part.old_logprobs,
-                part.advantages,
-                weights,
-                config.clip_low,
-                config.clip_high,
-                normaliser=tokens,
-            )
-        if config.kl_coef > 0:
-            assert part.reference_logprobs is not None
-            kl = k3_kl(logprobs, part.reference_logprobs)
-            loss = loss + config.kl_coef * (kl * weights).sum() / tokens
-            stats["kl_reference"] = float(kl.detach().mean())
-        if values is not None:
-            assert part.old_values is not None and part.returns is not None
-            value_loss, value_stats = clipped_value_loss(
-                values, part.old_values, part.returns, weights, config.value_clip, normaliser=tokens
-            )
-            loss = loss + config.vf_coef * value_loss
-            stats.update(value_stats)
-        if config.entropy_coef:
-            loss = loss - config.entropy_coef * (entropy * weights).sum() / tokens
-        with torch.no_grad():
-            stats["entropy"] = float(entropy.mean())
-        return loss, stats
-
     def _sum_over_ranks(self, loss: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:
         if not self.ctx.enabled:
             return loss, extra
@@ -549,24 +358,6 @@ class Learner:
         values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(values)
         return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))
-
-
-def _check_lora(saved: dict[str, Any] | None, current: LoraSpec | None) -> None:
-    """A checkpoint resumes only with the adapter settings it was trained with (or without LoRA)."""
-    if saved is None and current is None:
-        return
-    if saved is None:
-        raise ValueError(
-            "the checkpoint was trained without LoRA (every weight); resume it without --lora-rank, or start "
-            "LoRA on its model (--model <checkpoint>/model) in a new state dir"
-        )
-    if current is None:
-        raise ValueError(
-            f"the checkpoint trained a LoRA adapter (rank {saved['rank']}); resume it with the same "
-            f"--lora-rank {saved['rank']} --lora-alpha {saved['alpha']} --lora-targets {saved['targets']}"
-        )
-    if LoraSpec(**saved) != current:
-        raise ValueError(f"the checkpoint's adapter was trained with {saved}; resume with the same --lora-* settings")
 
 
 def _checkpoint_layers(model: torch.nn.Module) -> None:
@@ -595,3 +386,58 @@ def _split(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
         out[-1].append(seq)
         done += seq.trained_tokens
     return out
+
+
+def objective(
+    config: LearnerConfig, policy: PolicyModel, part: MicroBatch, tokens: float, autocast: Callable[[], Any]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of its mini-batch's loss (normalised by the mini-batch's
+    ``tokens``) and its figures (means over its entries): the policy objective of ``--off-policy``,
+    plus the KL, value and entropy terms where they are on."""
+    with autocast():
+        logprobs, entropy, values = policy.run(part)
+    weights = part.weights
+    if config.off_policy == "decoupled":
+        assert part.proximal_logprobs is not None
+        loss, stats = decoupled_policy_loss(
+            logprobs,
+            part.proximal_logprobs,
+            part.old_logprobs,
+            part.advantages,
+            weights,
+            config.clip_low,
+            config.clip_high,
+            config.is_cap,
+            normaliser=tokens,
+        )
+    elif config.off_policy == "tis":
+        loss, stats = tis_policy_loss(
+            logprobs, part.old_logprobs, part.advantages, weights, config.is_cap, normaliser=tokens
+        )
+    else:
+        loss, stats = clipped_policy_loss(
+            logprobs,
+            part.old_logprobs,
+            part.advantages,
+            weights,
+            config.clip_low,
+            config.clip_high,
+            normaliser=tokens,
+        )
+    if config.kl_coef > 0:
+        assert part.reference_logprobs is not None
+        kl = k3_kl(logprobs, part.reference_logprobs)
+        loss = loss + config.kl_coef * (kl * weights).sum() / tokens
+        stats["kl_reference"] = float(kl.detach().mean())
+    if values is not None:
+        assert part.old_values is not None and part.returns is not None
+        value_loss, value_stats = clipped_value_loss(
+            values, part.old_values, part.returns, weights, config.value_clip, normaliser=tokens
+        )
+        loss = loss + config.vf_coef * value_loss
+        stats.update(value_stats)
+    if config.entropy_coef:
+        loss = loss - config.entropy_coef * (entropy * weights).sum() / tokens
+    with torch.no_grad():
+        stats["entropy"] = float(entropy.mean())
+    return loss, stats

@@ -221,7 +221,7 @@ class StateDir:
                 if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES) and not (model_dir / item.name).exists():
                     shutil.copy2(item, model_dir / item.name)
             if "adapter" in trainer_state:  # LoRA: the adapter alone too, as peft and vLLM load it
-                from agentjet_server.learner.lora import LoraSpec, write_adapter
+                from agentjet_server.engine.adapter import LoraSpec, write_adapter
 
                 spec = LoraSpec(**trainer_state["lora"])
                 write_adapter(tmp / "adapter", trainer_state["adapter"], spec, str(source_model))

@@ -6,7 +6,7 @@
    that waited for slow siblings may have aged past ``max_staleness`` since it was accepted.
    ``drop`` leaves such an episode out (``Batch.stale``); ``downweight`` keeps it and halves the
    weight of each of its tokens for every version past the bound (``Batch.downweighted``);
-2. for GRPO, normalises rewards among each group's complete episodes (``group_advantages``)
+2. for GRPO, normalises rewards among each group's complete episodes (``advantages``)
    and skips groups with no signal (all rewards equal); for PPO, keeps every complete episode
    and places its rewards on tokens (a turn's ``reward`` at the turn's last sampled token, the
    episode's at each timeline's last one) for the learner's GAE;
@@ -19,11 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.timeline import Timeline, build_timelines, call_tokens
-from agentjet_server.learner.losses import group_advantages
+from agentjet_server.learner.advantages import episode_advantages
 
 Algorithm = Literal["grpo", "ppo"]
 StalePolicy = Literal["drop", "downweight"]
@@ -128,7 +126,7 @@ def build_batch(
             if len(complete) < 2:
                 batch.skipped_groups += 1
                 continue
-            advantages = _group_advantages(complete)
+            advantages = episode_advantages(complete)
             if all(a == 0.0 for per_agent in advantages for a in per_agent.values()):
                 batch.skipped_groups += 1
                 if not keep_flat:
@@ -178,18 +176,3 @@ def _token_rewards(trajectory: Trajectory, timeline: Timeline) -> list[float]:
     if rewards:
         rewards[-1] += (trajectory.agent_rewards or {}).get(timeline.agent, trajectory.reward)
     return rewards
-
-
-def _group_advantages(complete: list[Trajectory]) -> list[dict[str, float]]:
-    """Per trajectory: ``{"": episode advantage, agent: that agent's advantage, ...}``."""
-
-    def normalised(values: list[float]) -> list[float]:
-        return group_advantages(torch.tensor(values, dtype=torch.float64)).tolist()
-
-    out: list[dict[str, float]] = [{"": a} for a in normalised([t.reward for t in complete])]
-    agents = sorted({name for t in complete for name in (t.agent_rewards or {})})
-    for name in agents:
-        values = [(t.agent_rewards or {}).get(name, t.reward) for t in complete]
-        for per_agent, advantage in zip(out, normalised(values), strict=True):
-            per_agent[name] = advantage
-    return out

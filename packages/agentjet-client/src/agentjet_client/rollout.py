@@ -1,0 +1,146 @@
+"""Rollouts: the episodes of one run, started and played, each recorded and spooled for its servers.
+
+``start_group`` starts one GRPO group (``size`` episodes of one task, under a group id unique to the run);
+``start_eval`` starts an evaluation round over each code dir's held-out tasks at the current policy
+version (never trained, reported apart). At most ``concurrency`` episodes play at once, each bounded by
+``timeout``; an agent's exception or timeout fails that episode only. Every finished trajectory is
+committed to the spool of each server it has turns for before the next one is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Literal
+
+from agentjet_client.agent import Task
+from agentjet_client.client import SwarmClient
+from agentjet_client.delivery import Sender
+from agentjet_client.isolation import AgentFailed
+from agentjet_client.protocol import TrajectoryStatus
+from agentjet_client.report import RunReport, coerce_reward
+from agentjet_client.tracks import Track
+
+logger = logging.getLogger(__name__)
+
+
+class Rollouts:
+    def __init__(
+        self,
+        client: SwarmClient,
+        tracks: Sequence[Track],
+        senders: dict[str, Sender],
+        report: RunReport,
+        executor: Executor,
+        *,
+        concurrency: int,
+        timeout: float,
+        eval_every: int = 0,
+        eval_episodes: int = 0,
+        on_progress: Callable[[RunReport], None] | None = None,
+    ) -> None:
+        self.client, self.tracks, self.senders, self.report = client, tracks, senders, report
+        self.running: set[asyncio.Task[None]] = set()
+        self.last_eval: int | None = None  # the policy version of the last evaluation round
+        self._sem = asyncio.Semaphore(concurrency)
+        self._executor = executor
+        self._timeout = timeout
+        self._eval_every, self._eval_episodes = eval_every, eval_episodes
+        self._eval_rounds = 0
+        self._on_progress = on_progress or (lambda report: None)
+
+    @property
+    def version(self) -> int:
+        """The newest policy version the default server told of."""
+        return self.senders[self.client.server_url].version
+
+    async def finish(self) -> None:
+        """Wait for every episode started so far."""
+        if self.running:
+            await asyncio.gather(*self.running)
+
+    def _launch(self, track: Track, group_id: str, task_id: str, task: Task, evaluation: int | None = None) -> None:
+        job = asyncio.create_task(self._episode(track, group_id, task_id, task, evaluation))
+        self.running.add(job)
+        job.add_done_callback(self.running.discard)
+
+    def start_group(self, track: Track, item: tuple[str, Task], label: str, size: int) -> None:
+        """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""
+        task_id, task = item
+        group_id = f"{task_id}@{self.client.client_id}:{label}"
+        for _ in range(size):
+            for sender in self.senders.values():
+                sender.started(track.tag)
+            self.report.started += 1
+            self.report.episodes_by_tag[track.tag or ""] += 1
+            track.episodes += 1
+            self._launch(track, group_id, task_id, task)
+
+    def eval_due(self) -> bool:
+        """Whether an evaluation round should start now (``eval_every`` versions since the last)."""
+        every = self._eval_every
+        return bool(every) and (self.last_eval is None or self.version >= self.last_eval + every)
+
+    async def start_eval(self) -> None:
+        """Start a round of evaluation episodes over each code dir's eval tasks, in order."""
+        version = self.last_eval = self.version
+        self._eval_rounds += 1
+        for track in self.tracks:
+            if track.agent.eval_tasks is None and len(self.tracks) > 1:
+                continue  # a code dir without held-out tasks is not evaluated (with one, load_tasks says so)
+            tasks = await asyncio.to_thread(track.agent.load_tasks, True)
+            count = self._eval_episodes or len(tasks)
+            logger.info("evaluation round %d: %d episodes at policy v%d", self._eval_rounds, count, version)
+            for k in range(count):
+                task_id, task = tasks[k % len(tasks)]
+                self._launch(
+                    track, f"eval:{task_id}@{self.client.client_id}:{self._eval_rounds}", task_id, task, version
+                )
+
+    async def _episode(
+        self,
+        track: Track,
+        group_id: str,
+        task_id: str,
+        task: Task,
+        evaluation: int | None = None,
+    ) -> None:
+        """One episode; ``evaluation`` (the policy version its round started at) makes it an
+        evaluation episode: pushed as such, never trained, reported apart."""
+        async with self._sem:
+            agent, code_version = track.agent, track.code_version
+            purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
+            episode = self.client.episode(group_id, task_tag=track.tag, purpose=purpose)
+            status: TrajectoryStatus = "complete"
+            error: str | None = None
+            reward, agent_rewards = 0.0, None
+            try:
+                value, ran = await track.play(agent, task, episode, self._timeout, self._executor)
+                code_version = ran or code_version
+                reward, agent_rewards = coerce_reward(value)
+            except TimeoutError:
+                status, error = "failed", f"episode timed out after {self._timeout:g}s"
+            except AgentFailed as exc:  # raised in a worker process
+                status, error = "failed", str(exc)
+                logger.warning("episode of task %s failed: %s", group_id, error)
+            except Exception as exc:  # the agent's bug fails this episode only
+                status = "failed"
+                error = "".join(traceback.format_exception_only(exc)).strip()
+                logger.warning("episode of task %s failed: %s", group_id, error)
+            finally:
+                await episode.aclose()
+            trajectory = episode.to_trajectory(
+                reward,
+                status=status,
+                error=error,
+                code_version=code_version,
+                agent_rewards=agent_rewards,
+                metadata={"task": task_id},
+            )
+            self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation)
+            for server, part in self.client.split(trajectory).items():  # on disk before we go on
+                await self.senders[server].put(part, evaluation is not None)
+            self._on_progress(self.report)

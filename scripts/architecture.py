@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""The architecture as contracts, checked in the lint session (``python3 scripts/dev.py lint``).
+
+1. No import circles, module by module, in either package (imports under ``TYPE_CHECKING`` and inside
+   functions count too): grimp's import graph, strongly connected components of size one only.
+2. The server's layers (``SERVER_LAYERS``, top to bottom): a module may import from its own layer's
+   subpackage and from layers below, never from one above; subpackages that share a layer (``|``)
+   do not import each other.
+3. Sizes: no class over ``MAX_CLASS`` lines, ``create_app`` at most ``MAX_CREATE_APP``, every module of
+   ``api/`` at most ``MAX_API_MODULE`` lines and each route function in it at most ``MAX_ROUTE``.
+   ``OVERSIZED`` lists the classes still to be cut with their size today as a ceiling: they may
+   shrink (then lower the figure), never grow, and a new class may not join them.
+4. No ``getattr``/``hasattr`` on an engine outside ``engine/``: ``Engine`` declares what engines can do.
+
+Prints what breaks a contract and how to mend it; exits 1 if anything does.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = {
+    "agentjet_server": ROOT / "packages" / "agentjet-server" / "src" / "agentjet_server",
+    "agentjet_client": ROOT / "packages" / "agentjet-client" / "src" / "agentjet_client",
+}
+# top to bottom; names are subpackages or modules of agentjet_server; "a | b": independent siblings
+SERVER_LAYERS = [
+    "__main__",
+    "cli",
+    "admin_cli",
+    "admin_client",
+    "app",
+    "api",
+    "runtime",
+    "control",
+    "state | embedded | memory",
+    "learner | serving",
+    "observe",
+    "ingest",
+    "batching",
+    "engine",
+    "connections | settings | errors",
+]
+MAX_CLASS = 250
+MAX_CREATE_APP = 60
+MAX_API_MODULE = 250
+MAX_ROUTE = 40
+# classes still over MAX_CLASS, with their size when the limit came in: the ceiling until they are cut
+OVERSIZED = {
+    "agentjet_server.engine.hf.TransformersEngine": 281,
+    "agentjet_server.engine.replicas.ReplicaSet": 294,
+    "agentjet_server.engine.vllm.VLLMEngine": 394,
+    "agentjet_server.learner.loop.TrainingLoop": 333,
+    "agentjet_server.runtime.SwarmRuntime": 308,
+    "agentjet_client.research.driver.TrialDriver": 287,
+}
+
+
+def import_circles(package: str) -> list[str]:
+    """Every import circle among the package's modules (Tarjan's strongly connected components)."""
+    graph = grimp.build_graph(package, include_external_packages=False)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[str] = []
+
+    def visit(node: str) -> None:  # iterative enough for our depth; the graph is small
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(edges[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(" <-> ".join(sorted(component)))
+
+    sys.setrecursionlimit(10_000)
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def layer_breaches() -> list[str]:
+    graph = grimp.build_graph("agentjet_server", include_external_packages=False)
+    where: dict[str, tuple[int, str]] = {}
+    for depth, layer in enumerate(SERVER_LAYERS):
+        for name in (part.strip() for part in layer.split("|")):
+            where[name] = (depth, name)
+    out = []
+    for module in sorted(graph.modules):
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue  # the package root re-exports names lazily
+        if parts[1] not in where:
+            out.append(f"{module}: not in any layer of SERVER_LAYERS (scripts/architecture.py); place it")
+            continue
+        depth, unit = where[parts[1]]
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            target = imported.split(".")
+            if len(target) < 2 or target[1] == unit:
+                continue
+            other_depth, other = where.get(target[1], (len(SERVER_LAYERS), target[1]))
+            if other_depth < depth:
+                out.append(f"{module} imports {imported}, a layer above it ({other} over {unit})")
+            elif other_depth == depth:
+                out.append(f"{module} imports {imported}: {unit} and {other} are independent siblings")
+    return out
+
+
+def sizes() -> list[str]:
+    out = []
+    for package, source in SOURCES.items():
+        for path in sorted(source.rglob("*.py")):
+            module = ".".join([package, *path.relative_to(source).with_suffix("").parts]).removesuffix(".__init__")
+            tree = ast.parse(path.read_text())
+            lines = len(path.read_text().splitlines())
+            in_api = path.parent.name == "api" and package == "agentjet_server"
+            if in_api and lines > MAX_API_MODULE:
+                out.append(f"{module}: {lines} lines, over {MAX_API_MODULE} for an api module; split the family")
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if isinstance(node, ast.ClassDef):
+                    name = f"{module}.{node.name}"
+                    ceiling = OVERSIZED.get(name, MAX_CLASS)
+                    if size > ceiling:
+                        out.append(f"{name}: {size} lines, over {ceiling}; cut it into parts of one job each")
+                    elif name in OVERSIZED and size <= MAX_CLASS:
+                        out.append(f"{name}: {size} lines now, within {MAX_CLASS}: take it out of OVERSIZED")
+                    elif name in OVERSIZED and size < ceiling:
+                        out.append(f"{name}: {size} lines now; lower its ceiling in OVERSIZED to {size}")
+                else:
+                    if node.name == "create_app" and size > MAX_CREATE_APP:
+                        out.append(f"{module}.create_app: {size} lines, over {MAX_CREATE_APP}; it only assembles")
+                    routed = in_api and node.col_offset == 0 and any(a.arg == "request" for a in node.args.args)
+                    if routed and size > MAX_ROUTE:
+                        out.append(f"{module}.{node.name}: {size} lines, over {MAX_ROUTE} for a route")
+    return out
+
+
+def engine_probes() -> list[str]:
+    """``getattr(engine, ...)``/``hasattr(...engine...)`` outside the engine package."""
+    source = SOURCES["agentjet_server"]
+    out = []
+    for path in sorted(source.rglob("*.py")):
+        if path.relative_to(source).parts[0] == "engine":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+            ):
+                if node.args and "engine" in ast.unparse(node.args[0]).lower():
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    out.append(f"{where}: {ast.unparse(node)}; declare the capability on engine.base.Engine")
+    return out
+
+
+def main() -> int:
+    problems = [f"import circle in {p}: {c}" for p in SOURCES for c in import_circles(p)]
+    problems += layer_breaches() + sizes() + engine_probes()
+    for problem in problems:
+        print(problem)
+    print(f"architecture: {len(problems)} problem(s)" if problems else "architecture: every contract holds")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
