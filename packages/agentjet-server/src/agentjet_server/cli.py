@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from inspect import Parameter, Signature
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typer
 from pydantic import ValidationError
@@ -33,196 +34,67 @@ def _describe(error: Any) -> str:
     return f"--{flag}: {message}" if flag else message
 
 
-@app.command()
-def up(
-    ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="job file (TOML) holding any of these options by name; flags given here override it"),
-    ] = None,
-    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
-    model: Annotated[
-        Path | None, typer.Option(help="local Hugging Face model dir (default: embedded tiny model)")
-    ] = None,
-    model_name: Annotated[str | None, typer.Option(help="name served in /v1/models")] = None,
-    model_size: Annotated[
-        str,
-        typer.Option(
-            help="embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools "
-            "(0.69M; calls the tools a request lists); all three ship prebuilt"
-        ),
-    ] = "tiny",
-    state_dir: Annotated[Path, typer.Option(help="trajectory log and checkpoints; one server per directory")] = Path(
-        ".agentjet/server"
+# options of `up` that are no setting of their own: the job file, keys (collected from flags, files and the
+# environment into ``api_keys``/``admin_keys``) and the logging level; every other option is a field of
+# ``ServerSettings``, generated from it (name, type, default, help): a new setting is one edit there
+UP_EXTRAS = [
+    ("config", Path | None, None, "job file (TOML) holding any of these options by name; flags given here override it"),
+    (
+        "api_key",
+        list[str] | None,
+        None,
+        "accepted client key (repeatable; visible in ps: prefer AGENTJET_API_KEYS or a file)",
     ),
-    resume: Annotated[
-        bool, typer.Option(help="continue the run in --state-dir from its newest checkpoint, replaying the log")
-    ] = False,
-    fresh: Annotated[bool, typer.Option(help="discard an earlier run in --state-dir and start over")] = False,
-    checkpoint_every: Annotated[
-        int, typer.Option(help="learner steps between checkpoints (0 = on shutdown only)")
-    ] = 20,
-    algorithm: Annotated[
-        str, typer.Option(help="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)")
-    ] = "grpo",
-    batch_groups: Annotated[int, typer.Option(help="complete GRPO groups per policy update")] = 10,
-    group_size: Annotated[int, typer.Option(help="episodes per task in a GRPO group")] = 16,
-    max_staleness: Annotated[int, typer.Option(help="reject trajectories more than this many versions old")] = 4,
-    admission_batches: Annotated[
-        int, typer.Option(help="batches' worth of episodes clients may run ahead of the learner")
-    ] = 2,
-    stale_policy: Annotated[
-        str, typer.Option(help="an episode past --max-staleness by the time it is trained: drop or downweight")
-    ] = "drop",
-    off_policy: Annotated[
-        str, typer.Option(help="correction for stale turns: decoupled (AReaL), tis, or none (clip only)")
-    ] = "decoupled",
-    is_cap: Annotated[float, typer.Option(help="truncation of the importance weight (decoupled, tis)")] = 2.0,
-    kl_coef: Annotated[float, typer.Option(help="k3 KL penalty to the reference model (0 = off)")] = 0.0,
-    reference: Annotated[
-        Path | None, typer.Option(help="reference model dir for --kl-coef (default: the initial weights)")
-    ] = None,
-    mini_batches: Annotated[int, typer.Option(help="optimizer steps per batch, each on its share")] = 1,
-    gamma: Annotated[float, typer.Option(help="PPO: discount per trained token")] = 1.0,
-    gae_lambda: Annotated[float, typer.Option(help="PPO: GAE lambda")] = 0.95,
-    vf_coef: Annotated[float, typer.Option(help="PPO: weight of the critic's loss")] = 0.5,
-    mix: Annotated[
-        str,
-        typer.Option(help="task mix: TAG=WEIGHT,... admits (and so trains) episodes of each tag in these proportions"),
-    ] = "",
-    advantage_norm: Annotated[
-        str, typer.Option(help="PPO: whiten advantages per group of sibling episodes (group) or over the batch")
-    ] = "group",
-    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-3,
-    entropy_coef: Annotated[float, typer.Option(help="entropy bonus at trained tokens (0 = off)")] = 0.0,
-    device: Annotated[str, typer.Option(help="torch device for engine and learner")] = "cpu",
-    engine: Annotated[str, typer.Option(help="inference engine: transformers or vllm")] = "transformers",
-    dtype: Annotated[str, typer.Option(help="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16")] = "auto",
-    engine_devices: Annotated[
-        str | None,
-        typer.Option(help="the engine's device, e.g. cuda:1, or one per replica: cuda:0,cuda:1 (default: --device)"),
-    ] = None,
-    engine_replicas: Annotated[
-        int,
-        typer.Option(
-            help="engine processes serving the model (each on its own device; on CPU each with its share of "
-            "the cores); requests go to the least-loaded, an episode's calls to the one holding its prefix"
-        ),
-    ] = 1,
-    tensor_parallel_size: Annotated[
-        int, typer.Option(help="vLLM: devices per engine replica, for models that need several")
-    ] = 1,
-    learner_devices: Annotated[
-        str | None,
-        typer.Option(
-            help="the learner's device; under torchrun one per local rank, comma-separated (default: --device)"
-        ),
-    ] = None,
-    gpu_memory_utilization: Annotated[
-        float | None,
-        typer.Option(help="vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)"),
-    ] = None,
-    learner_dtype: Annotated[
-        str, typer.Option(help="learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)")
-    ] = "float32",
-    optimizer_dtype: Annotated[
-        str, typer.Option(help="weights, gradients and AdamW state: float32, or bfloat16 (half the memory)")
-    ] = "float32",
-    gradient_checkpointing: Annotated[
-        bool, typer.Option(help="keep only each layer's input and recompute the rest in the backward pass")
-    ] = False,
-    cpu_offload: Annotated[
-        bool,
-        typer.Option(
-            help="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
-            "optimizer step on the CPU (slower steps, a fraction of the GPU memory)"
-        ),
-    ] = False,
-    engine_sleep: Annotated[
-        bool,
-        typer.Option(
-            help="vLLM's sleep mode: during each learner step the engine frees its KV cache and moves its "
-            "weights to host memory; serving pauses until the new weights are in (with --engine-replicas: the "
-            "replicas on a learner's device sleep, the others serve on)"
-        ),
-    ] = False,
-    lora_rank: Annotated[
-        int, typer.Option(help="train a LoRA adapter of this rank on the frozen model (0: train every weight)")
-    ] = 0,
-    lora_alpha: Annotated[
-        float | None, typer.Option(help="LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)")
-    ] = None,
-    lora_dropout: Annotated[float, typer.Option(help="LoRA: dropout on the adapter's input")] = 0.0,
-    lora_targets: Annotated[
-        str, typer.Option(help="LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)")
-    ] = "all-linear",
-    micro_batch_tokens: Annotated[
-        int, typer.Option(help="tokens per learner micro-batch (activation memory grows with it)")
-    ] = 8192,
-    memory_budget_gb: Annotated[
-        float | None, typer.Option(help="plan for this many GiB per device instead of the device's total memory")
-    ] = None,
-    memory_check: Annotated[
-        bool, typer.Option(help="refuse to start when the memory plan does not fit (--no-memory-check: start anyway)")
-    ] = True,
-    tool_call_parser: Annotated[
-        str | None,
-        typer.Option(help="tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)"),
-    ] = None,
-    reasoning_parser: Annotated[
-        str | None, typer.Option(help="reasoning format of the model family: vLLM's names (qwen3, deepseek_r1, ...)")
-    ] = None,
-    chat_template: Annotated[
-        Path | None, typer.Option(help="Jinja chat template file used instead of the model's own")
-    ] = None,
-    api_key: Annotated[
-        list[str] | None,
-        typer.Option(help="accepted client key (repeatable; visible in ps: prefer AGENTJET_API_KEYS or a file)"),
-    ] = None,
-    api_key_file: Annotated[
-        list[Path] | None, typer.Option(help="file of accepted client keys, one per line (repeatable)")
-    ] = None,
-    admin_key: Annotated[list[str] | None, typer.Option(help="accepted admin key (repeatable)")] = None,
-    admin_key_file: Annotated[list[Path] | None, typer.Option(help="file of admin keys, one per line")] = None,
-    require_signed: Annotated[
-        bool | None,
-        typer.Option(help="train only turns this server signed (default: on whenever keys are set)"),
-    ] = None,
-    insecure: Annotated[bool, typer.Option(help="serve a non-loopback --host without any API key")] = False,
-    seed: Annotated[int, typer.Option(help="random seed of the learner")] = 0,
-    max_buffered: Annotated[
-        int | None,
-        typer.Option(help="trajectories held for training before pushes get 429 (default: 4 batches' worth)"),
-    ] = None,
-    max_buffer_bytes: Annotated[
-        int, typer.Option(help="approximate memory the training buffer may hold before pushes get 429")
-    ] = 2 << 30,
-    max_body_bytes: Annotated[int, typer.Option(help="largest trajectory batch a push may send, in bytes")] = 16 << 20,
-    group_timeout: Annotated[
-        float, typer.Option(help="seconds after which an incomplete GRPO group is trained as a smaller one")
-    ] = 600.0,
-    max_connections: Annotated[
-        int | None, typer.Option(help="connections held at once (default: what the open-file limit allows)")
-    ] = None,
-    header_timeout: Annotated[float, typer.Option(help="seconds a connection may take to send request headers")] = 10.0,
-    body_timeout: Annotated[float, typer.Option(help="seconds a request body may take to arrive")] = 30.0,
-    write_timeout: Annotated[
-        float, typer.Option(help="seconds a client may leave a streamed answer unread before it is dropped")
-    ] = 60.0,
-    metrics: Annotated[
-        bool, typer.Option(help="serve /metrics and the dashboard's history, and write <state-dir>/metrics.jsonl")
-    ] = True,
-    metrics_interval: Annotated[float, typer.Option(help="seconds between metrics history lines while idle")] = 60.0,
-    log_to: Annotated[
-        list[str] | None,
-        typer.Option(help="also log metrics to tensorboard or wandb (offline; repeatable; needs the package)"),
-    ] = None,
-    keep_recent_trajectories: Annotated[
-        int, typer.Option(help="trajectory bodies kept inspectable (dashboard, inspect) after the log compacts")
-    ] = 200,
-    log_level: Annotated[str, typer.Option(help="logging level")] = "info",
-) -> None:
+    ("api_key_file", list[Path] | None, None, "file of accepted client keys, one per line (repeatable)"),
+    ("admin_key", list[str] | None, None, "accepted admin key (repeatable)"),
+    ("admin_key_file", list[Path] | None, None, "file of admin keys, one per line"),
+    ("log_level", str, "info", "logging level"),
+]
+
+
+def _cli_type(annotation: Any) -> Any:
+    """What typer parses a setting's type as: a Literal as its values' type (pydantic checks the value),
+    a mapping as text (``--mix math=3,tools=1``), a list as a repeatable option of text."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    optional = len(args) < len(get_args(annotation))
+    core = args[0] if optional and len(args) == 1 else annotation
+    origin = get_origin(core)
+    if origin is Literal:
+        core = type(get_args(core)[0])
+    elif origin is list:
+        core, optional = list[str], True
+    elif origin is dict:
+        core, optional = str, True
+    return core | None if optional else core
+
+
+def _up_signature() -> Signature:
+    from agentjet_server.settings import ServerSettings, flag_of
+
+    keyword = Parameter.KEYWORD_ONLY
+    params = [Parameter("ctx", Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+    for name, annotation, default, help_text in UP_EXTRAS[:1]:
+        params.append(
+            Parameter(name, keyword, default=default, annotation=Annotated[annotation, typer.Option(help=help_text)])
+        )
+    for name, field in ServerSettings.model_fields.items():
+        flag = flag_of(name)
+        if flag is None:
+            continue
+        default = None if field.default_factory is not None else field.default
+        kind = _cli_type(field.annotation)
+        decls = [f"--{flag}/--no-{flag}"] if kind in (bool, bool | None) else [f"--{flag}"]
+        option = typer.Option(*decls, help=field.description)
+        params.append(Parameter(name, keyword, default=default, annotation=Annotated[kind, option]))
+    for name, annotation, default, help_text in UP_EXTRAS[1:]:
+        params.append(
+            Parameter(name, keyword, default=default, annotation=Annotated[annotation, typer.Option(help=help_text)])
+        )
+    return Signature(params)
+
+
+@app.command()
+def up(ctx: typer.Context, **options: Any) -> None:
     """Serve a model through an OpenAI-compatible API and train it from pushed trajectories.
 
     Example: agentjet-server up --port 8000 --batch-groups 10 --group-size 16
@@ -236,30 +108,21 @@ def up(
     Reachable from other machines, with keys kept out of ps:
     AGENTJET_API_KEYS=client-key-1 agentjet-server up --host 0.0.0.0
     """
-    given = {name: value for name, value in locals().items() if name not in ("ctx", "config")}
-    options = _with_job_file(ctx, config, given) if config is not None else given
-    logging.basicConfig(
-        level=str(options["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    given = {name: value for name, value in options.items() if name != "config"}
+    if options["config"] is not None:
+        given = _with_job_file(ctx, options["config"], given)
+    logging.basicConfig(level=str(given["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_server.settings import ADMIN_KEYS_ENV, API_KEYS_ENV, ServerSettings, collect_keys
 
-    renamed = {
-        "group_timeout": "group_timeout_s",
-        "header_timeout": "header_timeout_s",
-        "body_timeout": "body_timeout_s",
-        "write_timeout": "write_timeout_s",
-        "metrics_interval": "metrics_interval_s",
-        "gae_lambda": "lam",
-    }
-    fields = {renamed.get(k, k): v for k, v in options.items() if k not in _NOT_SETTINGS}
+    extras = {name for name, *_ in UP_EXTRAS}
+    fields = {k: v for k, v in given.items() if k not in extras and v is not None}  # None: the setting's default
     try:
         fields["api_keys"] = collect_keys(
-            list(options["api_key"] or []), [Path(p) for p in options["api_key_file"] or []], API_KEYS_ENV
+            list(given["api_key"] or []), [Path(p) for p in given["api_key_file"] or []], API_KEYS_ENV
         )
         fields["admin_keys"] = collect_keys(
-            list(options["admin_key"] or []), [Path(p) for p in options["admin_key_file"] or []], ADMIN_KEYS_ENV
+            list(given["admin_key"] or []), [Path(p) for p in given["admin_key_file"] or []], ADMIN_KEYS_ENV
         )
-        fields["log_to"] = list(options["log_to"] or [])
         settings = ServerSettings(**fields)
     except ValidationError as exc:
         _fail("; ".join(_describe(e) for e in exc.errors()))
@@ -271,13 +134,15 @@ def up(
         _fail(str(exc))
 
 
-# options of `up` that are not server settings (keys are collected from flags, files and env)
-_NOT_SETTINGS = ("api_key", "api_key_file", "admin_key", "admin_key_file", "log_level", "log_to")
+up.__signature__ = _up_signature()  # type: ignore[attr-defined]
 
 
 def _with_job_file(ctx: typer.Context, path: Path, given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` with the job file's values for every option not set on the command line."""
+    """``given`` with the job file's values for every option not set on the command line. A key is an
+    option's name as in --help (with - or _) or the setting's own name (``group_timeout_s``)."""
     import tomllib
+
+    from agentjet_server.settings import ServerSettings, flag_of
 
     try:
         job = tomllib.loads(path.read_text())
@@ -285,18 +150,20 @@ def _with_job_file(ctx: typer.Context, path: Path, given: dict[str, Any]) -> dic
         _fail(f"cannot read the job file {path}: {exc.strerror}")
     except tomllib.TOMLDecodeError as exc:
         _fail(f"the job file {path} is not valid TOML: {exc}")
+    names = {name: name for name in given}
+    names.update({(flag_of(n) or n).replace("-", "_"): n for n in ServerSettings.model_fields if n in given})
     out = dict(given)
     unknown = []
     for key, value in job.items():
-        name = key.replace("-", "_")
-        if name not in given:
+        name = names.get(key.replace("-", "_"))
+        if name is None:
             unknown.append(key)
         elif getattr(ctx.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT":  # not given as a flag
             out[name] = value
     if unknown:
         _fail(
             f"the job file {path} has options `up` does not know: {', '.join(unknown)}; "
-            f"it takes these (as in --help, with - or _): {', '.join(sorted(given))}"
+            f"it takes these (as in --help, with - or _): {', '.join(sorted(n for n in names if n != 'config'))}"
         )
     return out
 

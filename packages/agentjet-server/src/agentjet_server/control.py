@@ -31,32 +31,13 @@ from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.trainer import LearnerConfig
 from agentjet_server.observe.metrics import History
 from agentjet_server.serving import PromptBuilder
-from agentjet_server.settings import ServerSettings
+from agentjet_server.settings import ServerSettings, live_settings
 from agentjet_server.state.recovery import LiveConfiguration
 
 logger = logging.getLogger(__name__)
 
-# settings a running server takes, and what each changes
-LIVE: dict[str, str] = {
-    "lr": "the learner's learning rate, from the next step",
-    "clip_low": "the lower clip of the policy ratio, from the next step",
-    "clip_high": "the upper clip of the policy ratio, from the next step",
-    "max_grad_norm": "gradient clipping, from the next step",
-    "entropy_coef": "the entropy bonus, from the next step",
-    "off_policy": "the off-policy correction (decoupled, tis, none), from the next step",
-    "is_cap": "the importance-weight cap, from the next step",
-    "kl_coef": "the KL penalty, from the next step (only on a server started with --kl-coef above 0)",
-    "mini_batches": "optimizer steps per batch, from the next step",
-    "max_staleness": "the staleness bound, for trajectories pushed from now on and batches built from now on",
-    "stale_policy": "what happens to an episode past the bound when its batch is built, from the next batch",
-    "batch_groups": "GRPO groups per step, from the next batch",
-    "group_size": "episodes per GRPO group, for groups that are still open",
-    "group_timeout_s": "when an incomplete group is trained as a smaller one",
-    "admission_batches": "how many batches' worth of episodes runners are invited to start",
-    "checkpoint_every": "steps between checkpoints",
-    "default_max_tokens": "the completion limit of requests that set none",
-    "mix": "the task mix (tag -> weight) admission keeps trained episodes in, from the next status poll",
-}
+# settings a running server takes, and what each changes (declared on ServerSettings' fields)
+LIVE = live_settings()
 SECRET = ("api_keys", "admin_keys")
 
 

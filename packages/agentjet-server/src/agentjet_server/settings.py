@@ -41,123 +41,301 @@ def collect_keys(given: list[str], files: list[Path], env_var: str) -> list[str]
 class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    model: Path | None = Field(default=None, description="local HF model dir; None = embedded default")
-    model_name: str | None = None
+    host: str = Field(default="127.0.0.1", description="interface to listen on")
+    port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
+    model: Path | None = Field(default=None, description="local Hugging Face model dir (default: embedded tiny model)")
+    model_name: str | None = Field(default=None, description="name served in /v1/models")
     model_size: Literal["tiny", "small", "tools"] = Field(
-        default="tiny", description="size of the embedded model when no --model is given"
+        default="tiny",
+        description="embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools (0.69M;"
+        " calls the tools a request lists); all three ship prebuilt",
     )
-    state_dir: Path = Path(".agentjet/server")
-    resume: bool = Field(default=False, description="continue the run in state_dir from its newest checkpoint")
-    fresh: bool = Field(default=False, description="discard an earlier run in state_dir")
-    checkpoint_every: int = Field(default=20, ge=0, description="steps between checkpoints; 0 = on shutdown only")
-    keep_checkpoints: int = Field(default=2, ge=1)
-    device: str = "cpu"
-    engine: Literal["transformers", "vllm"] = "transformers"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    state_dir: Path = Field(
+        default=Path(".agentjet/server"), description="trajectory log and checkpoints; one server per directory"
+    )
+    resume: bool = Field(
+        default=False, description="continue the run in --state-dir from its newest checkpoint, replaying the log"
+    )
+    fresh: bool = Field(default=False, description="discard an earlier run in --state-dir and start over")
+    checkpoint_every: int = Field(
+        default=20,
+        ge=0,
+        description="learner steps between checkpoints (0 = on shutdown only)",
+        json_schema_extra={"live": "steps between checkpoints"},
+    )
+    keep_checkpoints: int = Field(
+        default=2, ge=1, description="checkpoints kept in --state-dir (older ones are deleted)"
+    )
+    device: str = Field(default="cpu", description="torch device for engine and learner")
+    engine: Literal["transformers", "vllm"] = Field(
+        default="transformers", description="inference engine: transformers or vllm"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16"
+    )
     engine_devices: str | None = Field(
-        default=None, description="the engine's device, or one per replica (comma-separated); None = --device"
+        default=None,
+        description="the engine's device, e.g. cuda:1, or one per replica: cuda:0,cuda:1 (default: --device)",
     )
-    engine_replicas: int = Field(default=1, ge=1, description="engine processes serving the model, requests routed")
-    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM: devices per engine replica")
+    engine_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="engine processes serving the model (each on its own device; on CPU each with its share of the "
+        "cores); requests go to the least-loaded, an episode's calls to the one holding its prefix",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, description="vLLM: devices per engine replica, for models that need several"
+    )
     learner_devices: str | None = Field(
-        default=None, description="the learner's device (under torchrun: one per local rank, comma-separated)"
+        default=None,
+        description="the learner's device; under torchrun one per local rank, comma-separated (default: --device)",
     )
     gpu_memory_utilization: float | None = Field(
-        default=None, gt=0, le=1, description="vLLM's share of its GPU; None = what the learner leaves on a shared one"
+        default=None,
+        gt=0,
+        le=1,
+        description="vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)",
     )
     learner_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="the learner's compute precision (bfloat16: autocast)"
+        default="float32", description="learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)"
     )
     optimizer_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="master weights, gradients and AdamW state (bfloat16 halves them)"
+        default="float32", description="weights, gradients and AdamW state: float32, or bfloat16 (half the memory)"
     )
-    gradient_checkpointing: bool = Field(default=False, description="recompute activations in the backward pass")
+    gradient_checkpointing: bool = Field(
+        default=False, description="keep only each layer's input and recompute the rest in the backward pass"
+    )
     cpu_offload: bool = Field(
-        default=False, description="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory"
+        default=False,
+        description="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
+        "optimizer step on the CPU (slower steps, a fraction of the GPU memory)",
     )
     engine_sleep: bool = Field(
-        default=False, description="vLLM's sleep mode: free the engine's GPU memory while the learner steps"
+        default=False,
+        description="vLLM's sleep mode: during each learner step the engine frees its KV cache and moves its weights "
+        "to host memory; serving pauses until the new weights are in (with --engine-replicas: the "
+        "replicas on a learner's device sleep, the others serve on)",
     )
-    lora_rank: int = Field(default=0, ge=0, description="train a LoRA adapter of this rank (0: every weight)")
-    lora_alpha: float | None = Field(default=None, gt=0, description="LoRA scale numerator; None = 2 x rank")
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    lora_rank: int = Field(
+        default=0, ge=0, description="train a LoRA adapter of this rank on the frozen model (0: train every weight)"
+    )
+    lora_alpha: float | None = Field(
+        default=None, gt=0, description="LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)"
+    )
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA: dropout on the adapter's input")
     lora_targets: str = Field(
-        default="all-linear", description="layers that get adapters: all-linear, or names such as q_proj,v_proj"
+        default="all-linear", description="LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)"
     )
-    micro_batch_tokens: int = Field(default=8192, ge=64, description="prefix-tree nodes per learner micro-batch")
+    micro_batch_tokens: int = Field(
+        default=8192, ge=64, description="tokens per learner micro-batch (activation memory grows with it)"
+    )
     memory_budget_gb: float | None = Field(
-        default=None, gt=0, description="plan for this many GiB per device instead of the device's total"
+        default=None, gt=0, description="plan for this many GiB per device instead of the device's total memory"
     )
-    memory_check: bool = Field(default=True, description="refuse a layout whose memory plan does not fit")
+    memory_check: bool = Field(
+        default=True, description="refuse to start when the memory plan does not fit (--no-memory-check: start anyway)"
+    )
     tool_call_parser: str | None = Field(
-        default=None, description="tool-call format of the model family (vLLM's parser names; built-in: hermes)"
+        default=None,
+        description="tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)",
     )
-    reasoning_parser: str | None = Field(default=None, description="reasoning format (vLLM's reasoning parser names)")
-    chat_template: Path | None = Field(default=None, description="Jinja chat template file overriding the model's")
-    algorithm: Literal["grpo", "ppo"] = "grpo"
-    batch_groups: int = Field(default=10, ge=1)
-    group_size: int = Field(default=16, ge=2)
-    max_staleness: int = Field(default=4, ge=0)
-    lr: float = Field(default=1e-3, gt=0)
-    clip_low: float = Field(default=0.2, ge=0)
-    clip_high: float = Field(default=0.28, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    entropy_coef: float = Field(default=0.0, ge=0)
+    reasoning_parser: str | None = Field(
+        default=None, description="reasoning format of the model family: vLLM's names (qwen3, deepseek_r1, ...)"
+    )
+    chat_template: Path | None = Field(
+        default=None, description="Jinja chat template file used instead of the model's own"
+    )
+    algorithm: Literal["grpo", "ppo"] = Field(
+        default="grpo", description="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)"
+    )
+    batch_groups: int = Field(
+        default=10,
+        ge=1,
+        description="complete GRPO groups per policy update",
+        json_schema_extra={"live": "GRPO groups per step, from the next batch"},
+    )
+    group_size: int = Field(
+        default=16,
+        ge=2,
+        description="episodes per task in a GRPO group",
+        json_schema_extra={"live": "episodes per GRPO group, for groups that are still open"},
+    )
+    max_staleness: int = Field(
+        default=4,
+        ge=0,
+        description="reject trajectories more than this many versions old",
+        json_schema_extra={
+            "live": "the staleness bound, for trajectories pushed from now on and batches built from now on"
+        },
+    )
+    lr: float = Field(
+        default=0.001,
+        gt=0,
+        description="AdamW learning rate",
+        json_schema_extra={"live": "the learner's learning rate, from the next step"},
+    )
+    clip_low: float = Field(
+        default=0.2,
+        ge=0,
+        description="policy ratio clip: its lower bound is 1 - clip-low",
+        json_schema_extra={"live": "the lower clip of the policy ratio, from the next step"},
+    )
+    clip_high: float = Field(
+        default=0.28,
+        ge=0,
+        description="policy ratio clip: its upper bound is 1 + clip-high (DAPO's clip-higher)",
+        json_schema_extra={"live": "the upper clip of the policy ratio, from the next step"},
+    )
+    max_grad_norm: float = Field(
+        default=1.0,
+        gt=0,
+        description="gradient norm clip of each optimizer step",
+        json_schema_extra={"live": "gradient clipping, from the next step"},
+    )
+    entropy_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="entropy bonus at trained tokens (0 = off)",
+        json_schema_extra={"live": "the entropy bonus, from the next step"},
+    )
     stale_policy: Literal["drop", "downweight"] = Field(
-        default="drop", description="an episode past max_staleness when its batch is built"
+        default="drop",
+        description="an episode past --max-staleness by the time it is trained: drop or downweight",
+        json_schema_extra={
+            "live": "what happens to an episode past the bound when its batch is built, from the next batch"
+        },
     )
-    off_policy: Literal["decoupled", "tis", "none"] = "decoupled"
-    is_cap: float = Field(default=2.0, ge=1.0, description="truncation of the behaviour importance weight")
-    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the reference model")
-    reference: Path | None = Field(default=None, description="reference model dir; None = the initial weights")
-    mini_batches: int = Field(default=1, ge=1, le=64, description="optimizer steps per batch")
-    gamma: float = Field(default=1.0, gt=0, le=1)
-    lam: float = Field(default=0.95, ge=0, le=1)
-    vf_coef: float = Field(default=0.5, ge=0)
+    off_policy: Literal["decoupled", "tis", "none"] = Field(
+        default="decoupled",
+        description="correction for stale turns: decoupled (AReaL), tis, or none (clip only)",
+        json_schema_extra={"live": "the off-policy correction (decoupled, tis, none), from the next step"},
+    )
+    is_cap: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="truncation of the importance weight (decoupled, tis)",
+        json_schema_extra={"live": "the importance-weight cap, from the next step"},
+    )
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="k3 KL penalty to the reference model (0 = off)",
+        json_schema_extra={
+            "live": "the KL penalty, from the next step (only on a server started with --kl-coef above 0)"
+        },
+    )
+    reference: Path | None = Field(
+        default=None, description="reference model dir for --kl-coef (default: the initial weights)"
+    )
+    mini_batches: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="optimizer steps per batch, each on its share",
+        json_schema_extra={"live": "optimizer steps per batch, from the next step"},
+    )
+    gamma: float = Field(default=1.0, gt=0, le=1, description="PPO: discount per trained token")
+    lam: float = Field(
+        default=0.95, ge=0, le=1, description="PPO: GAE lambda", json_schema_extra={"flag": "gae-lambda"}
+    )
+    vf_coef: float = Field(default=0.5, ge=0, description="PPO: weight of the critic's loss")
     mix: dict[str, float] = Field(
         default_factory=dict,
-        description="task tag -> weight: admission keeps trained episodes in these proportions (math=3,tools=1)",
+        description="task mix: TAG=WEIGHT,... admits (and so trains) episodes of each tag in these proportions",
+        json_schema_extra={
+            "live": "the task mix (tag -> weight) admission keeps trained episodes in, from the next status poll"
+        },
     )
     advantage_norm: Literal["group", "batch"] = Field(
-        default="group", description="PPO: whiten advantages per group of sibling episodes, or over the batch"
+        default="group", description="PPO: whiten advantages per group of sibling episodes (group) or over the batch"
     )
     admission_batches: int = Field(
-        default=2, ge=1, description="batches' worth of episodes the server invites ahead of training"
+        default=2,
+        ge=1,
+        description="batches' worth of episodes clients may run ahead of the learner",
+        json_schema_extra={"live": "how many batches' worth of episodes runners are invited to start"},
     )
     max_buffered: int | None = Field(
-        default=None, ge=1, description="trajectories held for training; None = 4 x admission target"
+        default=None,
+        ge=1,
+        description="trajectories held for training before pushes get 429 (default: 4 batches' worth)",
     )
-    max_buffer_bytes: int = Field(default=2 << 30, ge=1 << 20, description="approximate memory of the buffer")
+    max_buffer_bytes: int = Field(
+        default=2 << 30, ge=1 << 20, description="approximate memory the training buffer may hold before pushes get 429"
+    )
     group_timeout_s: float = Field(
-        default=600.0, gt=0, description="an incomplete GRPO group is trained as a smaller one after this long"
+        default=600.0,
+        gt=0,
+        description="seconds after which an incomplete GRPO group is trained as a smaller one",
+        json_schema_extra={"flag": "group-timeout", "live": "when an incomplete group is trained as a smaller one"},
     )
-    default_max_tokens: int = Field(default=512, ge=1)
-    max_batch: int = Field(default=64, ge=1)
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch")
-    max_chat_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="largest inference request")
-    body_timeout_s: float = Field(default=30.0, gt=0, description="a request body must arrive within this")
-    header_timeout_s: float = Field(default=10.0, gt=0, description="request headers must arrive within this")
-    write_timeout_s: float = Field(default=60.0, gt=0, description="a reader that reads nothing this long is dropped")
-    max_connections: int | None = Field(default=None, ge=1, description="None = what the open-file limit allows")
+    default_max_tokens: int = Field(
+        default=512,
+        ge=1,
+        description="completion tokens of a request that sets no max_tokens",
+        json_schema_extra={"live": "the completion limit of requests that set none"},
+    )
+    max_batch: int = Field(default=64, ge=1, description="requests the transformers engine decodes together")
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch a push may send, in bytes"
+    )
+    max_chat_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="largest inference request body, in bytes"
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds a request body may take to arrive",
+        json_schema_extra={"flag": "body-timeout"},
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a connection may take to send request headers",
+        json_schema_extra={"flag": "header-timeout"},
+    )
+    write_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a client may leave a streamed answer unread before it is dropped",
+        json_schema_extra={"flag": "write-timeout"},
+    )
+    max_connections: int | None = Field(
+        default=None, ge=1, description="connections held at once (default: what the open-file limit allows)"
+    )
     max_request_token_entries: int = Field(
         default=1 << 20, ge=1024, description="n x max_tokens x (1 + top_logprobs) one request may ask for"
     )
-    api_keys: list[str] = Field(default_factory=list)
-    admin_keys: list[str] = Field(default_factory=list)
-    require_signed: bool | None = Field(
-        default=None, description="train only turns signed by this server; None = whenever API keys are set"
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="accepted client keys (from --api-key, --api-key-file and AGENTJET_API_KEYS)",
+        json_schema_extra={"flag": None},
     )
-    insecure: bool = Field(default=False, description="allow a non-loopback --host without API keys")
-    seed: int = 0
-    metrics: bool = Field(default=True, description="serve /metrics and write <state-dir>/metrics.jsonl")
-    metrics_interval_s: float = Field(default=60.0, gt=0, description="seconds between history lines while idle")
+    admin_keys: list[str] = Field(
+        default_factory=list,
+        description="accepted admin keys (from --admin-key, --admin-key-file and AGENTJET_ADMIN_KEYS)",
+        json_schema_extra={"flag": None},
+    )
+    require_signed: bool | None = Field(
+        default=None, description="train only turns this server signed (default: on whenever keys are set)"
+    )
+    insecure: bool = Field(default=False, description="serve a non-loopback --host without any API key")
+    seed: int = Field(default=0, description="random seed of the learner")
+    metrics: bool = Field(
+        default=True, description="serve /metrics and the dashboard's history, and write <state-dir>/metrics.jsonl"
+    )
+    metrics_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds between metrics history lines while idle",
+        json_schema_extra={"flag": "metrics-interval"},
+    )
     log_to: list[Literal["tensorboard", "wandb"]] = Field(
-        default_factory=list, description="also send the metrics history to these (extras, when installed)"
+        default_factory=list,
+        description="also log metrics to tensorboard or wandb (offline; repeatable; needs the package)",
     )
     keep_recent_trajectories: int = Field(
-        default=200, ge=0, description="trajectory bodies kept inspectable after the log compacts them"
+        default=200, ge=0, description="trajectory bodies kept inspectable (dashboard, inspect) after the log compacts"
     )
 
     @field_validator("mix", mode="before")
@@ -261,3 +439,21 @@ class ServerSettings(BaseModel):
     @property
     def signatures_required(self) -> bool:
         return self.require_signed if self.require_signed is not None else self.auth_enabled
+
+
+def flag_of(name: str) -> str | None:
+    """The ``up`` flag of a setting (``group-timeout`` for ``group_timeout_s``), None for those that are
+    no flag of their own (keys: from ``--api-key``, key files and the environment)."""
+    extra = ServerSettings.model_fields[name].json_schema_extra
+    flag = extra.get("flag", name.replace("_", "-")) if isinstance(extra, dict) else name.replace("_", "-")
+    return flag if isinstance(flag, str) else None
+
+
+def live_settings() -> dict[str, str]:
+    """The settings a running server takes (``admin config --set``), and what each changes when."""
+    out = {}
+    for name, field in ServerSettings.model_fields.items():
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and isinstance(extra.get("live"), str):
+            out[name] = str(extra["live"])
+    return out
