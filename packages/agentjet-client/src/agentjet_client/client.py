@@ -64,6 +64,9 @@ _OUTCOME_ORDER = {"accepted": 0, "duplicate": 1, "rejected": 2}
 
 
 class SwarmClient:
+    """A connection to one or more swarm servers: which server each agent's calls go to, their status,
+    new episodes (``episode``) and trajectory pushes, through one capture proxy on loopback."""
+
     def __init__(
         self,
         server_url: str,

@@ -85,6 +85,10 @@ class EpisodeContext:
 
 
 class Episode:
+    """One episode as the agent sees it: its task id, the models it may call (``openai()``,
+    ``langchain()``, ``agentscope()``, or ``base_url`` and ``api_key`` for any HTTP client), each call
+    captured into the episode's timeline; ``to_trajectory`` turns it into what is pushed."""
+
     def __init__(
         self,
         context: EpisodeContext,

@@ -18,6 +18,8 @@ class AgentJetError(Exception):
 
 
 class ServerError(AgentJetError):
+    """The server answered with an error status (``status_code``) and this message."""
+
     def __init__(self, status_code: int, message: str) -> None:
         super().__init__(f"server answered {status_code}: {message}")
         self.status_code = status_code

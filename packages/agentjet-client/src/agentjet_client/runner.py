@@ -65,6 +65,10 @@ class RunConfig:
 
 
 class Runner:
+    """Runs an agent (or several code dirs' agents) over its tasks against its servers: groups start as
+    admission allows, episodes play (``rollout``), trajectories are spooled and delivered; ``run``
+    returns the ``RunReport`` once every episode is answered (see the module docstring)."""
+
     def __init__(
         self,
         client: SwarmClient,

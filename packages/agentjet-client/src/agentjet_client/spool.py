@@ -112,6 +112,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class Spool:
+    """The durable outbox of one server: trajectories are fsynced here before a run moves on, and
+    leave only once the server answered them (at most ``max_items`` waiting; then new episodes wait)."""
+
     def __init__(self, directory: Path, *, max_items: int = DEFAULT_MAX_ITEMS) -> None:
         if max_items < 1:
             raise ValueError("max_items must be at least 1")

@@ -17,14 +17,14 @@ from agentjet_client.protocol import (
     LearnerInfo,
     ReplicaInfo,
     ServerStatus,
-    TagInfo,
     TrajectoryBatch,
     TrajectoryBatchResult,
 )
+from agentjet_server.admission import Admission
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.control import Controller, learner_config, public_settings
 from agentjet_server.engine.base import Engine
-from agentjet_server.errors import ConfigError, PayloadTooLargeError, RateLimitError
+from agentjet_server.errors import ConfigError
 from agentjet_server.ingest.signing import SampleSigner
 from agentjet_server.ingest.store import TrajectoryStore
 from agentjet_server.ingest.wal import TrajectoryLog
@@ -98,6 +98,10 @@ def _vocab(model: torch.nn.Module) -> int:
 
 
 class SwarmRuntime:
+    """One server's parts wired together: the engine and the chat and text services over it, the
+    trajectory store and write-ahead log, the group buffer, the learner loop, checkpoints and
+    telemetry. ``create`` builds it from settings; the HTTP API (``api/``) calls into it."""
+
     def __init__(
         self,
         engine: Engine,
@@ -147,7 +151,7 @@ class SwarmRuntime:
             self.log,
             self.signer,
             require_signed=settings.signatures_required,
-            room=self._room,
+            room=lambda count, size: self.admission.room(count, size),
             absent=self.buffer.add_absent,
         )
         resumed = state.resumed if state is not None else None
@@ -177,6 +181,7 @@ class SwarmRuntime:
             max_staleness=settings.max_staleness,
             stale_policy=settings.stale_policy,
         )
+        self.admission = Admission(lambda: self.settings, self.buffer, self.store, self.loop)
         self.control = Controller(
             get_settings=lambda: self.settings,
             set_settings=self._set_settings,
@@ -275,10 +280,10 @@ class SwarmRuntime:
             counts=self.store.counts(self.buffer.buffered, self.buffer.aged_out),
             ready_groups=ready,
             open_groups=open_groups,
-            admission_budget=self.admission_budget(),
+            admission_budget=self.admission.budget(),
             checkpoint_step=self.last_checkpoint_step,
             learner_error=self.loop.error,
-            by_tag=self.by_tag(),
+            by_tag=self.admission.by_tag(),
             replicas=self.engine.replica_status(),
         )
 
@@ -295,70 +300,6 @@ class SwarmRuntime:
         if self.settings.metrics:
             self.telemetry.record_batch(batch.client, batch.trajectories, results)
         return TrajectoryBatchResult(results=results, policy_version=self.version)
-
-    @property
-    def max_buffered(self) -> int:
-        s = self.settings
-        return s.max_buffered or 4 * s.batch_groups * s.group_size * s.admission_batches
-
-    def _room(self, count: int, size: int) -> None:
-        """Refuse (429, nothing acknowledged) trajectories the buffer has no room for."""
-        s, limit = self.settings, self.max_buffered
-        if count > limit or size > s.max_buffer_bytes:
-            raise PayloadTooLargeError(
-                f"this batch holds {count} trajectories (~{size >> 20} MiB buffered) but the server buffers at "
-                f"most {limit} (--max-buffered) and {s.max_buffer_bytes >> 20} MiB (--max-buffer-bytes); "
-                "send smaller batches",
-                code="batch_exceeds_buffer",
-            )
-        buffered, held = self.buffer.buffered, self.buffer.bytes
-        if buffered + count > limit or held + size > s.max_buffer_bytes:
-            last = self.loop.last
-            wait = max(1.0, last.seconds if last is not None else 5.0)
-            raise RateLimitError(
-                f"the training buffer is full ({buffered} trajectories, ~{held >> 20} MiB, waiting for the learner; "
-                f"limits {limit} and {s.max_buffer_bytes >> 20} MiB); nothing was acknowledged, push again in "
-                f"{wait:.0f}s, and start fewer episodes ahead of training (admission_budget in /v1/status)",
-                retry_after=wait,
-                code="buffer_full",
-            )
-
-    def admission_budget(self) -> int:
-        s = self.settings
-        target = s.batch_groups * s.group_size * s.admission_batches
-        return max(0, target - self.buffer.buffered)
-
-    def by_tag(self) -> dict[str, TagInfo]:
-        """Per task tag: counts, reward and lag of trained episodes, and under ``--mix`` the tag's
-        share and own admission budget. A tag's budget is what brings its episodes (trained, and
-        buffered) to its share of everything trained so far plus one admission window: a tag that
-        fell behind (slower episodes, a client that joined late) is invited to catch up, one ahead
-        is held back, so trained batches follow the mix."""
-        s = self.settings
-        buffered = self.buffer.buffered_by_tag()
-        trained, sums = self.loop.tag_figures()
-        accepted = self.store.accepted_by_tag.copy()
-        out: dict[str, TagInfo] = {}
-        for tag in sorted({*accepted, *buffered, *trained, *s.mix}):
-            count, reward, lag = sums.get(tag, (0.0, 0.0, 0.0))
-            out[tag] = TagInfo(
-                accepted=accepted[tag],
-                buffered=buffered[tag],
-                trained=trained[tag],
-                mean_reward=reward / count if count else None,
-                mean_lag=lag / count if count else None,
-            )
-        if s.mix:
-            overall = self.admission_budget()
-            window = s.batch_groups * s.group_size * s.admission_batches
-            weights = sum(s.mix.values())
-            done = sum(trained[tag] for tag in s.mix)
-            for tag, weight in s.mix.items():
-                share = weight / weights
-                wanted = share * (done + window) - trained[tag] - buffered[tag]
-                out[tag].share = share
-                out[tag].admission_budget = max(0, min(overall, int(wanted)))
-        return out
 
     def status(self) -> ServerStatus:
         last = self.loop.last
@@ -385,8 +326,8 @@ class SwarmRuntime:
                 downweighted_tokens=self.loop.downweighted_tokens,
                 trained_token_lag={str(k): n for k, n in sorted(self.loop.trained_lag.items())},
             ),
-            admission_budget=self.admission_budget(),
-            by_tag=self.by_tag(),
+            admission_budget=self.admission.budget(),
+            by_tag=self.admission.by_tag(),
             uptime_s=time.monotonic() - self.started,
             context=self.prompts.context.model_copy(),
             paused=self.loop.paused,

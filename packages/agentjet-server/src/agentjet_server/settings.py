@@ -38,33 +38,76 @@ def collect_keys(given: list[str], files: list[Path], env_var: str) -> list[str]
     return list(dict.fromkeys(keys))
 
 
-class ServerSettings(BaseModel):
+class ServingOptions(BaseModel):
+    """The HTTP server: where it listens, the limits every request is held to, and its keys."""
+
     model_config = ConfigDict(extra="forbid")
 
     host: str = Field(default="127.0.0.1", description="interface to listen on")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
+    max_connections: int | None = Field(
+        default=None, ge=1, description="connections held at once (default: what the open-file limit allows)"
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a connection may take to send request headers",
+        json_schema_extra={"flag": "header-timeout"},
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds a request body may take to arrive",
+        json_schema_extra={"flag": "body-timeout"},
+    )
+    write_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a client may leave a streamed answer unread before it is dropped",
+        json_schema_extra={"flag": "write-timeout"},
+    )
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch a push may send, in bytes"
+    )
+    max_chat_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="largest inference request body, in bytes"
+    )
+    max_request_token_entries: int = Field(
+        default=1 << 20, ge=1024, description="n x max_tokens x (1 + top_logprobs) one request may ask for"
+    )
+    default_max_tokens: int = Field(
+        default=512,
+        ge=1,
+        description="completion tokens of a request that sets no max_tokens",
+        json_schema_extra={"live": "the completion limit of requests that set none"},
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="accepted client keys (from --api-key, --api-key-file and AGENTJET_API_KEYS)",
+        json_schema_extra={"flag": None},
+    )
+    admin_keys: list[str] = Field(
+        default_factory=list,
+        description="accepted admin keys (from --admin-key, --admin-key-file and AGENTJET_ADMIN_KEYS)",
+        json_schema_extra={"flag": None},
+    )
+    require_signed: bool | None = Field(
+        default=None, description="train only turns this server signed (default: on whenever keys are set)"
+    )
+    insecure: bool = Field(default=False, description="serve a non-loopback --host without any API key")
+
+
+class EngineOptions(BaseModel):
+    """The model and the engine that serves it."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model: Path | None = Field(default=None, description="local Hugging Face model dir (default: embedded tiny model)")
     model_name: str | None = Field(default=None, description="name served in /v1/models")
     model_size: Literal["tiny", "small", "tools"] = Field(
         default="tiny",
         description="embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools (0.69M;"
         " calls the tools a request lists); all three ship prebuilt",
-    )
-    state_dir: Path = Field(
-        default=Path(".agentjet/server"), description="trajectory log and checkpoints; one server per directory"
-    )
-    resume: bool = Field(
-        default=False, description="continue the run in --state-dir from its newest checkpoint, replaying the log"
-    )
-    fresh: bool = Field(default=False, description="discard an earlier run in --state-dir and start over")
-    checkpoint_every: int = Field(
-        default=20,
-        ge=0,
-        description="learner steps between checkpoints (0 = on shutdown only)",
-        json_schema_extra={"live": "steps between checkpoints"},
-    )
-    keep_checkpoints: int = Field(
-        default=2, ge=1, description="checkpoints kept in --state-dir (older ones are deleted)"
     )
     device: str = Field(default="cpu", description="torch device for engine and learner")
     engine: Literal["transformers", "vllm"] = Field(
@@ -86,29 +129,11 @@ class ServerSettings(BaseModel):
     tensor_parallel_size: int = Field(
         default=1, ge=1, description="vLLM: devices per engine replica, for models that need several"
     )
-    learner_devices: str | None = Field(
-        default=None,
-        description="the learner's device; under torchrun one per local rank, comma-separated (default: --device)",
-    )
     gpu_memory_utilization: float | None = Field(
         default=None,
         gt=0,
         le=1,
         description="vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)",
-    )
-    learner_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)"
-    )
-    optimizer_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="weights, gradients and AdamW state: float32, or bfloat16 (half the memory)"
-    )
-    gradient_checkpointing: bool = Field(
-        default=False, description="keep only each layer's input and recompute the rest in the backward pass"
-    )
-    cpu_offload: bool = Field(
-        default=False,
-        description="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
-        "optimizer step on the CPU (slower steps, a fraction of the GPU memory)",
     )
     engine_sleep: bool = Field(
         default=False,
@@ -116,25 +141,7 @@ class ServerSettings(BaseModel):
         "to host memory; serving pauses until the new weights are in (with --engine-replicas: the "
         "replicas on a learner's device sleep, the others serve on)",
     )
-    lora_rank: int = Field(
-        default=0, ge=0, description="train a LoRA adapter of this rank on the frozen model (0: train every weight)"
-    )
-    lora_alpha: float | None = Field(
-        default=None, gt=0, description="LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)"
-    )
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA: dropout on the adapter's input")
-    lora_targets: str = Field(
-        default="all-linear", description="LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)"
-    )
-    micro_batch_tokens: int = Field(
-        default=8192, ge=64, description="tokens per learner micro-batch (activation memory grows with it)"
-    )
-    memory_budget_gb: float | None = Field(
-        default=None, gt=0, description="plan for this many GiB per device instead of the device's total memory"
-    )
-    memory_check: bool = Field(
-        default=True, description="refuse to start when the memory plan does not fit (--no-memory-check: start anyway)"
-    )
+    max_batch: int = Field(default=64, ge=1, description="requests the transformers engine decodes together")
     tool_call_parser: str | None = Field(
         default=None,
         description="tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)",
@@ -145,9 +152,13 @@ class ServerSettings(BaseModel):
     chat_template: Path | None = Field(
         default=None, description="Jinja chat template file used instead of the model's own"
     )
-    algorithm: Literal["grpo", "ppo"] = Field(
-        default="grpo", description="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)"
-    )
+
+
+class BatchOptions(BaseModel):
+    """How pushed trajectories become batches: groups, staleness, admission, the task mix."""
+
+    model_config = ConfigDict(extra="forbid")
+
     batch_groups: int = Field(
         default=10,
         ge=1,
@@ -167,6 +178,50 @@ class ServerSettings(BaseModel):
         json_schema_extra={
             "live": "the staleness bound, for trajectories pushed from now on and batches built from now on"
         },
+    )
+    stale_policy: Literal["drop", "downweight"] = Field(
+        default="drop",
+        description="an episode past --max-staleness by the time it is trained: drop or downweight",
+        json_schema_extra={
+            "live": "what happens to an episode past the bound when its batch is built, from the next batch"
+        },
+    )
+    mix: dict[str, float] = Field(
+        default_factory=dict,
+        description="task mix: TAG=WEIGHT,... admits (and so trains) episodes of each tag in these proportions",
+        json_schema_extra={
+            "live": "the task mix (tag -> weight) admission keeps trained episodes in, from the next status poll"
+        },
+    )
+    admission_batches: int = Field(
+        default=2,
+        ge=1,
+        description="batches' worth of episodes clients may run ahead of the learner",
+        json_schema_extra={"live": "how many batches' worth of episodes runners are invited to start"},
+    )
+    max_buffered: int | None = Field(
+        default=None,
+        ge=1,
+        description="trajectories held for training before pushes get 429 (default: 4 batches' worth)",
+    )
+    max_buffer_bytes: int = Field(
+        default=2 << 30, ge=1 << 20, description="approximate memory the training buffer may hold before pushes get 429"
+    )
+    group_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds after which an incomplete GRPO group is trained as a smaller one",
+        json_schema_extra={"flag": "group-timeout", "live": "when an incomplete group is trained as a smaller one"},
+    )
+
+
+class LearnerOptions(BaseModel):
+    """The learner: where and in what precision it runs, and the objective it optimises."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: Literal["grpo", "ppo"] = Field(
+        default="grpo", description="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)"
     )
     lr: float = Field(
         default=0.001,
@@ -197,13 +252,6 @@ class ServerSettings(BaseModel):
         ge=0,
         description="entropy bonus at trained tokens (0 = off)",
         json_schema_extra={"live": "the entropy bonus, from the next step"},
-    )
-    stale_policy: Literal["drop", "downweight"] = Field(
-        default="drop",
-        description="an episode past --max-staleness by the time it is trained: drop or downweight",
-        json_schema_extra={
-            "live": "what happens to an episode past the bound when its batch is built, from the next batch"
-        },
     )
     off_policy: Literal["decoupled", "tis", "none"] = Field(
         default="decoupled",
@@ -239,88 +287,70 @@ class ServerSettings(BaseModel):
         default=0.95, ge=0, le=1, description="PPO: GAE lambda", json_schema_extra={"flag": "gae-lambda"}
     )
     vf_coef: float = Field(default=0.5, ge=0, description="PPO: weight of the critic's loss")
-    mix: dict[str, float] = Field(
-        default_factory=dict,
-        description="task mix: TAG=WEIGHT,... admits (and so trains) episodes of each tag in these proportions",
-        json_schema_extra={
-            "live": "the task mix (tag -> weight) admission keeps trained episodes in, from the next status poll"
-        },
-    )
     advantage_norm: Literal["group", "batch"] = Field(
         default="group", description="PPO: whiten advantages per group of sibling episodes (group) or over the batch"
     )
-    admission_batches: int = Field(
-        default=2,
-        ge=1,
-        description="batches' worth of episodes clients may run ahead of the learner",
-        json_schema_extra={"live": "how many batches' worth of episodes runners are invited to start"},
-    )
-    max_buffered: int | None = Field(
-        default=None,
-        ge=1,
-        description="trajectories held for training before pushes get 429 (default: 4 batches' worth)",
-    )
-    max_buffer_bytes: int = Field(
-        default=2 << 30, ge=1 << 20, description="approximate memory the training buffer may hold before pushes get 429"
-    )
-    group_timeout_s: float = Field(
-        default=600.0,
-        gt=0,
-        description="seconds after which an incomplete GRPO group is trained as a smaller one",
-        json_schema_extra={"flag": "group-timeout", "live": "when an incomplete group is trained as a smaller one"},
-    )
-    default_max_tokens: int = Field(
-        default=512,
-        ge=1,
-        description="completion tokens of a request that sets no max_tokens",
-        json_schema_extra={"live": "the completion limit of requests that set none"},
-    )
-    max_batch: int = Field(default=64, ge=1, description="requests the transformers engine decodes together")
-    max_body_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch a push may send, in bytes"
-    )
-    max_chat_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="largest inference request body, in bytes"
-    )
-    body_timeout_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="seconds a request body may take to arrive",
-        json_schema_extra={"flag": "body-timeout"},
-    )
-    header_timeout_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="seconds a connection may take to send request headers",
-        json_schema_extra={"flag": "header-timeout"},
-    )
-    write_timeout_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="seconds a client may leave a streamed answer unread before it is dropped",
-        json_schema_extra={"flag": "write-timeout"},
-    )
-    max_connections: int | None = Field(
-        default=None, ge=1, description="connections held at once (default: what the open-file limit allows)"
-    )
-    max_request_token_entries: int = Field(
-        default=1 << 20, ge=1024, description="n x max_tokens x (1 + top_logprobs) one request may ask for"
-    )
-    api_keys: list[str] = Field(
-        default_factory=list,
-        description="accepted client keys (from --api-key, --api-key-file and AGENTJET_API_KEYS)",
-        json_schema_extra={"flag": None},
-    )
-    admin_keys: list[str] = Field(
-        default_factory=list,
-        description="accepted admin keys (from --admin-key, --admin-key-file and AGENTJET_ADMIN_KEYS)",
-        json_schema_extra={"flag": None},
-    )
-    require_signed: bool | None = Field(
-        default=None, description="train only turns this server signed (default: on whenever keys are set)"
-    )
-    insecure: bool = Field(default=False, description="serve a non-loopback --host without any API key")
     seed: int = Field(default=0, description="random seed of the learner")
+    learner_devices: str | None = Field(
+        default=None,
+        description="the learner's device; under torchrun one per local rank, comma-separated (default: --device)",
+    )
+    learner_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)"
+    )
+    optimizer_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="weights, gradients and AdamW state: float32, or bfloat16 (half the memory)"
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="keep only each layer's input and recompute the rest in the backward pass"
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
+        "optimizer step on the CPU (slower steps, a fraction of the GPU memory)",
+    )
+    lora_rank: int = Field(
+        default=0, ge=0, description="train a LoRA adapter of this rank on the frozen model (0: train every weight)"
+    )
+    lora_alpha: float | None = Field(
+        default=None, gt=0, description="LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)"
+    )
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA: dropout on the adapter's input")
+    lora_targets: str = Field(
+        default="all-linear", description="LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)"
+    )
+    micro_batch_tokens: int = Field(
+        default=8192, ge=64, description="tokens per learner micro-batch (activation memory grows with it)"
+    )
+    memory_budget_gb: float | None = Field(
+        default=None, gt=0, description="plan for this many GiB per device instead of the device's total memory"
+    )
+    memory_check: bool = Field(
+        default=True, description="refuse to start when the memory plan does not fit (--no-memory-check: start anyway)"
+    )
+
+
+class StateOptions(BaseModel):
+    """The run's state on disk and what it reports: checkpoints, metrics, inspectable trajectories."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: Path = Field(
+        default=Path(".agentjet/server"), description="trajectory log and checkpoints; one server per directory"
+    )
+    resume: bool = Field(
+        default=False, description="continue the run in --state-dir from its newest checkpoint, replaying the log"
+    )
+    fresh: bool = Field(default=False, description="discard an earlier run in --state-dir and start over")
+    checkpoint_every: int = Field(
+        default=20,
+        ge=0,
+        description="learner steps between checkpoints (0 = on shutdown only)",
+        json_schema_extra={"live": "steps between checkpoints"},
+    )
+    keep_checkpoints: int = Field(
+        default=2, ge=1, description="checkpoints kept in --state-dir (older ones are deleted)"
+    )
     metrics: bool = Field(
         default=True, description="serve /metrics and the dashboard's history, and write <state-dir>/metrics.jsonl"
     )
@@ -337,6 +367,14 @@ class ServerSettings(BaseModel):
     keep_recent_trajectories: int = Field(
         default=200, ge=0, description="trajectory bodies kept inspectable (dashboard, inspect) after the log compacts"
     )
+
+
+class ServerSettings(StateOptions, LearnerOptions, BatchOptions, EngineOptions, ServingOptions):
+    """Every setting of a server, validated together. Each field is also an option of
+    ``agentjet-server up`` (its flag, type, default and help are generated from the field) and a key
+    of the job file; those marked live can change on a running server (``admin config --set``)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @field_validator("mix", mode="before")
     @classmethod
