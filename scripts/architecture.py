@@ -190,7 +190,7 @@ def public_docstrings() -> list[str]:
             value = getattr(module, name)
             doc = value.__dict__.get("__doc__") if isinstance(value, type) else getattr(value, "__doc__", None)
             if not (doc or "").strip():
-                out.append(f"{package}.{name} is public and has no docstring: say what it is for (the API reference shows it)")
+                out.append(f"{package}.{name} is public and has no docstring: say what it is for (the API reference)")
     return out
 
 
