@@ -13,6 +13,9 @@
 4. No ``getattr``/``hasattr`` on an engine outside ``engine/``: ``Engine`` declares what engines can do.
 5. Every public name (each package's ``__all__``) has a docstring of its own: the API reference of the
    documentation site (``mkdocs.yml``) is generated from them.
+6. Tests mirror modules: each module of the server's ``MIRRORED`` subpackages has
+   ``tests/server/<subpackage>/test_<module>.py``; ``UNMIRRORED`` lists those still without one (it may
+   only shrink).
 
 Prints what breaks a contract and how to mend it; exits 1 if anything does.
 """
@@ -60,6 +63,37 @@ OVERSIZED = {
     "agentjet_server.learner.loop.TrainingLoop": 333,
     "agentjet_client.research.driver.TrialDriver": 287,
 }
+
+
+MIRRORED = ("api", "serving", "ingest", "state", "learner")
+UNMIRRORED = {
+    "api/context",
+    "api/observe",
+    "serving/dialects",
+    "serving/parsing",
+    "serving/prompt",
+    "serving/text",
+    "ingest/bodies",
+    "ingest/body_gate",
+    "ingest/store",
+    "state/recovery",
+    "learner/policy",
+    "learner/resume",
+}
+
+
+def test_mirror() -> list[str]:
+    out = []
+    for sub in MIRRORED:
+        for path in sorted((SOURCES["agentjet_server"] / sub).glob("*.py")):
+            if path.stem == "__init__":
+                continue
+            name, test = f"{sub}/{path.stem}", ROOT / "tests" / "server" / sub / f"test_{path.stem}.py"
+            if not test.exists() and name not in UNMIRRORED:
+                out.append(f"agentjet_server/{name}.py has no {test.relative_to(ROOT)}: its tests go there")
+            elif test.exists() and name in UNMIRRORED:
+                out.append(f"{name} has {test.relative_to(ROOT)} now: take it out of UNMIRRORED")
+    return out
 
 
 def import_circles(package: str) -> list[str]:
@@ -196,7 +230,7 @@ def public_docstrings() -> list[str]:
 
 def main() -> int:
     problems = [f"import circle in {p}: {c}" for p in SOURCES for c in import_circles(p)]
-    problems += layer_breaches() + sizes() + engine_probes() + public_docstrings()
+    problems += layer_breaches() + sizes() + engine_probes() + public_docstrings() + test_mirror()
     for problem in problems:
         print(problem)
     print(f"architecture: {len(problems)} problem(s)" if problems else "architecture: every contract holds")

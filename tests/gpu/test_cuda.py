@@ -180,7 +180,7 @@ def test_learner_attention_on_cuda_groups_heads_only_where_flash_takes_them(mode
 def test_two_gpu_nccl_fsdp_step_equals_single_gpu(model_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from tests.server.test_distributed import run_steps
+    from tests.server.learner.test_distributed import run_steps
 
     run_steps(model_dir, tmp_path / "one.safetensors", 1, "--device", "cuda")
     run_steps(model_dir, tmp_path / "two.safetensors", 2, "--device", "cuda")

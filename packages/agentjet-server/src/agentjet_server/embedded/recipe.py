@@ -17,7 +17,7 @@ tools with random names and parameters, answered by calls that copy them.
 The server ships the three models this recipe built (``embedded/models/``), so every machine serves
 and trains the same bits; ``agentjet-server build-model NAME`` runs the recipe again. Float sums
 differ between CPUs, so a rebuild elsewhere is a slightly different model that learns the same things
-(``tests/server/test_embedded_build.py``).
+(``tests/server/test_embedded.py, run with --slow``).
 """
 
 from __future__ import annotations

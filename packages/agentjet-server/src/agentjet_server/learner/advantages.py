@@ -8,7 +8,7 @@
   values and per-token rewards; ``ppo_advantages`` runs it over a step's micro-batches with the critic's
   values and whitens the result (per group of siblings, or over the batch).
 
-Pure functions, checked against naive loops in ``tests/server/test_advantages.py``.
+Pure functions, checked against naive loops in ``tests/server/learner/test_advantages.py``.
 """
 
 from __future__ import annotations

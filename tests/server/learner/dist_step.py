@@ -1,6 +1,6 @@
 """Two learner steps on a fixed batch, run under torchrun; rank 0 saves the weights.
 
-    torchrun --nproc_per_node 2 tests/server/dist_step.py --model DIR --out W.safetensors [--resume-at 1]
+    torchrun --nproc_per_node 2 tests/server/learner/dist_step.py --model DIR --out W.safetensors [--resume-at 1]
 
 Used by test_distributed.py to compare a sharded step with a single-process one.
 """

@@ -1,6 +1,6 @@
-"""The Responses, Messages and text Completions APIs, served by a real server and driven by the real
-OpenAI and Anthropic SDKs: each answer is the chat answer of the same conversation, in the API's own
-shape, with the same token-exact, signed extension."""
+"""The Responses and Messages APIs, served by a real server and driven by the real OpenAI and Anthropic SDKs:
+each answer is the chat answer of the same conversation, in the API's own shape, with the same token-exact,
+signed extension."""
 
 from __future__ import annotations
 
@@ -11,55 +11,8 @@ import httpx2
 import openai
 import pytest
 
-from agentjet_client.protocol import Trajectory, Turn
 from tests.conftest import MESSAGE_TOOLS, RESPONSE_TOOLS, LiveServer
-
-ASK = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-@pytest.fixture(scope="module")
-def sdk(live_server):
-    with openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused") as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def claude(live_server):
-    with anthropic.Anthropic(base_url=live_server.url, api_key="unused") as client:
-        yield client
-
-
-def chat_ext(sdk, **kw):
-    reply = sdk.chat.completions.create(model="agentjet-tiny", **kw)
-    return reply.choices[0], reply.choices[0].model_extra["agentjet"]
-
-
-def accepted(live_server, ext, tag: str) -> str:
-    """Push a turn built from ``ext`` (as the client would): the server's answer for it."""
-    turn = Turn(
-        policy_version=ext["policy_version"],
-        prompt_token_ids=ext["prompt_token_ids"],
-        completion_token_ids=ext["completion_token_ids"],
-        completion_logprobs=ext["completion_logprobs"],
-        completion_versions=ext["completion_versions"],
-        finish_reason=ext["finish_reason"],
-        signature=ext["signature"],
-    )
-    batch = {"trajectories": [Trajectory(id=f"api-{tag}", task_id=f"api-{tag}", turns=[turn], reward=1.0).model_dump()]}
-    return str(httpx2.post(live_server.url + "/v1/trajectories", json=batch).json()["results"][0]["status"])
-
-
-def sse_events(response: httpx2.Response) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
-    events, kind = [], None
-    for line in response.iter_lines():
-        if line.startswith("event:"):
-            kind = line[6:].strip()
-        elif line.startswith("data:"):
-            events.append((kind, json.loads(line[5:])))
-    return events
-
-
-# ------------------------------------------------------------------------------------ Responses
+from tests.server.api.calls import ASK, accepted, chat_ext, sse_events
 
 
 def test_responses_answer_is_the_chat_answer_with_its_extension(live_server, sdk):
@@ -128,9 +81,6 @@ def test_responses_sdk_stream_and_refusals(sdk):
         kw = {"model": "agentjet-tiny", "input": "hi", **extra}
         with pytest.raises(openai.BadRequestError, match=says):
             sdk.responses.create(**kw)
-
-
-# ------------------------------------------------------------------------------------- Messages
 
 
 def test_messages_answer_is_the_chat_answer(live_server, claude, sdk):
@@ -211,45 +161,3 @@ def test_messages_refusals_and_x_api_key(model_dir, claude):
                 wrong.messages.create(model="agentjet-tiny", max_tokens=3, messages=ASK)
     finally:
         server.stop()
-
-
-# ----------------------------------------------------------------------------------- Completions
-
-
-def test_completions_of_the_rendered_prompt_are_the_chat_answer(live_server, sdk):
-    chat, ext = chat_ext(sdk, messages=ASK, max_tokens=6, seed=9, logprobs=True)
-    text = live_server.engine.chat.decode_all(ext["prompt_token_ids"])
-    reply = sdk.completions.create(model="agentjet-tiny", prompt=text, max_tokens=6, seed=9, logprobs=2)
-    choice = reply.choices[0]
-    mine = choice.model_extra["agentjet"]
-    assert mine["prompt_token_ids"] == ext["prompt_token_ids"]  # special tokens in the text are parsed as such
-    assert mine["completion_token_ids"] == ext["completion_token_ids"] and choice.text == (chat.message.content or "")
-    assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == reply.usage.completion_tokens
-    assert choice.logprobs.token_logprobs == pytest.approx(ext["completion_logprobs"])
-    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
-    assert accepted(live_server, mine, "completions") == "accepted"
-    by_ids = sdk.completions.create(model="agentjet-tiny", prompt=ext["prompt_token_ids"], max_tokens=6, seed=9)
-    assert by_ids.choices[0].model_extra["agentjet"]["completion_token_ids"] == ext["completion_token_ids"]
-
-
-def test_completions_several_prompts_stream_and_refusals(sdk):
-    many = sdk.completions.create(model="agentjet-tiny", prompt=["Hello", "World"], n=2, max_tokens=3, seed=1)
-    assert [c.index for c in many.choices] == [0, 1, 2, 3]
-    kw = {"model": "agentjet-tiny", "prompt": "Once upon", "max_tokens": 8, "seed": 6}
-    whole = sdk.completions.create(**kw).choices[0]
-    parts, ext, usage = [], None, None
-    for chunk in sdk.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
-        usage = chunk.usage or usage
-        for c in chunk.choices:
-            parts.append(c.text)
-            ext = c.model_extra.get("agentjet") or ext
-    assert (
-        "".join(parts) == whole.text
-        and ext["completion_token_ids"] == whole.model_extra["agentjet"]["completion_token_ids"]
-    )
-    assert usage.completion_tokens == len(ext["completion_token_ids"])
-    for extra, says in [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of")]:
-        with pytest.raises(openai.BadRequestError, match=says):
-            sdk.completions.create(**{**kw, **extra})
-    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
-        sdk.completions.create(model="agentjet-tiny", prompt=[10**7], max_tokens=2)

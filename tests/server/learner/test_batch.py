@@ -1,0 +1,53 @@
+"""Building a batch from groups: groups without signal and failed episodes left out, staleness measured again,
+PPO's rewards placed on tokens."""
+
+from __future__ import annotations
+
+from agentjet_client.protocol import Trajectory
+from agentjet_server.engine.tokens import load_tokenizer
+from agentjet_server.learner.batch import build_batch
+from tests.server.learner.groups import _turn, make_group
+
+
+def test_build_batch_skips_groups_without_signal_and_failed_episodes(model_dir):
+    tok = load_tokenizer(model_dir)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    _, group = make_group(tok, model, "What is 1 + 2?", 3, 0)
+    flat = [t.model_copy(update={"reward": 1.0}) for t in group]
+    assert build_batch([flat]).sequences == []
+    failed = [t.model_copy(update={"status": "failed"}) for t in group[:9]] + group[9:]
+    batch = build_batch([failed])
+    assert batch.skipped_groups == 1 and batch.trajectories == 10
+
+
+def test_staleness_is_measured_again_when_the_batch_is_built():
+    """Accepted at lag <= 4, trained at version 9: the episode sampled at v3 is 6 versions old by now."""
+    fresh = [Trajectory(id=f"f{i}", task_id="t", turns=[_turn([1, 2], [5, 6], [8, 9])], reward=i) for i in range(3)]
+    old = Trajectory(id="old", task_id="t", turns=[_turn([1, 2], [7, 6], [3, 9])], reward=5.0)
+    group = [*fresh, old]
+    dropped = build_batch([group], version=9, max_staleness=4, stale_policy="drop")
+    assert dropped.stale == 1 and len(dropped.sequences) == 3
+    assert dropped.rewards == [0.0, 1.0, 2.0]  # normalised among the ones that are trained
+    assert all(s.weights == [1.0, 1.0] for s in dropped.sequences)
+    kept = build_batch([group], version=9, max_staleness=4, stale_policy="downweight")
+    assert kept.stale == 0 and len(kept.sequences) == 4 and kept.downweighted == 1
+    # the v3 token is 2 versions past the bound: a quarter of the weight; the v9 token is current
+    assert kept.sequences[-1].weights == [0.25, 1.0] and kept.sequences[-1].versions == [3, 9]
+    assert build_batch([group]).stale == 0  # no version given: nothing to measure against
+
+
+def test_ppo_places_turn_rewards_and_the_episode_reward_on_tokens():
+    """Two turns merged into one timeline: each turn's reward at its last token, the episode's at the end."""
+    first = _turn([1, 2], [5, 6, 7], [0, 0, 0], reward=0.5)
+    second = _turn([1, 2, 5, 6, 7, 3], [8, 9], [0, 0], reward=-0.25)
+    other = _turn([4], [5], [0])  # a second agent: its own timeline, its own reward
+    other = other.model_copy(update={"agent": "critic"})
+    episode = Trajectory(id="e", task_id="t", turns=[first, second, other], reward=1.0, agent_rewards={"critic": 2.0})
+    batch = build_batch([[episode]], algorithm="ppo")  # a group of one is trained: PPO needs no siblings
+    [main, side] = batch.sequences
+    assert main.positions == [2, 3, 4, 6, 7]
+    assert main.rewards == [0.0, 0.0, 0.5, 0.0, -0.25 + 1.0]
+    assert side.rewards == [2.0]
+    assert batch.skipped_groups == 0 and main.advantages == [0.0] * 5  # the learner computes them (GAE)
