@@ -37,7 +37,7 @@ def test_the_server_mix_sets_what_each_task_family_gets_trained(model_dir, tmp_p
                 runs.append((client, Runner(client, family(tag), config, spool=Spool(tmp_path / tag))))
             jobs = [asyncio.create_task(runner.run()) for _, runner in runs]
             deadline = time.monotonic() + 240
-            while server.runtime.loop.tag_figures()[0].total() < target:
+            while server.runtime.loop.tags.figures()[0].total() < target:
                 assert time.monotonic() < deadline and not any(job.done() for job in jobs)
                 await asyncio.sleep(0.2)
             for _, runner in runs:

@@ -74,7 +74,7 @@ class Admission:
         is held back, so trained batches follow the mix."""
         s = self.settings
         buffered = self.buffer.buffered_by_tag()
-        trained, sums = self.loop.tag_figures()
+        trained, sums = self.loop.tags.figures()
         accepted = self.store.accepted_by_tag.copy()
         out: dict[str, TagInfo] = {}
         for tag in sorted({*accepted, *buffered, *trained, *s.mix}):

@@ -29,7 +29,7 @@ from agentjet_server.learner import distributed
 from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
-from agentjet_server.observe.metrics import StepRecord, batch_figures
+from agentjet_server.observe.metrics import StepRecord, TagFigures, batch_figures, step_record
 
 logger = logging.getLogger(__name__)
 
@@ -53,24 +53,20 @@ class TrainingLoop:
         self.learner = learner
         self.buffer = buffer
         self.engine = engine
-        # (policy version, learner step) of the weights the engine serves, replaced as one value so a
-        # reader never sees a step whose weights are not live yet (the learner counts a step before
-        # its weights are gathered and pushed)
+        # (policy version, learner step) of the weights served, replaced as one value: a reader never sees a
+        # step whose weights are not live yet (the learner counts a step before its weights are pushed)
         self.live = (version, learner.steps)
         self.last: StepStats | None = None
         self.skipped_batches = 0
         self.error: str | None = None
-        # staleness at training time: the bound (changed live through the admin API) and what
-        # happens to an episode past it; counts of what it did, and the lag of every trained token
+        # staleness at training time: the bound (live through the admin API), what happens to an episode past
+        # it, counts of what it did, and the lag of every trained token
         self.max_staleness = max_staleness
         self.stale_policy: StalePolicy = stale_policy
         self.stale_at_training = 0
         self.downweighted_tokens = 0
         self.trained_lag: Counter[int] = Counter()
-        # per task tag: episodes taken into a step, and the sums of their rewards and version lags
-        self.trained_by_tag: Counter[str] = Counter()
-        self.tag_sums: dict[str, list[float]] = {}  # tag -> [complete episodes, reward sum, lag sum]
-        self._tags_lock = threading.Lock()
+        self.tags = TagFigures()  # per task tag: episodes taken into a step, their rewards and lags
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
         self._save = save
@@ -229,59 +225,14 @@ class TrainingLoop:
                 logger.info("checkpoint at step %d written: the state dir accepts writes again", self.saved_step)
                 self.error = None
 
-    def tag_figures(self) -> tuple[Counter[str], dict[str, tuple[float, float, float]]]:
-        """Copies of ``trained_by_tag`` and ``tag_sums`` (the learner thread updates them)."""
-        with self._tags_lock:
-            return self.trained_by_tag.copy(), {k: (v[0], v[1], v[2]) for k, v in self.tag_sums.items()}
-
-    def _count_tags(self, groups: list[list[Trajectory]]) -> None:
-        with self._tags_lock:
-            self._count_tags_locked(groups)
-
-    def _count_tags_locked(self, groups: list[list[Trajectory]]) -> None:
-        for trajectory in (t for group in groups for t in group):
-            tag = trajectory.task_tag or ""
-            self.trained_by_tag[tag] += 1
-            oldest = trajectory.oldest_version
-            if trajectory.status == "complete" and oldest is not None:
-                sums = self.tag_sums.setdefault(tag, [0.0, 0.0, 0.0])
-                sums[0] += 1
-                sums[1] += trajectory.reward
-                sums[2] += max(0, self.version - oldest)
-
-    def _sleep_engine(self) -> float | None:
-        """``--engine-sleep``: the engine frees its device memory for the step; the seconds it took,
-        or None (no sleep mode, or it failed: the step runs beside the awake engine)."""
-        if not self.engine.can_sleep:
-            return None
-        started = time.perf_counter()
-        try:
-            self.engine.sleep()
-        except Exception:
-            logger.exception("the engine could not sleep; this step runs beside it")
-            self._wake_engine()
-            return None
-        return time.perf_counter() - started
-
-    def _wake_engine(self) -> None:
-        try:
-            self.engine.wake()
-        except Exception:
-            logger.exception("the engine could not wake up; it serves again at the next weight update")
-
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         config = self.learner.config
-        batch = build_batch(
-            groups,
-            keep_flat=config.entropy_coef > 0,
-            algorithm=config.algorithm,
-            version=self.version,
-            max_staleness=self.max_staleness,
-            stale_policy=self.stale_policy,
-        )
+        staleness: dict[str, Any] = {"version": self.version, "max_staleness": self.max_staleness}
+        staleness["stale_policy"] = self.stale_policy
+        batch = build_batch(groups, keep_flat=config.entropy_coef > 0, algorithm=config.algorithm, **staleness)
         self.stale_at_training += batch.stale
         self.downweighted_tokens += batch.downweighted
-        self._count_tags(groups)
+        self.tags.count(groups, self.version)
         if batch.stale:
             logger.info("%d episodes aged past the staleness bound while they waited: not trained", batch.stale)
         if not batch.sequences:
@@ -295,7 +246,7 @@ class TrainingLoop:
         batch.included = []  # the other ranks need the sequences only
         # asleep before the other ranks have the batch: none of them starts its step on a device a
         # sleeping engine replica has not freed yet
-        slept = self._sleep_engine()
+        slept = sleep_engine(self.engine)
         new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
         try:
             if self.learner.ctx.enabled:
@@ -314,58 +265,20 @@ class TrainingLoop:
             update_seconds = time.perf_counter() - started
         except BaseException:
             if slept is not None:  # serve on with the weights it had
-                self._wake_engine()
+                wake_engine(self.engine)
             raise
         self.live = (new_version, self.learner.steps)
         self.last = stats
         self.buffer.commit()
         self._on_trained(batch.trajectories)
-        lagged = sum(lag.values())
-        record = StepRecord(
-            step=self.learner.steps,
-            policy_version=new_version,
-            loss=stats.loss,
-            grad_norm=stats.grad_norm,
-            step_seconds=stats.seconds,
-            weight_update_seconds=update_seconds,
-            sequences=stats.sequences,
-            trained_tokens=stats.trained_tokens,
-            processed_tokens=stats.processed_tokens,
-            trajectories=batch.trajectories,
-            mean_reward=stats.mean_reward,
-            approx_kl=stats.extra.get("approx_kl"),
-            clip_fraction=stats.extra.get("clip_fraction"),
-            entropy=stats.extra.get("entropy"),
-            reward_by_tag=by_tag,
-            reward_by_agent=by_agent,
-            lag_mean=sum(k * n for k, n in lag.items()) / lagged if lagged else None,
-            lag_max=max(lag) if lag else None,
-            is_weight_mean=stats.extra.get("is_weight_mean"),
-            is_truncated_fraction=stats.extra.get("is_truncated_fraction"),
-            behaviour_kl=stats.extra.get("behaviour_kl"),
-            kl_reference=stats.extra.get("kl_reference"),
-            value_error=stats.extra.get("value_error"),
-            value_mean=stats.extra.get("value_mean"),
-            stale_dropped=batch.stale,
-            prepare_seconds=stats.prepare_seconds,
-            engine_sleep_seconds=slept,
+        record = step_record(
+            stats, batch, new_version, self.learner.steps, lag, update_seconds, slept, by_tag, by_agent
         )
         try:
             self._on_step(record, lag)
         except Exception:  # figures must never stop training
             logger.exception("recording the step's metrics failed")
-        logger.info(
-            "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
-            self.learner.steps,
-            new_version,
-            stats.loss,
-            stats.mean_reward,
-            stats.sequences,
-            stats.trained_tokens,
-            stats.processed_tokens,
-            batch.call_tokens,
-            stats.seconds,
-        )
+        log_step(stats, self.learner.steps, new_version, batch.call_tokens)
         return stats
 
 
@@ -402,3 +315,40 @@ def worker_loop(learner: Learner, ctx: DistContext, free_cache: bool = False) ->
 
             torch.cuda.empty_cache()
         learner.full_state_dict()
+
+
+def sleep_engine(engine: Engine) -> float | None:
+    """``--engine-sleep``: the engine frees its device memory for the step; the seconds it took, or None
+    (no sleep mode, or it failed: the step runs beside the awake engine)."""
+    if not engine.can_sleep:
+        return None
+    started = time.perf_counter()
+    try:
+        engine.sleep()
+    except Exception:
+        logger.exception("the engine could not sleep; this step runs beside it")
+        wake_engine(engine)
+        return None
+    return time.perf_counter() - started
+
+
+def wake_engine(engine: Engine) -> None:
+    try:
+        engine.wake()
+    except Exception:
+        logger.exception("the engine could not wake up; it serves again at the next weight update")
+
+
+def log_step(stats: StepStats, step: int, version: int, call_tokens: int) -> None:
+    logger.info(
+        "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
+        step,
+        version,
+        stats.loss,
+        stats.mean_reward,
+        stats.sequences,
+        stats.trained_tokens,
+        stats.processed_tokens,
+        call_tokens,
+        stats.seconds,
+    )

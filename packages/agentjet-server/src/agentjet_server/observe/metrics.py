@@ -477,3 +477,76 @@ class Ticker:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+
+
+class TagFigures:
+    """Per task tag, what went into learner steps: episodes, and over the complete ones their count and the
+    sums of their rewards and version lags (the learner thread counts, ``/v1/status`` reads)."""
+
+    def __init__(self) -> None:
+        self.trained: Counter[str] = Counter()
+        self.sums: dict[str, list[float]] = {}  # tag -> [complete episodes, reward sum, lag sum]
+        self._lock = threading.Lock()
+
+    def count(self, groups: list[list[Trajectory]], version: int) -> None:
+        with self._lock:
+            for trajectory in (t for group in groups for t in group):
+                tag = trajectory.task_tag or ""
+                self.trained[tag] += 1
+                oldest = trajectory.oldest_version
+                if trajectory.status == "complete" and oldest is not None:
+                    sums = self.sums.setdefault(tag, [0.0, 0.0, 0.0])
+                    sums[0] += 1
+                    sums[1] += trajectory.reward
+                    sums[2] += max(0, version - oldest)
+
+    def figures(self) -> tuple[Counter[str], dict[str, tuple[float, float, float]]]:
+        """Copies of the counts and sums."""
+        with self._lock:
+            return self.trained.copy(), {k: (v[0], v[1], v[2]) for k, v in self.sums.items()}
+
+
+def step_record(
+    stats: Any,
+    batch: Any,
+    version: int,
+    step: int,
+    lag: Counter[int],
+    update_seconds: float,
+    slept: float | None,
+    by_tag: dict[str, float],
+    by_agent: dict[str, float],
+) -> StepRecord:
+    """The figures of one learner step (``stats``: the learner's ``StepStats``; ``batch``: the batch it
+    trained), for the history, ``/metrics`` and the dashboard."""
+    lagged = sum(lag.values())
+    extra = stats.extra
+    return StepRecord(
+        step=step,
+        policy_version=version,
+        loss=stats.loss,
+        grad_norm=stats.grad_norm,
+        step_seconds=stats.seconds,
+        weight_update_seconds=update_seconds,
+        sequences=stats.sequences,
+        trained_tokens=stats.trained_tokens,
+        processed_tokens=stats.processed_tokens,
+        trajectories=batch.trajectories,
+        mean_reward=stats.mean_reward,
+        approx_kl=extra.get("approx_kl"),
+        clip_fraction=extra.get("clip_fraction"),
+        entropy=extra.get("entropy"),
+        reward_by_tag=by_tag,
+        reward_by_agent=by_agent,
+        lag_mean=sum(k * n for k, n in lag.items()) / lagged if lagged else None,
+        lag_max=max(lag) if lag else None,
+        is_weight_mean=extra.get("is_weight_mean"),
+        is_truncated_fraction=extra.get("is_truncated_fraction"),
+        behaviour_kl=extra.get("behaviour_kl"),
+        kl_reference=extra.get("kl_reference"),
+        value_error=extra.get("value_error"),
+        value_mean=extra.get("value_mean"),
+        stale_dropped=batch.stale,
+        prepare_seconds=stats.prepare_seconds,
+        engine_sleep_seconds=slept,
+    )
