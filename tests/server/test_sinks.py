@@ -128,7 +128,7 @@ def test_a_server_started_with_log_to_tensorboard_writes_its_steps(model_dir, tm
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.conftest import LiveServer
-    from tests.server.test_admin import group, push, wait_for
+    from tests.server.api.test_admin import group, push, wait_for
 
     state = tmp_path / "state"
     server = LiveServer(model_dir, batch_groups=1, group_size=2, state_dir=state, log_to=["tensorboard"])

@@ -149,7 +149,7 @@ FULL_DISK = """
 import json, resource, sys
 from pathlib import Path
 from agentjet_server.errors import StateError
-from tests.server.test_wal import store, traj
+from tests.server.ingest.test_wal import store, traj
 
 where = Path(sys.argv[1])
 s, log, buffered = store(where)
@@ -172,7 +172,7 @@ print(json.dumps({"answers": answers, "buffered": buffered}))
 def test_a_write_a_full_disk_cuts_short_leaves_no_trace(tmp_path):
     """A real file-size limit (what a full disk does to a write): the record that only partly fits is
     answered with an error and cut off, so no later write can publish it under a reused sequence number."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
         [sys.executable, "-c", FULL_DISK, str(tmp_path)],
         capture_output=True,
