@@ -76,12 +76,10 @@ class NotFoundError(RequestError):
 
 class RequestTimeoutError(RequestError):
     status_code = 408
-    error_type = "invalid_request_error"
 
 
 class PayloadTooLargeError(RequestError):
     status_code = 413
-    error_type = "invalid_request_error"
 
 
 class RateLimitError(RequestError):
