@@ -25,6 +25,60 @@ def test_status_commands_print_one_line_summary(live_server):
     assert status["last_error"] is None and isinstance(status["skipped_batches"], int)
 
 
+def _commands(command, path=()):
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+@pytest.mark.parametrize("package", ["agentjet_server", "agentjet_client"])
+def test_every_help_reads_whole_at_80_columns(package):
+    """No option name cut with an ellipsis, no line past 80 columns, every example command of a
+    command's help on one line of its own (so it can be copied), and the text under the summary written
+    to fit (the terminal never wraps a line that the help already broke)."""
+    import importlib
+    import inspect
+
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    app = importlib.import_module(f"{package}.cli").app
+    entry = package.replace("_", "-")
+    seen = 0
+    for path, command in _commands(get_command(app)):
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+        assert out.exit_code == 0, out.output
+        lines = [line.strip(" │") for line in out.output.splitlines()]
+        assert not [line for line in out.output.splitlines() if "…" in line or len(line) > 80], (path, out.output)
+        _summary, _, rest = inspect.cleandoc(command.help or "").partition("\n\n")
+        assert not [line for line in rest.splitlines() if len(line) > 78], (path, rest)
+        for example in (line.strip() for line in (command.help or "").splitlines()):
+            if example.startswith((entry, "torchrun ", "AGENTJET_")):
+                assert example in lines, f"{' '.join(path)} --help breaks the example `{example}`:\n{out.output}"
+                seen += 1
+    assert seen >= 3  # the examples were found and checked
+
+
+def test_up_help_groups_its_options_by_topic():
+    from typer.testing import CliRunner
+
+    from agentjet_server.cli import app
+
+    out = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+    panels = [line.split("─ ")[1].split(" ─")[0] for line in out.splitlines() if line.startswith("╭─ ")]
+    assert panels == [
+        "Options",
+        "Model and engine",
+        "Training",
+        "Batches",
+        "Serving",
+        "Limits",
+        "Security",
+        "State and metrics",
+    ]
+    assert "--no-memory-check" in out and "--memory-check " not in out and "--no-resume" not in out
+
+
 def test_cli_errors_are_one_clear_line():
     out = run("agentjet-server", "up", "--batch-groups", "0")
     assert out.returncode == 2 and "--batch-groups" in out.stderr and "Traceback" not in out.stderr
@@ -161,14 +215,20 @@ def test_a_job_file_sets_up_options_and_flags_override_it(model_dir, tmp_path):
     from tests.conftest import CACHE, ServerProcess
 
     job = tmp_path / "job.toml"
-    job.write_text('batch-groups = 3\ngroup_size = 4\nlr = 0.002\nmax-staleness = 1\nlog_level = "warning"\n')
+    job.write_text(
+        'batch-groups = 3\ngroup_size = 4\nlr = 0.002\nmax-staleness = 1\nlog_level = "warning"\nmetrics = false\n'
+    )
     server = ServerProcess(
-        ["--config", str(job), "--lr", "0.003"], tmp_path / "s.log", env={"AGENTJET_CACHE_DIR": str(CACHE)}
+        ["--config", str(job), "--lr", "0.003", "--no-memory-check"],
+        tmp_path / "s.log",
+        env={"AGENTJET_CACHE_DIR": str(CACHE)},
     )
     try:
         config = httpx2.get(server.url + "/v1/admin/config").json()["config"]
         assert (config["batch_groups"], config["group_size"], config["max_staleness"]) == (3, 4, 1)
         assert config["lr"] == 0.003  # the flag wins
+        # a switch that is on by default: off by its --no- flag, or by its name in the job file
+        assert config["memory_check"] is False and config["metrics"] is False
     finally:
         server.stop()
     printed = (tmp_path / "s.log").read_text()

@@ -85,21 +85,27 @@ def run(
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
 
-    Example: agentjet-client run --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 26000
+    Example:
+    agentjet-client run --code-dir examples/digits --episodes 26000
 
-    With evaluation on held-out tasks every 5 policy versions (the server records the rewards by
-    version and never trains them; the dashboard plots them):
-    agentjet-client run --code-dir examples/digits --episodes 6400 --eval-every 5 --eval-episodes 32
+    With evaluation on held-out tasks every 5 policy versions (the server
+    records those rewards by version and never trains them; the dashboard
+    plots them):
+    agentjet-client run --code-dir examples/digits --episodes 6400 \\
+      --eval-every 5 --eval-episodes 32
 
-    The synchronous baseline (rollout, then train, then rollout; one client per server):
+    The synchronous baseline (rollout, then train, then rollout; one client
+    per server):
     agentjet-client run --code-dir examples/digits --episodes 6400 --sync
 
-    A team on two servers (the executor agent's model on its own server; the others on the first):
-    agentjet-client run --code-dir examples/planner_executor --server http://127.0.0.1:8001
-      --server executor=http://127.0.0.1:8002
+    A team on two servers (the executor agent's model on its own server, the
+    other agents' on the first):
+    agentjet-client run --code-dir examples/planner_executor \\
+      --server http://127.0.0.1:8001 --server executor=http://127.0.0.1:8002
 
-    A cocktail of two task families (each agent's tag; the server's --mix sets the proportions):
-    agentjet-client run --code-dir tasks/math --code-dir tasks/tools --episodes 6400
+    A cocktail of two task families (each agent's tag; the server's --mix
+    sets their proportions):
+    agentjet-client run --code-dir tasks/math --code-dir tasks/tools
     """
     config = RunConfig(
         episodes=episodes,
@@ -127,9 +133,9 @@ def evaluate(
 ) -> None:
     """Run one round of evaluation episodes on the agent's eval_tasks against the served policy.
 
-    The server records each reward by the policy version that sampled it (dashboard, metrics.jsonl)
-    and never trains them. Example:
-    agentjet-client eval --code-dir examples/digits --server http://127.0.0.1:8000 --episodes 64
+    The server records each reward by the policy version that sampled it
+    (dashboard, metrics.jsonl) and never trains them. Example:
+    agentjet-client eval --code-dir examples/digits --episodes 64
     """
     config = RunConfig(concurrency=concurrency, timeout=timeout, eval_only=True, eval_episodes=episodes)
     _run_agent([code_dir], [server], api_key, config, spool_dir, 100_000, False, True, log_level)
@@ -327,7 +333,8 @@ def status(
 ) -> None:
     """Show this client's spool (depth, sent / accepted / duplicate / rejected, last error) and the server's state.
 
-    Example: agentjet-client status --server http://127.0.0.1:8000 --spool-dir ~/.local/share/agentjet/spool
+    Example:
+    agentjet-client status --server http://127.0.0.1:8000
     """
     from agentjet_client.client import normalise_server_url
     from agentjet_client.spool import Spool

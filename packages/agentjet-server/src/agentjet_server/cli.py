@@ -38,17 +38,24 @@ def _describe(error: Any) -> str:
 # environment into ``api_keys``/``admin_keys``) and the logging level; every other option is a field of
 # ``ServerSettings``, generated from it (name, type, default, help): a new setting is one edit there
 UP_EXTRAS = [
-    ("config", Path | None, None, "job file (TOML) holding any of these options by name; flags given here override it"),
+    (
+        "config",
+        Path | None,
+        None,
+        "job file (TOML) holding any of these options by name; flags given here override it",
+        None,
+    ),
     (
         "api_key",
         list[str] | None,
         None,
         "accepted client key (repeatable; visible in ps: prefer AGENTJET_API_KEYS or a file)",
+        "Security",
     ),
-    ("api_key_file", list[Path] | None, None, "file of accepted client keys, one per line (repeatable)"),
-    ("admin_key", list[str] | None, None, "accepted admin key (repeatable)"),
-    ("admin_key_file", list[Path] | None, None, "file of admin keys, one per line"),
-    ("log_level", str, "info", "logging level"),
+    ("api_key_file", list[Path] | None, None, "file of accepted client keys, one per line (repeatable)", "Security"),
+    ("admin_key", list[str] | None, None, "accepted admin key (repeatable)", "Security"),
+    ("admin_key_file", list[Path] | None, None, "file of admin keys, one per line", "Security"),
+    ("log_level", str, "info", "logging level", None),
 ]
 
 
@@ -68,28 +75,46 @@ def _cli_type(annotation: Any) -> Any:
     return core | None if optional else core
 
 
-def _up_signature() -> Signature:
-    from agentjet_server.settings import ServerSettings, flag_of
+def _negated(name: str) -> bool:
+    """A switch that is on by default: ``up`` offers only its ``--no-`` side, as a flag of its own."""
+    from agentjet_server.settings import ServerSettings
 
-    keyword = Parameter.KEYWORD_ONLY
+    return ServerSettings.model_fields[name].default is True
+
+
+def _option(name: str, field: Any, flag: str, panel: str) -> Parameter:
+    """A setting as an option of ``up``. A switch is named by the side that changes its default
+    (``--resume``, ``--no-memory-check``); one that other settings decide (None) has both sides. Names
+    stay short enough to print whole in ``--help`` at 80 columns."""
+    default = None if field.default_factory is not None else field.default
+    kind = _cli_type(field.annotation)
+    if kind is bool and default is True:
+        decls, default = [f"--no-{flag}"], False
+    elif kind in (bool, bool | None):
+        decls = [f"--{flag}/--no-{flag}"] if default is None else [f"--{flag}"]
+    else:
+        decls = [f"--{flag}"]
+    metavar = "<text>" if get_origin(field.annotation) in (list, dict) else None
+    option = typer.Option(*decls, help=field.description, rich_help_panel=panel, metavar=metavar)
+    return Parameter(name, Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
+
+
+def _up_signature() -> Signature:
+    from agentjet_server.settings import ServerSettings, flag_of, panel_of
+
     params = [Parameter("ctx", Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
-    for name, annotation, default, help_text in UP_EXTRAS[:1]:
-        params.append(
-            Parameter(name, keyword, default=default, annotation=Annotated[annotation, typer.Option(help=help_text)])
-        )
+
+    def extra(name: str, annotation: Any, default: Any, help_text: str, panel: str | None) -> Parameter:
+        metavar = "<file>" if name.endswith("_file") else "<key>" if name.endswith("_key") else None
+        option = typer.Option(help=help_text, rich_help_panel=panel, metavar=metavar)
+        return Parameter(name, Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option])
+
+    params.append(extra(*UP_EXTRAS[0]))
     for name, field in ServerSettings.model_fields.items():
         flag = flag_of(name)
-        if flag is None:
-            continue
-        default = None if field.default_factory is not None else field.default
-        kind = _cli_type(field.annotation)
-        decls = [f"--{flag}/--no-{flag}"] if kind in (bool, bool | None) else [f"--{flag}"]
-        option = typer.Option(*decls, help=field.description)
-        params.append(Parameter(name, keyword, default=default, annotation=Annotated[kind, option]))
-    for name, annotation, default, help_text in UP_EXTRAS[1:]:
-        params.append(
-            Parameter(name, keyword, default=default, annotation=Annotated[annotation, typer.Option(help=help_text)])
-        )
+        if flag is not None:
+            params.append(_option(name, field, flag, panel_of(name)))
+    params += [extra(*row) for row in UP_EXTRAS[1:]]
     return Signature(params)
 
 
@@ -109,11 +134,14 @@ def up(ctx: typer.Context, **options: Any) -> None:
     AGENTJET_API_KEYS=client-key-1 agentjet-server up --host 0.0.0.0
     """
     given = {name: value for name, value in options.items() if name != "config"}
+    from agentjet_server.settings import ADMIN_KEYS_ENV, API_KEYS_ENV, ServerSettings, collect_keys
+
+    for name in ServerSettings.model_fields:  # `--no-metrics` given: metrics off
+        if name in given and _negated(name):
+            given[name] = not given[name]
     if options["config"] is not None:
         given = _with_job_file(ctx, options["config"], given)
     logging.basicConfig(level=str(given["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from agentjet_server.settings import ADMIN_KEYS_ENV, API_KEYS_ENV, ServerSettings, collect_keys
-
     extras = {name for name, *_ in UP_EXTRAS}
     fields = {k: v for k, v in given.items() if k not in extras and v is not None}  # None: the setting's default
     try:
@@ -538,10 +566,11 @@ def build_model(
 ) -> None:
     """Build an embedded model from its recipe (the shipped ones were built this way).
 
-    The server ships the three embedded models prebuilt; this runs the recipe again, for a changed
-    spec or to check what a build on this machine learns (tiny and small take about a minute,
-    tools 11-14 minutes on 2 cores). Float sums differ between CPUs, so a build here is close to the
-    shipped model, not bit-identical.
+    The server ships the three embedded models prebuilt; this runs the recipe
+    again, for a changed spec or to check what a build on this machine learns
+    (on 2 idle cores: tiny 15 s, small 25 s, tools about 7 minutes; longer on a
+    busy machine). Float sums differ between CPUs, so a build here is close to
+    the shipped model, not bit-identical.
 
     Example: agentjet-server build-model tools --out /tmp/agentjet-tools
     """

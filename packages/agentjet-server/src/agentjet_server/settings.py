@@ -6,7 +6,7 @@ import ipaddress
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,10 +38,17 @@ def collect_keys(given: list[str], files: list[Path], env_var: str) -> list[str]
     return list(dict.fromkeys(keys))
 
 
-class ServingOptions(BaseModel):
-    """The HTTP server: where it listens, the limits every request is held to, and its keys."""
+class OptionGroup(BaseModel):
+    """A group of settings, listed under its own ``panel`` in ``agentjet-server up --help``."""
 
+    panel: ClassVar[str]
     model_config = ConfigDict(extra="forbid")
+
+
+class ServingOptions(OptionGroup):
+    """The HTTP server: where it listens and how long it waits for a slow peer."""
+
+    panel: ClassVar[str] = "Serving"
 
     host: str = Field(default="127.0.0.1", description="interface to listen on")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
@@ -66,6 +73,13 @@ class ServingOptions(BaseModel):
         description="seconds a client may leave a streamed answer unread before it is dropped",
         json_schema_extra={"flag": "write-timeout"},
     )
+
+
+class LimitOptions(OptionGroup):
+    """What one request may ask of the server."""
+
+    panel: ClassVar[str] = "Limits"
+
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch a push may send, in bytes"
     )
@@ -81,6 +95,13 @@ class ServingOptions(BaseModel):
         description="completion tokens of a request that sets no max_tokens",
         json_schema_extra={"live": "the completion limit of requests that set none"},
     )
+
+
+class SecurityOptions(OptionGroup):
+    """Who may call the server, and which turns it trains."""
+
+    panel: ClassVar[str] = "Security"
+
     api_keys: list[str] = Field(
         default_factory=list,
         description="accepted client keys (from --api-key, --api-key-file and AGENTJET_API_KEYS)",
@@ -97,10 +118,10 @@ class ServingOptions(BaseModel):
     insecure: bool = Field(default=False, description="serve a non-loopback --host without any API key")
 
 
-class EngineOptions(BaseModel):
+class EngineOptions(OptionGroup):
     """The model and the engine that serves it."""
 
-    model_config = ConfigDict(extra="forbid")
+    panel: ClassVar[str] = "Model and engine"
 
     model: Path | None = Field(default=None, description="local Hugging Face model dir (default: embedded tiny model)")
     model_name: str | None = Field(default=None, description="name served in /v1/models")
@@ -154,10 +175,10 @@ class EngineOptions(BaseModel):
     )
 
 
-class BatchOptions(BaseModel):
+class BatchOptions(OptionGroup):
     """How pushed trajectories become batches: groups, staleness, admission, the task mix."""
 
-    model_config = ConfigDict(extra="forbid")
+    panel: ClassVar[str] = "Batches"
 
     batch_groups: int = Field(
         default=10,
@@ -215,10 +236,10 @@ class BatchOptions(BaseModel):
     )
 
 
-class LearnerOptions(BaseModel):
+class LearnerOptions(OptionGroup):
     """The learner: where and in what precision it runs, and the objective it optimises."""
 
-    model_config = ConfigDict(extra="forbid")
+    panel: ClassVar[str] = "Training"
 
     algorithm: Literal["grpo", "ppo"] = Field(
         default="grpo", description="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)"
@@ -330,10 +351,10 @@ class LearnerOptions(BaseModel):
     )
 
 
-class StateOptions(BaseModel):
+class StateOptions(OptionGroup):
     """The run's state on disk and what it reports: checkpoints, metrics, inspectable trajectories."""
 
-    model_config = ConfigDict(extra="forbid")
+    panel: ClassVar[str] = "State and metrics"
 
     state_dir: Path = Field(
         default=Path(".agentjet/server"), description="trajectory log and checkpoints; one server per directory"
@@ -352,7 +373,9 @@ class StateOptions(BaseModel):
         default=2, ge=1, description="checkpoints kept in --state-dir (older ones are deleted)"
     )
     metrics: bool = Field(
-        default=True, description="serve /metrics and the dashboard's history, and write <state-dir>/metrics.jsonl"
+        default=True,
+        description="serve /metrics and the dashboard's history, and write metrics.jsonl in --state-dir"
+        " (--no-metrics: none of these)",
     )
     metrics_interval_s: float = Field(
         default=60.0,
@@ -369,7 +392,9 @@ class StateOptions(BaseModel):
     )
 
 
-class ServerSettings(StateOptions, LearnerOptions, BatchOptions, EngineOptions, ServingOptions):
+class ServerSettings(
+    StateOptions, SecurityOptions, LimitOptions, ServingOptions, BatchOptions, LearnerOptions, EngineOptions
+):
     """Every setting of a server, validated together. Each field is also an option of
     ``agentjet-server up`` (its flag, type, default and help are generated from the field) and a key
     of the job file; those marked live can change on a running server (``admin config --set``)."""
@@ -485,6 +510,26 @@ def flag_of(name: str) -> str | None:
     extra = ServerSettings.model_fields[name].json_schema_extra
     flag = extra.get("flag", name.replace("_", "-")) if isinstance(extra, dict) else name.replace("_", "-")
     return flag if isinstance(flag, str) else None
+
+
+# ServerSettings' bases, in the order ``up --help`` lists their panels
+OPTION_GROUPS: tuple[type[OptionGroup], ...] = (
+    EngineOptions,
+    LearnerOptions,
+    BatchOptions,
+    ServingOptions,
+    LimitOptions,
+    SecurityOptions,
+    StateOptions,
+)
+
+
+def panel_of(name: str) -> str:
+    """The heading a setting is listed under in ``up --help``: that of the options class declaring it."""
+    for group in OPTION_GROUPS:
+        if name in group.model_fields:
+            return group.panel
+    raise KeyError(name)
 
 
 def live_settings() -> dict[str, str]:

@@ -36,11 +36,14 @@ def run(
 ) -> None:
     """Run a study: each trial its own server and client, early stopping, crash resume, a report.
 
-    Example (the worked study in docs/research.md: two learning rates x two group sizes on the demo):
-    agentjet-client research run examples/research/digits_study.toml --out runs/digits
+    Example (the worked study in docs/research.md: two learning rates x two
+    group sizes on the demo):
+    agentjet-client research run examples/research/digits_study.toml \\
+      --out runs/digits
 
-    Killed or interrupted, the same command continues: finished trials are kept, running ones are
-    re-attached or resumed from their checkpoints. Watch it from another shell with
+    Killed or interrupted, the same command continues: finished trials are
+    kept, running ones are re-attached or resumed from their checkpoints.
+    Watch it from another shell with
     agentjet-client research status runs/digits
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
