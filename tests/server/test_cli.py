@@ -1,5 +1,6 @@
 """The two CLIs' status commands and their error lines, as a user runs them."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,16 @@ def test_the_admin_cli_steers_a_running_server(model_dir, tmp_path):
         assert out.returncode == 2 and "401" in out.stderr and "AGENTJET_ADMIN_KEY" in out.stderr
         out = run("agentjet-server", "admin", "pause", *url, "--api-key", "client-key-123")
         assert out.returncode == 2 and "403" in out.stderr and "admin key" in out.stderr
+        # the caller's variables: a client's exported key is enough for status, and sent to an admin
+        # route it gets the 403 that says an admin key is needed (not a 401 for no key at all)
+        client_env = {**os.environ, "AGENTJET_API_KEY": "client-key-123"}
+        client_env.pop("AGENTJET_ADMIN_KEY", None)
+        for command, code in ((["status"], 0), (["admin", "pause"], 2)):
+            out = subprocess.run(
+                [str(BIN / "agentjet-server"), *command, *url], capture_output=True, text=True, env=client_env
+            )
+            assert out.returncode == code, out.stdout + out.stderr
+        assert "403" in out.stderr and "needs an admin key; this is a client key" in out.stderr
         admin = [*url, "--api-key", "admin-key-456"]
         assert "paused" in run("agentjet-server", "admin", "pause", *admin).stdout
         out = run("agentjet-server", "admin", "config", *admin, "--set", "lr=0.0005", "--set", "max-staleness=2")

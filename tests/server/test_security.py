@@ -130,6 +130,19 @@ def test_replayed_samples_stay_refused_after_a_restart(model_dir, tmp_path):
         again.stop()
 
 
+def test_admin_calls_to_a_server_without_admin_keys_say_how_to_add_one(model_dir):
+    server = LiveServer(model_dir, api_keys=[CLIENT_KEY])
+    try:
+        r = httpx2.post(server.url + "/v1/admin/pause", headers={"authorization": f"Bearer {CLIENT_KEY}"})
+        error = r.json()["error"]
+        assert r.status_code == 403 and error["code"] == "no_admin_keys", r.text
+        assert "this server has none" in error["message"] and "AGENTJET_ADMIN_KEYS" in error["message"]
+        r = httpx2.get(server.url + "/v1/status", headers={"authorization": f"Bearer {CLIENT_KEY}"})
+        assert r.status_code == 200  # the client key still does what client keys do
+    finally:
+        server.stop()
+
+
 def test_a_server_without_keys_accepts_unsigned_turns_unless_told(model_dir):
     settings = ServerSettings()
     assert not settings.signatures_required

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentjet_server.admin_client import AdminClient, as_toml
+from agentjet_server.admin_client import CALLER_KEY_ENVS, AdminClient, as_toml
 from agentjet_server.errors import AgentJetServerError
 
 err = Console(stderr=True, soft_wrap=True)
@@ -22,7 +22,12 @@ def _fail(message: str) -> None:
 
 _SERVER = Annotated[str, typer.Option(help="the server's base URL")]
 _KEY = Annotated[
-    str | None, typer.Option(help="API key (admin commands need an admin key)", envvar="AGENTJET_ADMIN_KEY")
+    str | None,
+    typer.Option(
+        help="the key to send: admin commands need an admin key, status any key",
+        envvar=CALLER_KEY_ENVS,
+        show_envvar=True,
+    ),
 ]
 
 
@@ -47,7 +52,8 @@ def status(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> N
 
 admin = typer.Typer(
     no_args_is_help=True,
-    help="Steer a running server through its admin API (an admin key when keys are set: AGENTJET_ADMIN_KEY).",
+    help="Steer a running server through its admin API (with keys set: an admin key, from --api-key or"
+    " AGENTJET_ADMIN_KEY).",
 )
 
 

@@ -13,7 +13,11 @@ import httpx2
 from agentjet_client.protocol import ErrorResponse
 from agentjet_server.errors import AgentJetServerError
 
+# the key a caller sends: its role's variable first; a server takes an admin key wherever a client key
+# does, and a client key sent to an admin route gets a 403 that says so
 ADMIN_KEY_ENV = "AGENTJET_ADMIN_KEY"
+API_KEY_ENV = "AGENTJET_API_KEY"
+CALLER_KEY_ENVS = [ADMIN_KEY_ENV, API_KEY_ENV]
 
 
 class AdminRequestError(AgentJetServerError):
@@ -23,7 +27,7 @@ class AdminRequestError(AgentJetServerError):
 class AdminClient:
     def __init__(self, server: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.server = server.rstrip("/").removesuffix("/v1")
-        key = api_key or os.environ.get(ADMIN_KEY_ENV)
+        key = api_key or next(filter(None, map(os.environ.get, CALLER_KEY_ENVS)), None)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx2.Client(base_url=self.server, headers=headers, timeout=timeout)
 
@@ -38,7 +42,7 @@ class AdminClient:
             message = ErrorResponse.message_of(response.text)
             hint = ""
             if response.status_code == 401:
-                hint = f" (pass --api-key or set {ADMIN_KEY_ENV})"
+                hint = f" (pass --api-key, or set {ADMIN_KEY_ENV} or {API_KEY_ENV})"
             raise AdminRequestError(f"{method} {path}: {response.status_code}: {message}{hint}")
         return response.json()
 

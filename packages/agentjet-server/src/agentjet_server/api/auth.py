@@ -33,6 +33,13 @@ def authorize(request: Request, admin: bool = False) -> None:
         return
     if not _key_in(token, settings.api_keys):
         raise AuthenticationError("the API key is not valid for this server", code="invalid_api_key")
+    if admin and not settings.admin_keys:
+        raise PermissionDeniedError(
+            f"{request.url.path} needs an admin key, and this server has none (it was started with client keys "
+            "only). Restart it with an admin key (AGENTJET_ADMIN_KEYS=... or --admin-key-file FILE, and --resume "
+            "to continue the run) and send that key",
+            code="no_admin_keys",
+        )
     if admin:
         raise PermissionDeniedError(
             f"{request.url.path} needs an admin key; this is a client key (client keys can infer, push "
