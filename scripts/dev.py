@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up a virtual environment and run the demo or the tests. Needs only Python 3.11+.
 
-    python3 scripts/dev.py demo        # server with the embedded model + a client that trains it
+    python3 scripts/dev.py demo        # server with the embedded model + a client that trains it (--help)
     python3 scripts/dev.py test        # the whole test suite: the main suite, then the vLLM suite
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
@@ -16,6 +16,7 @@ is why it does not share .venv.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -116,30 +117,46 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0) 
     sys.exit(f"the server did not answer on {url} within {limit:.0f}s")
 
 
-def demo(port: int = 8765, episodes: int = 26000) -> None:
-    ensure_env(tests=False)
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [str(BIN / "agentjet-server"), "up", "--port", str(port), "--log-level", "warning", "--fresh"]
+DEMO_DIR = ROOT / ".agentjet" / "demo"  # the demo's own state and spool: a run of yours elsewhere is never touched
+
+
+def demo_args(args: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python3 scripts/dev.py demo",
+        description="Serve the embedded tiny model and train it with the digits agent (examples/digits): the mean "
+        "reward starts at chance (0.1), moves after 5,000-8,000 episodes and ends near 0.9 "
+        "(26,000 episodes, about 90 s on 2 cores). The dashboard shows it live.",
     )
+    parser.add_argument("--quick", action="store_true", help="two digits (3 and 8), 3,000 episodes: learns in ~20 s")
+    parser.add_argument("--episodes", type=int, help="episodes to run (default: 26,000; 3,000 with --quick)")
+    parser.add_argument("--port", type=int, default=8765, help="the server's port (default: 8765)")
+    parser.add_argument("--yes", action="store_true", help="start over without asking when a demo run is there")
+    return parser.parse_args(args)
+
+
+def demo(args: list[str]) -> None:
+    options = demo_args(args)
+    episodes = options.episodes or (3000 if options.quick else 26000)
+    state = DEMO_DIR / "server"
+    if state.exists():
+        print(f"an earlier demo run is in {state.relative_to(ROOT)}; this demo starts over and replaces it")
+        if sys.stdin.isatty() and not options.yes and input("go on? [Y/n] ").strip().lower() not in ("", "y", "yes"):
+            sys.exit("kept it; move it away (or serve it: agentjet-server up --state-dir ... --resume) and run again")
+    ensure_env(tests=False)
+    url = f"http://127.0.0.1:{options.port}"
+    up = ["up", "--port", str(options.port), "--log-level", "warning", "--state-dir", str(state), "--fresh"]
+    server = subprocess.Popen([str(BIN / "agentjet-server"), *up])
+    env = {**os.environ, "AGENTJET_DIGITS": "3,8"} if options.quick else None
     try:
         wait_healthy(url, server)
-        sh(
-            str(BIN / "agentjet-client"),
-            "run",
-            "--code-dir",
-            str(ROOT / "examples" / "digits"),
-            "--server",
-            url,
-            "--episodes",
-            str(episodes),
-            "--seed",
-            "0",
-            "--eval-every",  # evaluation rounds: the reward of the policy itself, by policy version
-            "25",
-            "--eval-episodes",
-            "50",
-        )
+        print(f"training: {episodes:,} episodes; watch it on the dashboard at {url}/", flush=True)
+        run = ["run", "--code-dir", str(ROOT / "examples" / "digits"), "--server", url, "--episodes", str(episodes)]
+        run += ["--seed", "0", "--spool-dir", str(DEMO_DIR / "spool")]
+        # evaluation rounds: the reward of the policy itself, by policy version
+        run += ["--eval-every", "5" if options.quick else "25", "--eval-episodes", "50"]
+        code = subprocess.run([str(BIN / "agentjet-client"), *run], env=env).returncode
+        if code:
+            sys.exit(code)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -226,8 +243,11 @@ def main() -> None:
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
+    if command != "demo" and extra[:1] in (["-h"], ["--help"]) and not command.startswith("test"):
+        print(__doc__)
+        return
     if command == "demo":
-        demo()
+        demo(extra)
     elif command == "setup":
         ensure_env()
     elif command == "lint":
