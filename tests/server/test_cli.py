@@ -212,6 +212,49 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
     assert missing.returncode == 2 and "no trajectory nope in the log" in " ".join(missing.stderr.split())
 
 
+def test_inspect_knows_the_model_a_run_started_from_and_where_no_run_is(tmp_path):
+    """Before the first checkpoint, --recompute uses the model the server serves (here the tools model, not
+    the default tiny one), so the recomputed log-probs agree with the sampled ones; a checkpoint's model
+    dir served again is named after its run and step; and a directory with no server state says so."""
+    from agentjet_client import SwarmClient
+    from tests.conftest import ServerProcess
+
+    state = tmp_path / "state"
+    server = ServerProcess(["--model-size", "tools", "--state-dir", str(state)], tmp_path / "s.log")
+    try:
+        with SwarmClient(server.url) as client:
+            episode = client.episode("look")
+            ask = [{"role": "user", "content": "Write two as a digit."}]
+            episode.openai().chat.completions.create(model="agentjet-tools", messages=ask, max_tokens=6)
+            episode.close()
+            results = client.submit([episode.to_trajectory(1.0)]).results
+            assert results[0].status == "accepted", results
+        command = [str(BIN / "agentjet-server"), "inspect", "--state-dir", str(state), "--recompute"]
+        env = {**os.environ, "COLUMNS": "400"}
+        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)  # while it runs
+        checkpoint = Path(httpx2.post(server.url + "/v1/admin/checkpoint", timeout=120).json()["path"]) / "model"
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stderr
+    assert "weights: " in out.stdout and "embedded/models/agentjet-tools\n" in out.stdout, out.stdout
+    assert "Loading weights" not in out.stderr  # no library progress bars
+    pairs = [line.split()[4:6] for line in out.stdout.splitlines() if "TRAIN" in line]
+    assert pairs and all(abs(float(a) - float(b)) < 1e-3 for a, b in pairs), out.stdout
+
+    again = ServerProcess(["--model", str(checkpoint)], tmp_path / "again.log")
+    try:
+        names = [m["id"] for m in httpx2.get(again.url + "/v1/models").json()["data"]]
+    finally:
+        again.stop()
+    assert names == [f"agentjet-tools-step{int(checkpoint.parent.name.removeprefix('step-'))}"]
+    printed = (tmp_path / "s.log").read_text()  # what a stopped server says (here: SIGTERM)
+    assert "shutting down" in printed and f"newest checkpoint {checkpoint.parent}" in printed, printed
+    assert "memory plan" not in printed  # on the CPU only at --log-level debug
+
+    out = run("agentjet-server", "inspect", "--state-dir", str(tmp_path / "nowhere"))
+    assert out.returncode == 2 and "no server state here" in out.stderr and "--state-dir" in out.stderr
+
+
 def test_a_job_file_sets_up_options_and_flags_override_it(model_dir, tmp_path):
     from tests.conftest import CACHE, ServerProcess
 

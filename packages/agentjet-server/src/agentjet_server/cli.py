@@ -6,7 +6,7 @@ import logging
 import sys
 from inspect import Parameter, Signature
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, NoReturn, get_args, get_origin
 
 import typer
 from pydantic import ValidationError
@@ -21,7 +21,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swa
 console = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     console.print(f"[red]error:[/red] {escape(message)}")  # messages quote [extras] and paths
     raise typer.Exit(code=2)
 
@@ -196,11 +196,16 @@ def _with_job_file(ctx: typer.Context, path: Path, given: dict[str, Any]) -> dic
     return out
 
 
-def effective_configuration(settings: Any) -> str:
-    """The settings as ``key = value`` lines (TOML: usable as a job file), keys redacted."""
+def effective_configuration(settings: Any, changed_only: bool = False) -> str:
+    """The settings as ``key = value`` lines (TOML: usable as a job file), keys redacted; with
+    ``changed_only`` those that differ from their defaults."""
     from agentjet_server.control import public_settings
 
-    return as_toml(public_settings(settings))
+    shown = public_settings(settings)
+    if changed_only:
+        defaults = public_settings(type(settings).model_construct())
+        shown = {name: value for name, value in shown.items() if value != defaults[name]}
+    return as_toml(shown)
 
 
 def _wrapped(items: list[str], width: int = 118) -> str:
@@ -270,7 +275,8 @@ def _memory_plan(settings: Any, path: Path, ctx: Any) -> Any:
     from agentjet_server import memory
 
     plan = memory.check(settings, path, ctx.device, ctx.world_size, serves=ctx.is_main)
-    if ctx.is_main:
+    # on the CPU nothing is planned that could not fit: the plan is for --log-level debug there
+    if ctx.is_main and (str(ctx.device) != "cpu" or logging.getLogger().isEnabledFor(logging.DEBUG)):
         console.print("[cyan]agentjet[/cyan] memory plan:")
         console.print(escape(plan.describe()), style="dim")
     util = plan.layout.gpu_memory_utilization
@@ -332,8 +338,9 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     try:
         checkpoint = state.resumed
         name = settings.model_name or (
-            EMBEDDED_SPECS[settings.model_size].name if settings.model is None else path.name
+            EMBEDDED_SPECS[settings.model_size].name if settings.model is None else served_name(path)
         )
+        state.record_model(path, name)
         options: dict[str, Any] = {
             "model_name": name,
             "device": settings.engine_devices or ctx.device,
@@ -421,9 +428,14 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     )
     console.print(
         f"[cyan]agentjet[/cyan] dashboard http://{settings.host}:{settings.port}/dashboard  "
-        f"metrics http://{settings.host}:{settings.port}/metrics  effective configuration:"
+        f"metrics http://{settings.host}:{settings.port}/metrics"
     )
-    console.print(escape(_wrapped(effective_configuration(runtime.settings).splitlines())), style="dim")
+    every = logging.getLogger().isEnabledFor(logging.DEBUG)
+    lines = effective_configuration(runtime.settings, changed_only=not every).splitlines()
+    shown = "every setting" if every else "what differs from the defaults (all: `admin config`, --log-level debug)"
+    console.print(f"[cyan]agentjet[/cyan] effective configuration: {shown}")
+    if lines:
+        console.print(escape(_wrapped(lines)), style="dim")
     server = uvicorn.Server(http_config(app, settings))
     holder.append(server)
     server.run()
@@ -480,6 +492,12 @@ def inspect(
     """
     from agentjet_server.observe.inspection import find_trajectory, latest_ids, rows
 
+    if not (state_dir / "log").is_dir():
+        where = "does not exist" if not state_dir.exists() else "holds no trajectory log (log/)"
+        _fail(
+            f"no server state here: {state_dir.resolve()} {where}; run inspect in the directory the server ran in, "
+            "or pass the server's --state-dir"
+        )
     try:
         if trajectory_id is None:
             newest = latest_ids(state_dir, 1)
@@ -497,6 +515,9 @@ def inspect(
     if recompute:
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
         weights = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
         weights.eval()  # type: ignore[no-untyped-call]
@@ -547,13 +568,32 @@ def inspect(
 
 
 def _newest_checkpoint_model(state_dir: Path) -> Path:
-    """Read-only (a running server holds the state dir): the newest checkpoint's model, else the embedded one."""
+    """Read-only (a running server holds the state dir): the newest checkpoint's model, else the model the
+    run started from (as the server noted it in the state dir)."""
+    from agentjet_server.state.checkpoint import recorded_model
+
     done = sorted(p for p in (state_dir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))
     if done and (done[-1] / "model" / "config.json").exists():
         return done[-1] / "model"
-    from agentjet_server.embedded import ensure_embedded_model
+    record = recorded_model(state_dir)
+    if record is not None and Path(record["path"]).is_dir():
+        return Path(record["path"])
+    _fail(
+        f"{state_dir} has no checkpoint yet and no record of the model its run started from (a server older than "
+        "this version, or a moved model); pass that model's directory as --model"
+    )
 
-    return ensure_embedded_model()
+
+def served_name(path: Path) -> str:
+    """The name ``/v1/models`` gives a ``--model`` dir: the dir's own name, and for a checkpoint's ``model``
+    dir the name its run served with the step (``agentjet-tools-step20``)."""
+    if path.name != "model" or not path.parent.name.startswith("step-"):
+        return path.name
+    from agentjet_server.state.checkpoint import recorded_model
+
+    record = recorded_model(path.parent.parent.parent) or {}
+    base = record.get("name") or path.parent.parent.parent.name
+    return f"{base}-step{int(path.parent.name.removeprefix('step-'))}"
 
 
 @app.command(name="build-model")

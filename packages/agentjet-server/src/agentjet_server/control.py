@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -199,7 +200,10 @@ class Controller:
             raise StateError("no checkpoint was written (this server has no state dir)")
         version, _ = self.loop.live
         return CheckpointInfo(
-            step=self.loop.saved_step, policy_version=version, path=str(path), seconds=time.perf_counter() - started
+            step=self.loop.saved_step,
+            policy_version=version,
+            path=str(Path(path).resolve()),
+            seconds=time.perf_counter() - started,
         )
 
     def _record(self, previous: dict[str, Any], changed: dict[str, Any], live: LiveConfiguration) -> None:

@@ -336,7 +336,19 @@ class SwarmRuntime:
 
     def close(self, checkpoint: bool = True) -> None:
         """Stop training (saving a last checkpoint unless ``checkpoint`` is False), then serving."""
+        saving = checkpoint and self.state is not None
+        logger.warning("shutting down: the step in progress ends%s", ", then a last checkpoint" if saving else "")
         self.loop.close(checkpoint=checkpoint)
+        version, step = self.loop.live
+        newest = self.state.latest() if self.state is not None else None
+        logger.warning(
+            "stopped at step %d, policy v%d; %s",
+            step,
+            version,
+            f"newest checkpoint {newest.path.resolve()} (`up --resume` continues from it)"
+            if newest is not None
+            else "no checkpoint written",
+        )
         if self._ticker is not None:
             self._ticker.close()
             self.telemetry.tick(self.snapshot())  # the run's last figures

@@ -2,6 +2,7 @@
 
     <state-dir>/
       LOCK                      held by the running server (one server per state dir)
+      model.json                the model the run started from: its path and served name
       log/                      the trajectory write-ahead log (``wal``)
       metrics.jsonl             the run's metrics history (a line per step, and one a minute)
       checkpoints/step-00000020/
@@ -37,6 +38,18 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 METRICS_FILE = "metrics.jsonl"  # the run's metrics history (``metrics.History``)
+MODEL_RECORD = "model.json"  # the model a run started from
+
+
+def recorded_model(root: Path) -> dict[str, str] | None:
+    """What ``StateDir.record_model`` noted in the state dir ``root`` (read-only: a server may hold it)."""
+    try:
+        record = json.loads((root / MODEL_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 # settings that change what a resumed run computes; a change is allowed but reported
 TRAINING_SETTINGS = ("group_size", "batch_groups", "lr", "clip_low", "clip_high", "max_grad_norm", "entropy_coef")
 
@@ -193,6 +206,14 @@ class StateDir:
         if latest is not None:
             return f"checkpoint at step {latest.meta.step}, policy v{latest.meta.version}"
         return "a trajectory log, no checkpoint yet" if logged else ""
+
+    def record_model(self, path: Path, name: str) -> None:
+        """Note the model this run started from (``inspect`` reads it before the first checkpoint)."""
+        record = {"path": str(path.resolve()), "name": name}
+        try:
+            (self.root / MODEL_RECORD).write_text(json.dumps(record) + "\n")
+        except OSError as exc:
+            raise StateError(f"cannot write {self.root / MODEL_RECORD}: {exc.strerror}; fix --state-dir") from exc
 
     def checkpoints(self) -> list[Path]:
         if not self.checkpoint_dir.is_dir():
