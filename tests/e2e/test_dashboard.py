@@ -80,7 +80,42 @@ def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_tok
             'svg[data-chart="chart-reward"] circle[data-series^="eval: "]', "cs => cs.length"
         )
         assert evals >= 2  # evaluation rounds at two policy versions at least
+        # rewards on an axis from 0 to 1 at least (chance must not look like swings), round ticks, and
+        # a rolling mean over the raw points
+        ticks = page.eval_on_selector_all(
+            'svg[data-chart="chart-reward"] text[data-tick="y"]', "ts => ts.map(t => t.textContent)"
+        )
+        assert ticks[0] == "0" and float(ticks[-1]) >= 1 and all(len(t) <= 4 for t in ticks), ticks
+        assert not [t for t in ticks if t.startswith("-0")], ticks
+        mean = page.eval_on_selector_all(
+            'svg[data-chart="chart-reward"] circle[data-series="train: all tags (mean of 10)"]',
+            "cs => cs.map(c => Number(c.dataset.y))",
+        )
+        rewards = [y for _, y in expected]
+        assert mean == pytest.approx(
+            [sum(rewards[max(0, i - 9) : i + 1]) / len(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
+        )
         assert page.inner_text("#version") == f"policy v{server.status()['policy_version']}"
+
+        # the trajectory browser: filtered by reward and sorted by a column
+        listed = httpx2.get(server.url + "/v1/trajectories?limit=200").json()["trajectories"]
+        page.select_option("#filter-reward", "pos")
+        rows = page.eval_on_selector_all("#trajectory-list tbody tr", "rs => rs.map(r => Number(r.dataset.reward))")
+        assert rows and all(r > 0 for r in rows) and len(rows) == sum(t["reward"] > 0 for t in listed), rows
+        page.select_option("#filter-reward", "")
+        page.click('#trajectory-list th[data-sort="reward"]')  # highest first, then lowest first
+        rows = page.eval_on_selector_all("#trajectory-list tbody tr", "rs => rs.map(r => Number(r.dataset.reward))")
+        assert rows == sorted(rows, reverse=True) and len(rows) == len(listed)
+        page.click('#trajectory-list th[data-sort="reward"]')
+        rows = page.eval_on_selector_all("#trajectory-list tbody tr", "rs => rs.map(r => Number(r.dataset.reward))")
+        assert rows == sorted(rows)
+        page.fill("#filter-text", "digit-3")
+        tasks = page.eval_on_selector_all(
+            "#trajectory-list tbody tr td:nth-child(2)", "ts => ts.map(t => t.textContent)"
+        )
+        assert tasks and all("digit-3" in t and "digit-8" not in t for t in tasks), tasks
+        page.fill("#filter-text", "")
+        page.click('#trajectory-list th[data-sort="received"]')
 
         # the trajectory browser: the newest trajectory, token by token
         newest = httpx2.get(server.url + "/v1/trajectories?limit=1").json()["trajectories"][0]
