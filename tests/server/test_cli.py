@@ -87,6 +87,8 @@ def test_cli_errors_are_one_clear_line():
     assert out.returncode == 2 and "is not a directory" in out.stderr and "Traceback" not in out.stderr
     out = run("agentjet-server", "up", "--model", "/", "--model-size", "small")
     assert out.returncode == 2 and "cannot go with --model" in out.stderr and "Traceback" not in out.stderr
+    out = run("agentjet-server", "up", "--model", "Qwen/Qwen2.5-0.5B-Instruct")  # a hub id: how to get it here
+    assert out.returncode == 2 and "hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir" in " ".join(out.stderr.split())
     out = run("agentjet-server", "up", "--model-size", "huge")
     assert out.returncode == 2 and "--model-size" in out.stderr and "'small'" in out.stderr
     out = run("agentjet-server", "up", "--max-buffer-bytes", "1000")

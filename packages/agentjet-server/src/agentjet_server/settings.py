@@ -428,9 +428,16 @@ class ServerSettings(
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         if self.model is not None and not self.model.exists():
+            hub_id = len(self.model.parts) == 2 and not str(self.model).startswith((".", "/", "~"))
             raise ValueError(
-                f"--model {self.model} does not exist; pass a local Hugging Face model directory, "
-                "or leave --model out to use the embedded default"
+                f"--model {self.model} does not exist"
+                + (
+                    f"; it looks like a Hugging Face hub id, and the server loads local directories only: "
+                    f"download it first (hf download {self.model} --local-dir models/{self.model.name}) and pass "
+                    f"--model models/{self.model.name}"
+                    if hub_id
+                    else "; pass a local Hugging Face model directory, or leave --model out to use the embedded default"
+                )
             )
         if self.model is not None and self.model_size != "tiny":
             raise ValueError(
