@@ -775,6 +775,9 @@ class ServerStatus(_Strict):
     paused: bool = False  # learning paused by the admin API (serving and ingestion go on)
     by_tag: dict[str, TagInfo] = Field(default_factory=dict, description="per task tag ('' for untagged)")
     replicas: list[ReplicaInfo] = Field(default_factory=list, description="engine replicas (--engine-replicas > 1)")
+    run_id: str | None = Field(
+        default=None, description="names the server's run: kept by --resume, new after --fresh or a new state dir"
+    )
 
     def budget_for(self, tag: str | None) -> int:
         """Episodes of task ``tag`` a runner may start now: the tag's own budget under ``--mix``,
@@ -790,7 +793,8 @@ class ServerStatus(_Strict):
         reasons = f" {t.rejected_by_reason}" if t.rejected_by_reason else ""
         return (
             f"model {self.model}  policy v{self.policy_version}  step {self.learner.step}  "
-            f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected}{reasons}  "
+            + (f"reward {self.learner.last_mean_reward:.3f}  " if self.learner.last_mean_reward is not None else "")
+            + f"accepted {t.accepted}  duplicate {t.duplicate}  rejected {t.rejected}{reasons}  "
             f"buffered {t.buffered}  trained {t.trained}  turns verified {t.verified_turns}"
             + (f" (unsigned {t.unsigned_turns})" if t.unsigned_turns else "")
             + f"  admission budget {self.admission_budget}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,8 @@ class SwarmRuntime:
         self.engine = engine
         self.settings = settings
         self.state = state
+        # names this run for clients (their spool is keyed by it): the state dir's, else this process's
+        self.run_id = state.run_id if state is not None else uuid.uuid4().hex[:16]
         self.model_path = model_path
         # the key outlives restarts (what was sampled before one still verifies, also when the
         # server died before anything was pushed); --fresh discards it with the run
@@ -332,6 +335,7 @@ class SwarmRuntime:
             context=self.prompts.context.model_copy(),
             paused=self.loop.paused,
             replicas=[ReplicaInfo(**r) for r in self.engine.replica_status()],
+            run_id=self.run_id,
         )
 
     def close(self, checkpoint: bool = True) -> None:

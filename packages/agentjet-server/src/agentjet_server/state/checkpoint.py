@@ -3,6 +3,8 @@
     <state-dir>/
       LOCK                      held by the running server (one server per state dir)
       model.json                the model the run started from: its path and served name
+      run_id                    names this run: kept by --resume, new after --fresh (clients key their
+                                spool by it, so leftovers meet the run that sampled them)
       log/                      the trajectory write-ahead log (``wal``)
       metrics.jsonl             the run's metrics history (a line per step, and one a minute)
       checkpoints/step-00000020/
@@ -24,6 +26,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +42,7 @@ logger = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 METRICS_FILE = "metrics.jsonl"  # the run's metrics history (``metrics.History``)
 MODEL_RECORD = "model.json"  # the model a run started from
+RUN_ID = "run_id"
 
 
 def recorded_model(root: Path) -> dict[str, str] | None:
@@ -152,6 +156,7 @@ class StateDir:
         self.checkpoint_dir = root / "checkpoints"
         self.resumed: Checkpoint | None = None
         self.resuming = False
+        self.run_id = ""  # set by ``open``
 
     @classmethod
     def open(cls, root: Path, *, resume: bool = False, fresh: bool = False) -> StateDir:
@@ -197,7 +202,20 @@ class StateDir:
         state.checkpoint_dir.mkdir(mode=0o700, exist_ok=True)
         for leftover in state.checkpoint_dir.glob("*.tmp"):  # a checkpoint a crash interrupted
             shutil.rmtree(leftover, ignore_errors=True)
+        state.run_id = state._run_id(keep=resume)
         return state
+
+    def _run_id(self, keep: bool) -> str:
+        """The run's id: the earlier one when it is continued, else a new one (written before serving)."""
+        path = self.root / RUN_ID
+        if keep and path.exists():
+            return path.read_text().strip()
+        run_id = uuid.uuid4().hex[:16]
+        try:
+            path.write_text(run_id + "\n")
+        except OSError as exc:
+            raise StateError(f"cannot write {path}: {exc.strerror}; fix --state-dir") from exc
+        return run_id
 
     def describe_earlier_run(self) -> str:
         # a server that stopped before anything was pushed leaves an empty segment: nothing to resume
