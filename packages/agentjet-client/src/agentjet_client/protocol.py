@@ -735,6 +735,16 @@ class TagInfo(_Strict):
         )
 
 
+class ToolCallInfo(_Strict):
+    """One agent's answers to requests with tools, and how many opened a call the server could not read."""
+
+    answers: int = 0
+    malformed: int = 0
+    by_version: dict[str, list[int]] = Field(
+        default_factory=dict, description="policy version -> [answers, malformed] (the newest versions)"
+    )
+
+
 class ReplicaInfo(_Strict):
     """One engine replica of a server started with ``--engine-replicas N``."""
 
@@ -777,6 +787,9 @@ class ServerStatus(_Strict):
     replicas: list[ReplicaInfo] = Field(default_factory=list, description="engine replicas (--engine-replicas > 1)")
     run_id: str | None = Field(
         default=None, description="names the server's run: kept by --resume, new after --fresh or a new state dir"
+    )
+    tool_calls: dict[str, ToolCallInfo] = Field(
+        default_factory=dict, description="per agent: answers to requests with tools, and malformed calls among them"
     )
 
     def budget_for(self, tag: str | None) -> int:

@@ -98,6 +98,29 @@ def _vocab(model: torch.nn.Module) -> int:
     return int(getattr(config, "vocab_size", 0) or 0)
 
 
+def learner_info(loop: TrainingLoop, settings: ServerSettings, step: int, checkpoint_step: int | None) -> LearnerInfo:
+    """The learner's part of ``/v1/status`` (``step``: read with the served version)."""
+    last = loop.last
+    return LearnerInfo(
+        algorithm=settings.algorithm,
+        step=step,
+        batch_groups=settings.batch_groups,
+        group_size=settings.group_size,
+        max_staleness=settings.max_staleness,
+        last_loss=last.loss if last else None,
+        last_step_seconds=last.seconds if last else None,
+        last_mean_reward=last.mean_reward if last else None,
+        skipped_batches=loop.skipped_batches,
+        last_error=loop.error,
+        last_checkpoint_step=checkpoint_step,
+        off_policy=settings.off_policy,
+        stale_policy=settings.stale_policy,
+        stale_at_training=loop.stale_at_training,
+        downweighted_tokens=loop.downweighted_tokens,
+        trained_token_lag={str(k): n for k, n in sorted(loop.trained_lag.items())},
+    )
+
+
 class SwarmRuntime:
     """One server's parts wired together: the engine and the chat and text services over it, the
     trajectory store and write-ahead log, the group buffer, the learner loop, checkpoints and
@@ -143,7 +166,7 @@ class SwarmRuntime:
             max_token_entries=settings.max_request_token_entries,
         )
         sampler = Sampler(engine, signer=self.signer, stats=self.telemetry.serving if settings.metrics else None)
-        self.chat = ChatService(self.prompts, sampler)
+        self.chat = ChatService(self.prompts, sampler, self.telemetry.tool_calls)
         self.text = TextService(self.prompts, sampler)
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups, group_timeout=settings.group_timeout_s)
         self.log = log if log is not None else TrajectoryLog(state.log_dir) if state is not None else None
@@ -305,30 +328,12 @@ class SwarmRuntime:
         return TrajectoryBatchResult(results=results, policy_version=self.version)
 
     def status(self) -> ServerStatus:
-        last = self.loop.last
         version, step = self.loop.live  # the served weights' version and step, read together
         return ServerStatus(
             model=self.engine.model_name,
             policy_version=version,
             trajectories=self.store.counts(self.buffer.buffered, self.buffer.aged_out),
-            learner=LearnerInfo(
-                algorithm=self.settings.algorithm,
-                step=step,
-                batch_groups=self.settings.batch_groups,
-                group_size=self.settings.group_size,
-                max_staleness=self.settings.max_staleness,
-                last_loss=last.loss if last else None,
-                last_step_seconds=last.seconds if last else None,
-                last_mean_reward=last.mean_reward if last else None,
-                skipped_batches=self.loop.skipped_batches,
-                last_error=self.loop.error,
-                last_checkpoint_step=self.last_checkpoint_step,
-                off_policy=self.settings.off_policy,
-                stale_policy=self.settings.stale_policy,
-                stale_at_training=self.loop.stale_at_training,
-                downweighted_tokens=self.loop.downweighted_tokens,
-                trained_token_lag={str(k): n for k, n in sorted(self.loop.trained_lag.items())},
-            ),
+            learner=learner_info(self.loop, self.settings, step, self.last_checkpoint_step),
             admission_budget=self.admission.budget(),
             by_tag=self.admission.by_tag(),
             uptime_s=time.monotonic() - self.started,
@@ -336,6 +341,7 @@ class SwarmRuntime:
             paused=self.loop.paused,
             replicas=[ReplicaInfo(**r) for r in self.engine.replica_status()],
             run_id=self.run_id,
+            tool_calls=self.telemetry.tool_calls.status(),
         )
 
     def close(self, checkpoint: bool = True) -> None:

@@ -131,6 +131,16 @@ class RuntimeCollector(Collector):
             tel.tokens_per_second(),
         )
 
+        tool_calls = tel.tool_calls.status()
+        if tool_calls:
+            for name, doc, key in (
+                ("agentjet_tool_call_answers", "Answers to requests with tools, per agent", "answers"),
+                ("agentjet_tool_calls_malformed", "Answers opening a tool call the server could not read", "malformed"),
+            ):
+                family = CounterMetricFamily(name, doc, labels=["agent"])
+                for agent, health in tool_calls.items():
+                    family.add_metric([agent], float(getattr(health, key)))
+                yield family
         yield CounterMetricFamily("agentjet_tokens_trained", "Sampled tokens trained on", value=tel.trained_tokens)
         last = tel.last_step
         learner: tuple[tuple[str, str, float | None], ...] = (

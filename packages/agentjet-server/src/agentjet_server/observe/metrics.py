@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.protocol import ClientInfo, ClientReport, TagInfo, Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_server.observe.tool_calls import ToolCallHealth
 
 logger = logging.getLogger(__name__)
 
@@ -324,9 +325,13 @@ class Telemetry:
     rewards_by_tag: dict[tuple[str, str], Mean] = field(default_factory=dict)
     rewards_by_agent: dict[tuple[str, str], Mean] = field(default_factory=dict)
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    tool_calls: ToolCallHealth = field(default_factory=ToolCallHealth)
     _learner_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rate: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def __post_init__(self) -> None:
+        self.tool_calls.on_warning = lambda message: self.record_event("tool_calls", message)
 
     # -- recording --------------------------------------------------------------------------------
     def record_batch(

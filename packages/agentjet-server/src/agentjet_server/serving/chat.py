@@ -24,17 +24,25 @@ from agentjet_client.protocol import (
     ToolCallDelta,
     Usage,
 )
+from agentjet_server.observe.tool_calls import ToolCallHealth
 from agentjet_server.serving.chat_format import without_tool_calls
 from agentjet_server.serving.choice import ChoiceState, Sampler, usage
 from agentjet_server.serving.prompt import PreparedRequest, PromptBuilder
 
 
 class ChatService:
-    """Serves chat completions: prompts from ``prompts``, tokens from ``sampler``."""
+    """Serves chat completions: prompts from ``prompts``, tokens from ``sampler``; each answer to a
+    request with tools is counted in ``tool_calls`` (malformed calls among them)."""
 
-    def __init__(self, prompts: PromptBuilder, sampler: Sampler) -> None:
+    def __init__(self, prompts: PromptBuilder, sampler: Sampler, tool_calls: ToolCallHealth | None = None) -> None:
         self.prompts = prompts
         self.sampler = sampler
+        self.tool_calls = tool_calls
+
+    def _count(self, state: ChoiceState) -> None:
+        malformed = state.malformed_call() if self.tool_calls is not None else None
+        if self.tool_calls is not None and malformed is not None:
+            self.tool_calls.record(state.prepared.agent, state.version, malformed)
 
     async def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
         """``PromptBuilder.prepare_chat`` in a worker thread: rendering a long conversation takes a while."""
@@ -44,7 +52,10 @@ class ChatService:
         prepared = await self.prepare(request)
         states = await self.sampler.sample([(prepared, i) for i in range(request.n)])
         # detokenising every token (and its top log-probs) of many choices is CPU work: off the event loop
-        return await asyncio.to_thread(self._completion, prepared, states, model_name)
+        completion = await asyncio.to_thread(self._completion, prepared, states, model_name)
+        for state in states:
+            self._count(state)
+        return completion
 
     def _completion(self, prepared: PreparedRequest, states: list[ChoiceState], model_name: str) -> ChatCompletion:
         choices = []
@@ -113,6 +124,7 @@ class ChatService:
                 if done:
                     for chunk in final_frames(frame, index, state):
                         yield chunk
+                    self._count(state)
         if request.stream_options and request.stream_options.include_usage:
             yield frame([], usage(len(prepared.prompt_ids), states))
 

@@ -127,6 +127,21 @@ class ChoiceState:
                 self._answer = Parsed(None, out.content, out.tool_calls)
         return self._answer
 
+    def malformed_call(self) -> bool | None:
+        """None for an answer to a request without tools; else whether the answer opened a tool call
+        (its parser's start marker) that the parser could not read (``observe.tool_calls``)."""
+        if not self.prepared.tools_active:
+            return None
+        if self.answer().tool_calls:
+            return False
+        marker = self.family.call_marker() if self.family is not None else TOOL_CALL_OPEN
+        return marker is not None and marker in self.prepared.forced_prefix + self.text
+
+    @property
+    def version(self) -> int:
+        """The policy version that sampled the answer (its oldest token's)."""
+        return min((e.version for e in self.events), default=self.engine.version)
+
     def parsed(self) -> tuple[str | None, list[Any]]:
         answer = self.answer()
         return answer.content, answer.tool_calls

@@ -66,6 +66,10 @@ class ChoiceReader:
     def step(self, delta_text: str, delta_ids: Sequence[int], finished: bool) -> Delta:
         raise NotImplementedError
 
+    def call_marker(self) -> str | None:
+        """The text that opens a tool call in this family's format (None: unknown)."""
+        return None
+
 
 class OutputParser:
     """The server's parser for one model: hands each request's choices a ``ChoiceReader``."""
@@ -195,6 +199,11 @@ class _VLLMReader(ChoiceReader):
         if auto and calls:
             return Parsed(reasoning, content, [_tool_call(c) for c in calls])
         return Parsed(reasoning, content, [])
+
+    def call_marker(self) -> str | None:
+        tools = self._parser().tool_parser  # vLLM's tool parsers name it one of two ways
+        marker = getattr(tools, "tool_call_start_token", None) or getattr(tools, "bot_token", None)
+        return marker if isinstance(marker, str) else None
 
     def step(self, delta_text: str, delta_ids: Sequence[int], finished: bool) -> Delta:
         if self._stream is None:
