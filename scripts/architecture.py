@@ -72,8 +72,6 @@ UNMIRRORED = {
     "serving/parsing",
     "serving/prompt",
     "serving/text",
-    "ingest/bodies",
-    "ingest/body_gate",
     "ingest/store",
     "state/recovery",
     "learner/policy",
