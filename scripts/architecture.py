@@ -72,7 +72,6 @@ UNMIRRORED = {
     "serving/parsing",
     "serving/prompt",
     "serving/text",
-    "ingest/store",
     "state/recovery",
     "learner/policy",
     "learner/resume",
