@@ -72,9 +72,6 @@ UNMIRRORED = {
     "serving/parsing",
     "serving/prompt",
     "serving/text",
-    "state/recovery",
-    "learner/policy",
-    "learner/resume",
 }
 
 
