@@ -70,7 +70,6 @@ UNMIRRORED = {
     "api/observe",
     "serving/dialects",
     "serving/parsing",
-    "serving/text",
 }
 
 
