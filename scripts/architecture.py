@@ -69,7 +69,6 @@ UNMIRRORED = {
     "api/context",
     "api/observe",
     "serving/dialects",
-    "serving/parsing",
 }
 
 
