@@ -68,7 +68,6 @@ MIRRORED = ("api", "serving", "ingest", "state", "learner")
 UNMIRRORED = {
     "api/context",
     "api/observe",
-    "serving/dialects",
 }
 
 
