@@ -66,7 +66,6 @@ OVERSIZED = {
 
 MIRRORED = ("api", "serving", "ingest", "state", "learner")
 UNMIRRORED = {
-    "api/context",
     "api/observe",
 }
 
