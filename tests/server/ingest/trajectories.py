@@ -11,7 +11,8 @@ from agentjet_server.ingest.wal import TrajectoryLog
 
 
 def traj(i: int, version: int = 0, token: int = 5, **fields: Any) -> Trajectory:
-    """Trajectory ``t<i>`` of group ``task<i // 2>``: one turn sampled at ``version``, ``token`` its completion."""
+    """Trajectory ``t<i>`` of group ``task<i // 2>``: one turn sampled at ``version``, ``token`` its completion
+    (``fields`` set the rest)."""
     turn = Turn(
         policy_version=version,
         prompt_token_ids=[1, 2, 3],
@@ -19,7 +20,8 @@ def traj(i: int, version: int = 0, token: int = 5, **fields: Any) -> Trajectory:
         completion_logprobs=[-1.0],
         finish_reason="stop",
     )
-    return Trajectory(id=f"t{i}", task_id=f"task{i // 2}", turns=[turn], reward=float(i % 2), **fields)
+    fields = {"task_id": f"task{i // 2}", "reward": float(i % 2), **fields}
+    return Trajectory(id=f"t{i}", turns=[turn], **fields)
 
 
 def store(path: Path, sink=None):  # type: ignore[no-untyped-def]
