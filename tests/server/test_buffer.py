@@ -81,7 +81,7 @@ def test_the_runtime_closes_a_group_whose_sibling_was_rejected(model_dir, tmp_pa
     """A stale sibling is rejected at push; its group trains at once, not after group_timeout."""
     import json
 
-    from tests.server.state.test_checkpoint import make_trajectories, push, runtime, wait_for
+    from tests.server.state.runs import make_trajectories, push, runtime, wait_for
 
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     first, second = make_trajectories(vocab, 1)[:4], make_trajectories(vocab, 1, seed=1)[:4]

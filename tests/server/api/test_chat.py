@@ -1,17 +1,16 @@
-"""The chat and text completion routes and /v1/models, served by a real uvicorn on 127.0.0.1 and driven by
-the real OpenAI SDK: exact token ids and log-probs, streams token by token, refusals with a reason, and
-generations that stop when their caller hangs up."""
+"""The chat completion route and /v1/models, served by a real uvicorn on 127.0.0.1 and driven by the real
+OpenAI SDK: exact token ids and log-probs, streams token by token, refusals with a reason, and generations
+that stop when their caller hangs up (text completions: ``serving/test_text.py``)."""
 
 from __future__ import annotations
 
 import json
 
 import httpx2
-import openai
 import pytest
 
 from tests.conftest import LiveServer
-from tests.server.api.calls import ASK, accepted, chat_ext, post
+from tests.server.api.calls import ASK, post
 
 
 def test_models_and_health(live_server, sdk):
@@ -145,12 +144,6 @@ def test_bad_stream_request_is_4xx_not_a_broken_stream(live_server):
     assert r.status_code == 400 and "context" in r.json()["error"]["message"]
 
 
-def test_oversized_body_is_413(live_server):
-    big = {"messages": [{"role": "user", "content": "x" * (live_server.settings.max_body_bytes + 10)}]}
-    r = post(live_server, "/v1/chat/completions", json=big)
-    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
-
-
 def test_streaming_n_interleaves_choices_each_with_its_extension(chatty_sdk):
     texts: dict[int, str] = {0: "", 1: ""}
     exts: dict[int, dict] = {}
@@ -229,42 +222,3 @@ def test_a_stream_that_fails_after_its_first_frame_ends_with_an_error_event_and_
         assert lines[-1] == "data: [DONE]"
     finally:
         server.stop()
-
-
-def test_completions_of_the_rendered_prompt_are_the_chat_answer(live_server, sdk):
-    chat, ext = chat_ext(sdk, messages=ASK, max_tokens=6, seed=9, logprobs=True)
-    text = live_server.engine.chat.decode_all(ext["prompt_token_ids"])
-    reply = sdk.completions.create(model="agentjet-tiny", prompt=text, max_tokens=6, seed=9, logprobs=2)
-    choice = reply.choices[0]
-    mine = choice.model_extra["agentjet"]
-    assert mine["prompt_token_ids"] == ext["prompt_token_ids"]  # special tokens in the text are parsed as such
-    assert mine["completion_token_ids"] == ext["completion_token_ids"] and choice.text == (chat.message.content or "")
-    assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == reply.usage.completion_tokens
-    assert choice.logprobs.token_logprobs == pytest.approx(ext["completion_logprobs"])
-    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
-    assert accepted(live_server, mine, "completions") == "accepted"
-    by_ids = sdk.completions.create(model="agentjet-tiny", prompt=ext["prompt_token_ids"], max_tokens=6, seed=9)
-    assert by_ids.choices[0].model_extra["agentjet"]["completion_token_ids"] == ext["completion_token_ids"]
-
-
-def test_completions_several_prompts_stream_and_refusals(sdk):
-    many = sdk.completions.create(model="agentjet-tiny", prompt=["Hello", "World"], n=2, max_tokens=3, seed=1)
-    assert [c.index for c in many.choices] == [0, 1, 2, 3]
-    kw = {"model": "agentjet-tiny", "prompt": "Once upon", "max_tokens": 8, "seed": 6}
-    whole = sdk.completions.create(**kw).choices[0]
-    parts, ext, usage = [], None, None
-    for chunk in sdk.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
-        usage = chunk.usage or usage
-        for c in chunk.choices:
-            parts.append(c.text)
-            ext = c.model_extra.get("agentjet") or ext
-    assert (
-        "".join(parts) == whole.text
-        and ext["completion_token_ids"] == whole.model_extra["agentjet"]["completion_token_ids"]
-    )
-    assert usage.completion_tokens == len(ext["completion_token_ids"])
-    for extra, says in [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of")]:
-        with pytest.raises(openai.BadRequestError, match=says):
-            sdk.completions.create(**{**kw, **extra})
-    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
-        sdk.completions.create(model="agentjet-tiny", prompt=[10**7], max_tokens=2)

@@ -1,6 +1,6 @@
 """The Responses and Messages APIs, served by a real server and driven by the real OpenAI and Anthropic SDKs:
 each answer is the chat answer of the same conversation, in the API's own shape, with the same token-exact,
-signed extension."""
+signed extension (the shapes and events themselves: ``serving/test_dialects.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.conftest import MESSAGE_TOOLS, RESPONSE_TOOLS, LiveServer
-from tests.server.api.calls import ASK, accepted, chat_ext, sse_events
+from tests.server.api.calls import ASK, accepted, chat_ext
 
 
 def test_responses_answer_is_the_chat_answer_with_its_extension(live_server, sdk):
@@ -45,23 +45,6 @@ def test_responses_function_calls_round_trip(sdk):
     ext1, ext2 = first.model_extra["agentjet"], second.model_extra["agentjet"]
     # the second prompt continues the first call's exact tokens (the history renders to them)
     assert ext2["prompt_token_ids"][: len(ext1["prompt_token_ids"])] == ext1["prompt_token_ids"]
-
-
-def test_responses_stream_events(live_server):
-    body = {"model": "agentjet-tiny", "input": "Tell me a story", "max_output_tokens": 8, "stream": True, "seed": 2}
-    with httpx2.stream("POST", live_server.url + "/v1/responses", json=body) as response:
-        assert response.status_code == 200
-        events = sse_events(response)
-    kinds = [kind for kind, _ in events]
-    assert kinds[:2] == ["response.created", "response.in_progress"]
-    assert kinds[-1] == "response.completed"  # with status incomplete when cut at max_output_tokens
-    assert [data["type"] for _, data in events] == kinds
-    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
-    text = "".join(data["delta"] for kind, data in events if kind == "response.output_text.delta")
-    final = events[-1][1]["response"]
-    assert final["output"][0]["content"][0]["text"] == text
-    whole = httpx2.post(live_server.url + "/v1/responses", json={**body, "stream": False}).json()
-    assert whole["agentjet"]["completion_token_ids"] == final["agentjet"]["completion_token_ids"]
 
 
 def test_responses_sdk_stream_and_refusals(sdk):
@@ -114,32 +97,6 @@ def test_messages_tool_use_round_trip_and_stream(claude):
         streamed = s.get_final_message()
     assert next(b.input for b in streamed.content if b.type == "tool_use") == uses[0].input
     assert streamed.stop_reason == "tool_use"
-
-
-def test_messages_stream_events_and_stop_sequences(chatty_server):
-    url = chatty_server.url + "/v1/messages"
-    body = {
-        "model": "agentjet-tiny",
-        "max_tokens": 12,
-        "messages": [{"role": "user", "content": "Tell me a story"}],
-        "seed": 4,
-    }
-    whole = httpx2.post(url, json=body).json()
-    assert whole["stop_reason"] == "max_tokens" and whole["type"] == "message"
-    text = whole["content"][0]["text"]
-    with httpx2.stream("POST", url, json={**body, "stream": True}) as response:
-        events = sse_events(response)
-    kinds = [kind for kind, _ in events]
-    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
-    deltas = "".join(d["delta"]["text"] for k, d in events if k == "content_block_delta")
-    assert (
-        deltas == text
-        and events[-2][1]["agentjet"]["completion_token_ids"] == whole["agentjet"]["completion_token_ids"]
-    )
-    stop = text.strip()[len(text.strip()) // 2 :][:3]  # a piece from the middle of what it says
-    cut = httpx2.post(url, json={**body, "stop_sequences": [stop]}).json()
-    assert cut["stop_reason"] == "stop_sequence" and cut["stop_sequence"] == stop, (text, cut)
-    assert stop not in cut["content"][0]["text"]
 
 
 def test_messages_refusals_and_x_api_key(model_dir, claude):

@@ -1,4 +1,4 @@
-"""The trajectory write-ahead log and the store over it: durable answers, torn tails, compaction."""
+"""The trajectory write-ahead log: durable answers, torn tails, full disks, compaction, readable records."""
 
 from __future__ import annotations
 
@@ -12,58 +12,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from agentjet_client.protocol import Trajectory, Turn
+from agentjet_client.protocol import Trajectory
 from agentjet_server.errors import StateError
-from agentjet_server.ingest.store import TrajectoryStore
 from agentjet_server.ingest.wal import Accepted, TrajectoryLog, read_records
-
-
-def traj(i: int, version: int = 0, token: int = 5) -> Trajectory:
-    turn = Turn(
-        policy_version=version,
-        prompt_token_ids=[1, 2, 3],
-        completion_token_ids=[token],
-        completion_logprobs=[-1.0],
-        finish_reason="stop",
-    )
-    return Trajectory(id=f"t{i}", task_id=f"task{i // 2}", turns=[turn], reward=float(i % 2))
-
-
-def store(path, sink=None):  # type: ignore[no-untyped-def]
-    buffered: list[tuple[str, int]] = []
-    log = TrajectoryLog(path)
-    s = TrajectoryStore(100, 2, sink or (lambda t, n: buffered.append((t.id, n))), log)
-    return s, log, buffered
-
-
-def test_answers_survive_a_restart(tmp_path):
-    s, log, buffered = store(tmp_path)
-    results = s.admit_batch([traj(0), traj(1), traj(0), traj(2, token=500), traj(3, version=9)], version=0)
-    assert [r.status for r in results] == ["accepted", "accepted", "duplicate", "rejected", "rejected"]
-    assert buffered == [("t0", 0), ("t1", 1)]
-    s.record_version(1)
-    log.close()
-
-    again, log2, buffered2 = store(tmp_path)
-    assert buffered2 == []  # the store does not buffer by itself; resume replays (see runtime)
-    assert again.accepted == 2 and dict(again.rejected) == {"invalid_tokens": 1, "future_version": 1}
-    assert again.next_lsn == 2 and again.known_version == 1
-    assert set(log2.scan.trajectories) == {0, 1} and log2.scan.trajectories[1]["id"] == "t1"
-    statuses = [r.status for r in again.admit_batch([traj(1), traj(2, token=500), traj(4)], version=1)]
-    assert statuses == ["duplicate", "duplicate", "accepted"]  # the rejected id is known too
-    assert buffered2 == [("t4", 2)]
-    log2.close()
-
-
-def test_a_version_published_before_a_restart_is_not_from_the_future(tmp_path):
-    s, log, _ = store(tmp_path)
-    s.record_version(7)
-    log.close()
-    again, log2, _ = store(tmp_path)
-    # resumed at v3 (its checkpoint); trajectories sampled at v5 by the previous run are fine
-    assert again.admit(traj(0, version=5), version=3).status == "accepted"
-    assert again.admit(traj(1, version=8), version=3).status == "rejected"
-    log2.close()
+from tests.server.ingest.trajectories import store, traj
 
 
 def test_a_torn_last_record_is_dropped_and_a_corrupt_middle_refuses(tmp_path):
@@ -149,7 +101,7 @@ FULL_DISK = """
 import json, resource, sys
 from pathlib import Path
 from agentjet_server.errors import StateError
-from tests.server.ingest.test_wal import store, traj
+from tests.server.ingest.trajectories import store, traj
 
 where = Path(sys.argv[1])
 s, log, buffered = store(where)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.server.state.test_checkpoint import GROUP, GROUPS, make_trajectories, push, runtime, wait_for
+from tests.server.state.runs import GROUP, GROUPS, make_trajectories, push, runtime, wait_for
 
 
 @pytest.mark.parametrize("policy", ["drop", "downweight"])
