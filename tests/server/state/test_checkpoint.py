@@ -56,3 +56,22 @@ def test_state_dir_start_policy(model_dir, tmp_path):
     StateDir.open(root, fresh=True).close()
     assert not (root / "log").exists()
     StateDir.open(root).close()  # discarded: a plain start works again
+
+
+def test_a_run_keeps_its_id_through_resume_and_gets_a_new_one_when_fresh(tmp_path):
+    from agentjet_server.ingest.wal import Accepted, TrajectoryLog
+
+    def opened(**start: bool) -> str:
+        state = StateDir.open(tmp_path / "state", **start)
+        try:
+            return state.run_id
+        finally:
+            state.close()
+
+    first = opened()
+    log = TrajectoryLog(tmp_path / "state" / "log")  # something logged: an earlier run to continue
+    log.append([Accepted(lsn=0, id="t-1", trajectory={"id": "t-1"})])
+    log.close()
+    assert len(first) == 16 and opened(resume=True) == first
+    fresh = opened(fresh=True)
+    assert fresh != first and opened(resume=True) == fresh
