@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentjet_client.errors import StudyError
+from agentjet_client.research.launch import server_command
 from agentjet_client.research.monitor import Observation, eval_episodes, parse_metrics, reward_totals
 from agentjet_client.research.series import Series, train_metric
 from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
@@ -123,6 +125,20 @@ def test_parallel_trials_follow_the_devices_listed_or_the_cores_and_memory():
     assert n == 1  # the memory bounds it
     n, why = machine_parallel(StudySection(parallel=5, cores_per_trial=10_000))
     assert n == 5 and "the machine suggests 1" in why
+
+
+def test_a_trial_server_takes_the_devices_in_turn_or_else_its_share_of_the_cores(tmp_path):
+    on_cpu, _ = load_study(write(tmp_path, "server.lr = [0.001]", study="cores_per_trial = 3"))
+    files = TrialDir(tmp_path, "t1")
+    record = TrialRecord(id="t1", index=1, settings={"server.lr": 0.001}, port=12345)
+    command, env = server_command(["agentjet-server"], on_cpu, record, files, resume=True, parallel=2)
+    assert command[:2] == ["agentjet-server", "up"] and "--resume" in command and "--device" not in command
+    assert command[command.index("--port") + 1] == "12345" and env["OMP_NUM_THREADS"] == "3"
+    alone = server_command(["agentjet-server"], on_cpu, record, files, resume=False, parallel=1)
+    assert "--fresh" in alone[0] and alone[1].get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
+    on_gpus, _ = load_study(write(tmp_path, "server.lr = [0.001]", study='devices = ["cuda:0", "cuda:1"]'))
+    command, env = server_command(["agentjet-server"], on_gpus, record, files, resume=False, parallel=2)
+    assert command[command.index("--device") + 1] == "cuda:1"  # trial index 1
 
 
 def points(rewards: list[float], window: int = 100) -> list[Point]:

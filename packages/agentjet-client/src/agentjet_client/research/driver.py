@@ -1,18 +1,15 @@
 """One trial's life, a step at a time: ``TrialDriver`` starts (or resumes) a trial's server, starts its
-client once the server answers, follows the run through the server's public API (``monitor.py``) into
-the trial's reward series (``series.py``), ends training early (``stopping.py``) or at its budget, runs
-the final evaluation, restarts what crashed (up to ``max_resumes``), and stops the server through the
-admin API, which writes a checkpoint. Every change is written to the trial's ``trial.json`` before the
-next step; ``StudyRunner`` (``runner.py``) calls ``advance`` on each running trial every poll.
+client once the server answers (their commands and ports: ``launch.py``), follows the run through the
+server's public API (``monitor.py``) into the trial's reward series (``series.py``), ends training early
+(``stopping.py``) or at its budget, runs the final evaluation, restarts what crashed (up to
+``max_resumes``), and stops the server through the admin API, which writes a checkpoint. Every change is
+written to the trial's ``trial.json`` before the next step; ``StudyRunner`` (``runner.py``) calls
+``advance`` on each running trial every poll.
 """
 
 from __future__ import annotations
 
-import os
-import random
 import signal
-import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +18,7 @@ from typing import Any
 
 import httpx2
 
+from agentjet_client.research.launch import client_command, free_port, server_command
 from agentjet_client.research.monitor import Probe
 from agentjet_client.research.series import Series, train_metric
 from agentjet_client.research.stopping import stop_reason
@@ -70,7 +68,7 @@ class TrialDriver:
         files.path.mkdir(parents=True, exist_ok=True)
         resume = record.server_starts > 0
         if record.port is None:  # a resumed trial keeps its port: its client (and its spool) know that URL
-            record.port = _free_port()
+            record.port = free_port()
         if not resume:
             files.server_config.write_text(toml_text(self.study.server_settings(record.settings)))
             record.started_at = time.time()
@@ -89,14 +87,7 @@ class TrialDriver:
 
     def _spawn_server(self, record: TrialRecord, live: Live, resume: bool) -> None:
         files = live.files
-        command = [*self._server_command, "up", "--config", str(files.server_config), "--port", str(record.port)]
-        command += ["--state-dir", str(files.state), "--resume" if resume else "--fresh", "--log-level", "warning"]
-        env = dict(os.environ)
-        study = self.study.study
-        if study.devices:
-            command += ["--device", study.devices[record.index % len(study.devices)]]
-        elif self.parallel > 1:
-            env["OMP_NUM_THREADS"] = str(study.cores_per_trial)  # torch's threads: the trial's share of the cores
+        command, env = server_command(self._server_command, self.study, record, files, resume, self.parallel)
         live.server = Process.spawn(command, files.server_log, env, str(files.path))
         record.server_pid = live.server.pid
         record.server_starts += 1
@@ -294,58 +285,5 @@ class TrialDriver:
         TrialDir(self.out, record.id).save(record)
 
 
-def client_command(
-    study: Study, study_path: Path, record: TrialRecord, files: TrialDir, evaluation: bool = False
-) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of a trial's client: ``agentjet-client run`` for its remaining
-    episodes, or ``agentjet-client eval`` for the final evaluation."""
-    client = study.client_settings(record.settings, study_path.parent)
-    url = f"http://127.0.0.1:{record.port}"
-    command = [sys.executable, "-m", "agentjet_client"]
-    if evaluation:
-        command += ["eval", "--code-dir", str(client.code_dir), "--server", url]
-        command += ["--episodes", str(study.trial.eval_episodes or client.eval_episodes)]
-        command += ["--spool-dir", str(files.path / "eval-spool")]
-    else:
-        group = client.group_size or int(study.server_settings(record.settings).get("group_size", 16))
-        remaining = max(1, record.target_episodes - record.episodes)
-        command += ["run", "--code-dir", str(client.code_dir), "--server", url, "--episodes", str(remaining)]
-        command += ["--group-size", str(group), "--spool-dir", str(files.spool)]
-        command += ["--eval-every", str(client.eval_every), "--eval-episodes", str(client.eval_episodes)]
-        if client.seed is not None:
-            command += ["--seed", str(client.seed)]
-        command += client.args
-    command += ["--concurrency", str(client.concurrency), "--timeout", str(client.timeout)]
-    env = {**os.environ, **client.env}
-    return command, env
-
-
 def describe(settings: dict[str, Any]) -> str:
     return "  ".join(f"{k}={v}" for k, v in settings.items())
-
-
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range: one from that range could be handed to an
-    outgoing connection (a client's, a trial's neighbour's) before the trial's server binds it."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(10000, max(low, 10001))
-        if _port_free(port):
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
