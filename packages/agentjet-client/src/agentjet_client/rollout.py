@@ -7,7 +7,7 @@ version (never trained, reported apart). At most ``concurrency`` episodes play a
 committed to the spool of each server it has turns for before the next one is taken.
 
 An error of our own code around an episode (making its trajectory, recording it, spooling it) is no
-failed episode: ``failure()`` fails with it, and the runner ends the run (``abandon`` drops the
+failed episode: the future of ``watch()`` fails with it, and the runner ends the run (``abandon`` drops the
 episodes still running, as a crash would; what is spooled stays there).
 """
 
@@ -69,12 +69,10 @@ class Rollouts:
         if self.running:
             await asyncio.gather(*self.running)
 
-    def failure(self) -> asyncio.Future[None]:
-        """A future (of the running loop) that fails with the first error our own code raised in an
-        episode: the agent's own errors fail their episode only, this one ends the run."""
-        loop = asyncio.get_running_loop()
-        if self._failure is None or self._failure.get_loop() is not loop:  # a runner may run more than once
-            self._failure = loop.create_future()
+    def watch(self) -> asyncio.Future[None]:
+        """A future (of the running loop; one per run) that fails with the next error our own code raises
+        in an episode: the agent's own errors fail their episode only, this one ends the run."""
+        self._failure = asyncio.get_running_loop().create_future()
         return self._failure
 
     async def abandon(self) -> None:
@@ -94,9 +92,10 @@ class Rollouts:
         self.running.discard(job)
         if job.cancelled() or (error := job.exception()) is None:
             return
-        failure = self.failure()
-        if not failure.done():
-            failure.set_exception(error)
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_exception(error)
+        else:  # one more while the run is already ending on the first
+            logger.error("an episode failed in the runner's own code: %r", error, exc_info=error)
 
     def start_group(self, track: Track, item: tuple[str, Task], label: str, size: int) -> None:
         """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""

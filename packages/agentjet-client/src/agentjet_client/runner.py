@@ -188,10 +188,12 @@ class Runner:
             for t in self.tracks
             if t.watcher is not None
         ]
+        failure = self.rollouts.watch()
         drive = asyncio.create_task(self._drive(senders))
         try:
-            await _supervise(drive, [self.rollouts.failure(), *senders])
+            await _supervise(drive, [failure, *senders])
         finally:
+            failure.cancel()  # the run is ending: an error of ours from now on is only logged
             drive.cancel()
             await asyncio.wait({drive})
             for task in [*senders, *watching]:
