@@ -59,7 +59,6 @@ OVERSIZED = {
     "agentjet_server.engine.hf.TransformersEngine": 281,
     "agentjet_server.engine.replicas.ReplicaSet": 294,
     "agentjet_server.engine.vllm.VLLMEngine": 394,
-    "agentjet_client.research.driver.TrialDriver": 287,
 }
 
 

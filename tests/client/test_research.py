@@ -4,17 +4,22 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from agentjet_client.errors import StudyError
-from agentjet_client.research.monitor import eval_episodes, parse_metrics, reward_totals
+from agentjet_client.research.launch import server_command
+from agentjet_client.research.monitor import Observation, eval_episodes, parse_metrics, reward_totals
+from agentjet_client.research.series import Series, train_metric
 from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
 from agentjet_client.research.study import StopSection, StudySection, load_study, machine_parallel
+from agentjet_client.research.trial import TrialDir, TrialRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "research" / "digits_study.toml"
@@ -120,6 +125,20 @@ def test_parallel_trials_follow_the_devices_listed_or_the_cores_and_memory():
     assert n == 1  # the memory bounds it
     n, why = machine_parallel(StudySection(parallel=5, cores_per_trial=10_000))
     assert n == 5 and "the machine suggests 1" in why
+
+
+def test_a_trial_server_takes_the_devices_in_turn_or_else_its_share_of_the_cores(tmp_path):
+    on_cpu, _ = load_study(write(tmp_path, "server.lr = [0.001]", study="cores_per_trial = 3"))
+    files = TrialDir(tmp_path, "t1")
+    record = TrialRecord(id="t1", index=1, settings={"server.lr": 0.001}, port=12345)
+    command, env = server_command(["agentjet-server"], on_cpu, record, files, resume=True, parallel=2)
+    assert command[:2] == ["agentjet-server", "up"] and "--resume" in command and "--device" not in command
+    assert command[command.index("--port") + 1] == "12345" and env["OMP_NUM_THREADS"] == "3"
+    alone = server_command(["agentjet-server"], on_cpu, record, files, resume=False, parallel=1)
+    assert "--fresh" in alone[0] and alone[1].get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
+    on_gpus, _ = load_study(write(tmp_path, "server.lr = [0.001]", study='devices = ["cuda:0", "cuda:1"]'))
+    command, env = server_command(["agentjet-server"], on_gpus, record, files, resume=False, parallel=2)
+    assert command[command.index("--device") + 1] == "cuda:1"  # trial index 1
 
 
 def points(rewards: list[float], window: int = 100) -> list[Point]:
@@ -240,3 +259,34 @@ def test_the_metrics_reader_sums_rewards_of_one_purpose_over_tags():
         ("c1:3", 5, 1.0),
         ("v6", 6, 0.5),
     ]
+
+
+def test_the_series_makes_a_point_per_window_and_per_finished_round_and_reloads_from_disk(tmp_path):
+    files = TrialDir(tmp_path, "t0")
+    files.path.mkdir(parents=True)
+    record = TrialRecord(id="t0", index=0, settings={}, phase="training", run_started_at=time.time())
+    series = Series.load(files, 10, record)
+
+    def poll(total: float, count: int, lines: list[dict[str, object]], last_seq: int) -> Observation:
+        return Observation({"trajectories": {"accepted": count}}, total, count, lines, last_seq)
+
+    def episode(round_: int, version: int, reward: float) -> dict[str, object]:
+        return {"kind": "eval", "task_id": f"eval:a@c1:{round_}", "policy_version": version, "reward": reward}
+
+    first_round = [episode(1, 2, 1.0), episode(1, 3, 0.0)]
+    series.observe(record, poll(3.0, 6, [*first_round, {"kind": "step", "step": 1, "loss": 0.5}], 3))
+    assert series.train == [] and series.evals == [] and len(series.steps) == 1  # the round may still grow
+    series.observe(record, poll(8.0, 12, [episode(2, 4, 1.0)], 4))
+    assert [(p.reward, p.n) for p in series.train] == [(8.0 / 12, 12)] and record.last_reward == 8.0 / 12
+    assert [(p.reward, p.n, p.version) for p in series.evals] == [(0.5, 2, 2)]  # round 2 began; at its oldest version
+    assert record.episodes == 12 and record.history_seq == 4
+
+    again = Series.load(files, 10, record)  # the runner restarted: the points and the window come back
+    assert [p.to_json() for p in again.train + again.evals] == [p.to_json() for p in series.train + series.evals]
+    assert again.window.state() == series.window.state()
+    assert train_metric(again.train) == 8.0 / 12
+
+    assert not series.final(record, [{"kind": "step"}])  # no evaluation episode yet
+    assert series.final(record, first_round) and record.metric == 0.5
+    assert Point.from_json(files.points()[-1]).version == 3  # the newest policy that played it
+    assert [p["kind"] for p in files.points()] == ["train", "eval", "final"]

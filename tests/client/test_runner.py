@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from agentjet_client import RunConfig, Runner, SwarmClient, swarm_agent
 from agentjet_client.agent import SwarmAgent
 
@@ -177,3 +179,78 @@ def _a_turn(client):
     with client.episode("one-turn") as episode:
         episode.openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
         return episode.recorder.turns[0]
+
+
+def inject_fault(monkeypatch: pytest.MonkeyPatch, where: str, after: int) -> None:
+    """Fault injection into our own code around an episode: from the ``after``-th call on, recording
+    the finished episode in the report, or writing the spool, raises ``RuntimeError("bookkeeping bug")``."""
+    from agentjet_client.report import RunReport
+    from agentjet_client.spool import Spool
+
+    owner, name = {"report": (RunReport, "record_episode"), "spool": (Spool, "put_many")}[where]
+    original, calls = getattr(owner, name), []
+
+    def faulty(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > after:  # a bug that every later episode meets
+            raise RuntimeError("bookkeeping bug")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, faulty)
+
+
+@pytest.mark.parametrize("where", ["report", "spool"])
+def test_an_error_of_our_own_around_an_episode_ends_the_run_at_once_and_loses_nothing_spooled(
+    live_server, tmp_path, monkeypatch, where
+):
+    """Our code around an episode raising (not the agent's code) ends the run with that error, instead
+    of the run waiting for admission room that the lost episodes never free. What was spooled stays
+    spooled or reached the server; the next run delivers the rest, and nothing twice."""
+    from agentjet_client import Spool
+
+    spool = Spool(tmp_path / "spool")
+    with SwarmClient(live_server.url) as client:
+        before = client.status().trajectories.accepted
+        with monkeypatch.context() as patch:
+            inject_fault(patch, where, after=2)
+            runner = Runner(client, make_agent_ok(), RunConfig(episodes=400, group_size=2, concurrency=4), spool=spool)
+            with pytest.raises(RuntimeError, match="bookkeeping bug"):
+                asyncio.run(asyncio.wait_for(runner.run(), 120))  # a hang fails this test, not the suite
+        assert runner.report.started < 400  # it ended at the error, not after the run's episodes
+        spooled, left = spool.stats().spooled, spool.depth
+        assert client.status().trajectories.accepted - before + left >= spooled  # each delivered, or still spooled
+
+        config = RunConfig(episodes=2, group_size=2, concurrency=2, seed=0)
+        report = asyncio.run(Runner(client, make_agent_ok(), config, spool=spool).run())
+        after = client.status().trajectories.accepted
+    assert report.resent_leftovers == left and spool.depth == 0
+    assert after - before == spooled + 2  # everything spooled reached the server once
+    spool.close()
+
+
+def test_the_command_line_fails_with_the_traceback_of_an_error_of_our_own(live_server, tmp_path):
+    """``agentjet-client run`` whose runner meets a bug of ours exits 1 with the error's traceback
+    (the fault injected as above, in the command's own process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys, pytest\n"
+        "from tests.client.test_runner import inject_fault\n"
+        "with pytest.MonkeyPatch.context() as patch:\n"
+        "    inject_fault(patch, 'report', after=2)\n"
+        "    from agentjet_client.cli import main\n"
+        "    sys.argv[0] = 'agentjet-client'\n"
+        "    main()\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-c", script, "run", "--code-dir", str(root / "examples" / "digits")]
+    command += ["--server", live_server.url, "--episodes", "400", "--group-size", "2", "--concurrency", "4"]
+    command += ["--spool-dir", str(tmp_path / "spool"), "--no-watch"]
+    env = {**os.environ, "AGENTJET_DIGITS": "3,8", "COLUMNS": "200"}
+    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the run stopped on an unexpected error" in proc.stderr
+    assert "RuntimeError: bookkeeping bug" in proc.stderr and "record_episode" in proc.stderr, proc.stderr[-3000:]

@@ -10,7 +10,7 @@ import pytest
 
 from agentjet_client import RunConfig, Runner, SwarmClient
 from agentjet_client.errors import AgentLoadError
-from agentjet_client.tracks import open_track, runtime_python
+from agentjet_client.tracks import RemoteWatcher, open_track, runtime_python
 
 AGENT = """
 import asyncio
@@ -98,3 +98,17 @@ def test_episodes_run_in_the_code_dirs_interpreter(live_server, tmp_path, client
     assert report.turns_by_agent["default"] == 12  # each episode's call (before its hang or bug) was captured
     assert track.workers.killed == hung and track.workers.live == 0
     assert report.tag_rewards.keys() == {"remote"} and report.episodes_by_tag == {"remote": 12}
+
+
+def test_an_edit_is_taken_once_it_imports_in_the_code_dirs_interpreter(tmp_path, client_only_python):
+    code = code_dir_with(tmp_path, AGENT, f'python = "{client_only_python}"\n')
+    track = open_track(code, concurrency=1)
+    watcher = track.watcher
+    assert isinstance(watcher, RemoteWatcher) and watcher.poll() is None  # nothing changed
+    (code / "agent.py").write_text("import numpy\n" + AGENT)  # does not import there
+    assert watcher.poll() is None and "No module named 'numpy'" in (watcher.last_error or "")
+    assert watcher.failed_version is not None  # remembered: not tried again until the next edit
+    (code / "agent.py").write_text(AGENT.replace('tag="remote"', 'tag="edited"'))
+    swapped = watcher.poll()
+    assert swapped is not None and swapped[0].tag == "edited" and swapped[1] == watcher.version != track.code_version
+    assert watcher.last_error is None

@@ -257,6 +257,12 @@ def _run_agent(
     except KeyboardInterrupt:
         report = runner.report
         err.print("interrupted")
+    except Exception:  # a bug of ours: its traceback (typer prints it) and exit 1, never a hang
+        err.print(
+            "[red]error:[/red] the run stopped on an unexpected error (traceback below); what finished is in "
+            "the spool and the next run sends it first"
+        )
+        raise
     finally:
         client.close()
         for spool in spools.values():

@@ -28,6 +28,15 @@ class DialectError(ValueError):
         self.param = param
 
 
+def _copy_set(body: dict[str, Any], chat: dict[str, Any], names: tuple[tuple[str, str], ...]) -> None:
+    """Into ``chat``, the request's fields named ``(chat name, the API's name)`` that it sets, and the two
+    that both APIs pass through as they are: ``seed`` (in neither API; taken as vLLM takes extra
+    sampling parameters) and our ``agentjet`` extension."""
+    for ours, theirs in (*names, ("seed", "seed"), ("agentjet", "agentjet")):
+        if body.get(theirs) is not None:
+            chat[ours] = body[theirs]
+
+
 # --- OpenAI Responses API ----------------------------------------------------------------------
 
 RESPONSES_STATELESS = (
@@ -157,18 +166,12 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif choice is not None:
         chat["tool_choice"] = choice
-    for ours, theirs in (("max_tokens", "max_output_tokens"), ("temperature", "temperature"), ("top_p", "top_p")):
-        if body.get(theirs) is not None:
-            chat[ours] = body[theirs]
+    _copy_set(body, chat, (("max_tokens", "max_output_tokens"), ("temperature", "temperature"), ("top_p", "top_p")))
     if body.get("top_logprobs"):
         chat["logprobs"], chat["top_logprobs"] = True, body["top_logprobs"]
-    if body.get("seed") is not None:  # not in the API; taken as vLLM takes extra sampling parameters
-        chat["seed"] = body["seed"]
     text_format = ((body.get("text") or {}).get("format") or {}).get("type")
     if text_format not in (None, "text"):
         raise DialectError("only text output is served (text.format type 'text')", "text.format")
-    if body.get("agentjet") is not None:
-        chat["agentjet"] = body["agentjet"]
     return chat
 
 
@@ -308,18 +311,12 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
         else:
             raise DialectError("tool_choice must be {type: auto | any | none} or {type: tool, name}", "tool_choice")
-    for key in ("temperature", "top_p"):
-        if body.get(key) is not None:
-            chat[key] = body[key]
+    _copy_set(body, chat, (("temperature", "temperature"), ("top_p", "top_p")))
     if body.get("top_k") not in (None, 0, -1):
         raise DialectError("top_k is not supported; leave it out", "top_k")
     stops = body.get("stop_sequences")
     if stops:
         chat["stop"] = stops
-    if body.get("seed") is not None:  # not in the API; taken as vLLM takes extra sampling parameters
-        chat["seed"] = body["seed"]
-    if body.get("agentjet") is not None:
-        chat["agentjet"] = body["agentjet"]
     return chat
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import httpx2
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 # the OpenAI SDK's retries back off 0.5, 1, 2, 4, 8, 8 s: six ride out a server restart (--resume
 # takes a few seconds) instead of failing every episode that was waiting on the model
 LLM_RETRIES = 6
+
+_SDKClient = TypeVar("_SDKClient")  # openai.OpenAI or openai.AsyncOpenAI
 
 
 @runtime_checkable
@@ -135,15 +137,19 @@ class Episode:
         self._async_clients.append(http)
         return http
 
+    def _openai_sdk(
+        self, sdk_client: Callable[..., _SDKClient], agent: str, http: Any, kwargs: dict[str, Any]
+    ) -> _SDKClient:
+        """An OpenAI SDK client (sync or async) for ``agent``'s API base with the episode's key, its
+        calls going through ``http`` (which records them); ``kwargs`` go to the SDK."""
+        kwargs.setdefault("max_retries", LLM_RETRIES)
+        return sdk_client(base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs)
+
     def openai(self, agent: str = "default", **kwargs: Any) -> OpenAI:
         """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
-        kwargs.setdefault("max_retries", LLM_RETRIES)
-        http = self._sync_http(agent)
-        return openai.OpenAI(
-            base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
-        )
+        return self._openai_sdk(openai.OpenAI, agent, self._sync_http(agent), kwargs)
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
         """A LangChain chat model (``ChatOpenAI``) recorded as ``agent``; ``kwargs`` go to ``ChatOpenAI``.
@@ -171,11 +177,7 @@ class Episode:
         """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
         import openai
 
-        kwargs.setdefault("max_retries", LLM_RETRIES)
-        http = self._async_http(agent)
-        return openai.AsyncOpenAI(
-            base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs
-        )
+        return self._openai_sdk(openai.AsyncOpenAI, agent, self._async_http(agent), kwargs)
 
     def anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
         """An ``anthropic.Anthropic`` client whose messages are recorded as ``agent``. Needs

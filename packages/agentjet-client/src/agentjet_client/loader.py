@@ -6,7 +6,8 @@ version is a hash of every ``*.py`` file under DIR, so a trajectory says which c
 
 ``CodeWatcher`` re-imports the directory when its code version changes (hot swap): sibling modules
 from DIR are dropped from ``sys.modules`` first so that edits to them count too; an edit that does
-not import is reported once and the previous agent stays in use.
+not import is reported once and the previous agent stays in use. ``Watcher`` is the polling it
+shares with ``tracks.RemoteWatcher`` (a code dir run by another interpreter).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
+from typing import Generic, TypeVar
 
 from agentjet_client.agent import SwarmAgent
 from agentjet_client.errors import AgentLoadError
 
 logger = logging.getLogger(__name__)
+
+AgentT = TypeVar("AgentT")  # what a watcher loads: a ``SwarmAgent``, or a ``tracks.RemoteAgent``
 
 
 def code_version(code_dir: Path) -> str:
@@ -83,8 +87,10 @@ def _forget_modules_under(code_dir: Path) -> None:
             del sys.modules[name]
 
 
-class CodeWatcher:
-    """Polled by the runner: returns the new agent after an edit that imports, else None."""
+class Watcher(Generic[AgentT]):
+    """Polled by the runner: returns the new agent after an edit that loads (``load``), else None. An
+    edit that does not load is reported once (``last_error``) and not tried again until the code
+    changes again."""
 
     def __init__(self, code_dir: Path, version: str) -> None:
         self.code_dir = code_dir.resolve()
@@ -92,7 +98,11 @@ class CodeWatcher:
         self.failed_version: str | None = None
         self.last_error: str | None = None
 
-    def poll(self) -> tuple[SwarmAgent, str] | None:
+    def load(self) -> tuple[AgentT, str]:
+        """The code dir's agent as it is now, and its code version; raises ``AgentLoadError``."""
+        raise NotImplementedError
+
+    def poll(self) -> tuple[AgentT, str] | None:
         try:
             current = code_version(self.code_dir)
         except OSError as exc:  # a file vanished between listing and reading: look again next time
@@ -100,12 +110,19 @@ class CodeWatcher:
             return None
         if current in (self.version, self.failed_version):
             return None
-        _forget_modules_under(self.code_dir)
         try:
-            agent, loaded = load_agent(self.code_dir)
+            agent, loaded = self.load()
         except AgentLoadError as exc:
             self.failed_version, self.last_error = current, str(exc)
             logger.error("the edit in %s does not load (%s); still running code %s", self.code_dir, exc, self.version)
             return None
         self.version, self.failed_version, self.last_error = loaded, None, None
         return agent, loaded
+
+
+class CodeWatcher(Watcher[SwarmAgent]):
+    """Hot swap of an agent imported in this process."""
+
+    def load(self) -> tuple[SwarmAgent, str]:
+        _forget_modules_under(self.code_dir)
+        return load_agent(self.code_dir)

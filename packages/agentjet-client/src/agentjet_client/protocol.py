@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -395,13 +395,22 @@ class Usage(_Open):
     total_tokens: int
 
 
-class ChatCompletion(_Open):
+ChoiceT = TypeVar("ChoiceT", bound=_Open)
+
+
+class _Completion(_Open, Generic[ChoiceT]):
+    """What a completion answer (or stream chunk) wraps its choices in; each kind fixes ``object``."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
-    choices: list[Choice]
+    choices: list[ChoiceT]
     usage: Usage | None = None
+
+
+class ChatCompletion(_Completion[Choice]):
+    object: Literal["chat.completion"] = "chat.completion"
 
 
 class ToolCallDelta(_Open):
@@ -428,13 +437,8 @@ class ChunkChoice(_Open):
     agentjet: AgentJetExtension | None = None
 
 
-class ChatCompletionChunk(_Open):
-    id: str
+class ChatCompletionChunk(_Completion[ChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
 
 
 class CompletionLogprobs(_Open):
@@ -455,13 +459,8 @@ class CompletionChoice(_Open):
     agentjet: AgentJetExtension | None = None
 
 
-class TextCompletion(_Open):
-    id: str
+class TextCompletion(_Completion[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(_Open):

@@ -5,6 +5,10 @@
 version (never trained, reported apart). At most ``concurrency`` episodes play at once, each bounded by
 ``timeout``; an agent's exception or timeout fails that episode only. Every finished trajectory is
 committed to the spool of each server it has turns for before the next one is taken.
+
+An error of our own code around an episode (making its trajectory, recording it, spooling it) is no
+failed episode: the future of ``watch()`` fails with it, and the runner ends the run (``abandon`` drops the
+episodes still running, as a crash would; what is spooled stays there).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 class Rollouts:
+    """The episodes of one run: started as groups or evaluation rounds, played, recorded and spooled."""
+
     def __init__(
         self,
         client: SwarmClient,
@@ -51,6 +57,7 @@ class Rollouts:
         self._eval_every, self._eval_episodes = eval_every, eval_episodes
         self._eval_rounds = 0
         self._on_progress = on_progress or (lambda report: None)
+        self._failure: asyncio.Future[None] | None = None
 
     @property
     def version(self) -> int:
@@ -62,10 +69,33 @@ class Rollouts:
         if self.running:
             await asyncio.gather(*self.running)
 
+    def watch(self) -> asyncio.Future[None]:
+        """A future (of the running loop; one per run) that fails with the next error our own code raises
+        in an episode: the agent's own errors fail their episode only, this one ends the run."""
+        self._failure = asyncio.get_running_loop().create_future()
+        return self._failure
+
+    async def abandon(self) -> None:
+        """Cancel the episodes still running and wait until they have closed (their trajectories are lost,
+        as in a crash; those already spooled stay in the spool)."""
+        jobs = list(self.running)
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+
     def _launch(self, track: Track, group_id: str, task_id: str, task: Task, evaluation: int | None = None) -> None:
         job = asyncio.create_task(self._episode(track, group_id, task_id, task, evaluation))
         self.running.add(job)
-        job.add_done_callback(self.running.discard)
+        job.add_done_callback(self._ended)
+
+    def _ended(self, job: asyncio.Task[None]) -> None:
+        self.running.discard(job)
+        if job.cancelled() or (error := job.exception()) is None:
+            return
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_exception(error)
+        else:  # one more while the run is already ending on the first
+            logger.error("an episode failed in the runner's own code: %r", error, exc_info=error)
 
     def start_group(self, track: Track, item: tuple[str, Task], label: str, size: int) -> None:
         """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""

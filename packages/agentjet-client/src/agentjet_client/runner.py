@@ -4,7 +4,9 @@ For each task it starts one GRPO group (``group_size`` episodes of the same task
 ``concurrency`` episodes at a time, each bounded by ``timeout`` seconds. It starts a group only
 while the server's admission budget (``/v1/status``) has room for it, so rollouts run ahead of
 training by a bounded amount and land within the staleness bound. An agent's exception or
-timeout fails that episode only.
+timeout fails that episode only; an error of our own code (around an episode, or in a sender) ends
+the run at once with that error, the episodes still running abandoned as in a crash, everything
+spooled kept for the next run.
 
 Every finished trajectory is committed to the durable spool of its server before the runner
 moves on, and delivered from there by that server's ``delivery.Sender``; with agents on several
@@ -119,7 +121,6 @@ class Runner:
             backoff_max=config.backoff_max,
         )
         self._on_reload = on_reload or (lambda version, error: None)
-        self._sender_tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=max(1, config.concurrency), thread_name_prefix="agentjet-agent")
         self.rollouts = Rollouts(
@@ -167,9 +168,6 @@ class Runner:
         """The track whose next group may start now (None once the run stops): of those with room
         on every server, the one with the most room for its tag; on a tie, the one that has
         started fewest episodes (without ``--mix`` the code dirs take turns)."""
-        for task in self._sender_tasks:
-            if task.done():  # a sender died: say why now, not after waiting for room it can never make
-                task.result()
         await self.admission.spool_room()
         room = await self.admission.choose(need, [track.tag for track in self.tracks])
         if not room:
@@ -178,48 +176,29 @@ class Runner:
         return self.tracks[best]
 
     async def run(self) -> RunReport:
-        started, rollouts = time.monotonic(), self.rollouts
+        started = time.monotonic()
         if self.config.sync and len(self.senders) > 1:
             raise ValueError("--sync drives one server; run the agents of other servers without --sync")
         if self.config.sync and len(self.tracks) > 1:
             raise ValueError("--sync runs one code dir; give one --code-dir")
         senders = [asyncio.create_task(sender.run()) for sender in self.senders.values()]
-        self._sender_tasks = senders
         interval = self.config.watch_interval
         watching = [
             asyncio.create_task(t.watch(interval, self.report, self._on_reload))
             for t in self.tracks
             if t.watcher is not None
         ]
-        g = self.config.group_size
-        total_groups = math.ceil(self.config.episodes / g) if self.config.episodes else None
-        streams = {id(t): self._task_stream(t, i) for i, t in enumerate(self.tracks)}
-        groups = 0
+        failure = self.rollouts.watch()
+        drive = asyncio.create_task(self._drive(senders))
         try:
-            if self.config.eval_only:
-                await rollouts.start_eval()
-                total_groups = 0
-            if self.config.sync and not self.config.eval_only:
-                await self._run_sync(senders, streams[id(self.tracks[0])])
-                total_groups = 0
-            while not self._stop.is_set() and (total_groups is None or groups < total_groups):
-                track = await self._wait_for_admission(g)
-                if track is None or self._stop.is_set():
-                    break
-                if rollouts.eval_due():
-                    await rollouts.start_eval()
-                item = await asyncio.to_thread(next, streams[id(track)])  # another interpreter may load them
-                rollouts.start_group(track, item, str(groups), g)
-                groups += 1
-            await rollouts.finish()
-            await self.admission.drained(senders)
-            if self.config.eval_every and not self._stop.is_set() and rollouts.version != rollouts.last_eval:
-                await rollouts.start_eval()  # the policy the run ends with
-                await rollouts.finish()
-                await self.admission.drained(senders)
+            await _supervise(drive, [failure, *senders])
         finally:
+            failure.cancel()  # the run is ending: an error of ours from now on is only logged
+            drive.cancel()
+            await asyncio.wait({drive})
             for task in [*senders, *watching]:
                 task.cancel()
+            await self.rollouts.abandon()  # none left unless the run failed or was cancelled
             for track in self.tracks:
                 if track.workers is not None:
                     track.workers.close()
@@ -227,6 +206,35 @@ class Runner:
             await self.client.aclose_pool()
         self.report.elapsed_s = time.monotonic() - started
         return self.report
+
+    async def _drive(self, senders: list[asyncio.Task[None]]) -> None:
+        """The run itself: groups as admission allows (or the synchronous loop), evaluation rounds,
+        and the wait until every episode is finished and answered."""
+        rollouts, g = self.rollouts, self.config.group_size
+        total_groups = math.ceil(self.config.episodes / g) if self.config.episodes else None
+        streams = {id(t): self._task_stream(t, i) for i, t in enumerate(self.tracks)}
+        groups = 0
+        if self.config.eval_only:
+            await rollouts.start_eval()
+            total_groups = 0
+        if self.config.sync and not self.config.eval_only:
+            await self._run_sync(senders, streams[id(self.tracks[0])])
+            total_groups = 0
+        while not self._stop.is_set() and (total_groups is None or groups < total_groups):
+            track = await self._wait_for_admission(g)
+            if track is None or self._stop.is_set():
+                break
+            if rollouts.eval_due():
+                await rollouts.start_eval()
+            item = await asyncio.to_thread(next, streams[id(track)])  # another interpreter may load them
+            rollouts.start_group(track, item, str(groups), g)
+            groups += 1
+        await rollouts.finish()
+        await self.admission.drained(senders)
+        if self.config.eval_every and not self._stop.is_set() and rollouts.version != rollouts.last_eval:
+            await rollouts.start_eval()  # the policy the run ends with
+            await rollouts.finish()
+            await self.admission.drained(senders)
 
     async def _run_sync(
         self,
@@ -278,3 +286,17 @@ class Runner:
             running=max(0, self.report.started - self.report.finished),
             code_version=self.code_version,
         )
+
+
+async def _supervise(drive: asyncio.Task[None], watched: Sequence[asyncio.Future[None]]) -> None:
+    """Wait for ``drive``; if one of ``watched`` (the episodes' failure, the senders: none of them ends
+    but by failing) fails first, cancel ``drive`` and raise that error, with its own traceback."""
+    done, _ = await asyncio.wait({drive, *watched}, return_when=asyncio.FIRST_COMPLETED)
+    errors = [f.exception() for f in watched if f in done and not f.cancelled()]
+    if drive not in done:
+        drive.cancel()
+        await asyncio.wait({drive})
+    for error in errors:
+        if error is not None:
+            raise error
+    drive.result()

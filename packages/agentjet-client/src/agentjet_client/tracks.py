@@ -39,7 +39,7 @@ from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.episode import Episode
 from agentjet_client.errors import AgentLoadError
 from agentjet_client.isolation import STARTUP_TIMEOUT, AgentFailed, WorkerPool
-from agentjet_client.loader import CodeWatcher, code_version, load_agent
+from agentjet_client.loader import CodeWatcher, Watcher, load_agent
 from agentjet_client.report import RunReport
 from agentjet_client.version import __version__
 
@@ -200,31 +200,16 @@ class RemoteAgent:
         return agent, info.version
 
 
-class RemoteWatcher:
-    """``CodeWatcher`` for a code dir with its own interpreter: an edit is taken once it imports there
+class RemoteWatcher(Watcher[RemoteAgent]):
+    """The ``Watcher`` of a code dir with its own interpreter: an edit is taken once it imports there
     (the workers re-import it themselves before their next episode)."""
 
     def __init__(self, python: str, code_dir: Path, version: str) -> None:
+        super().__init__(code_dir, version)
         self.python = python
-        self.code_dir = code_dir
-        self.version = version
-        self.failed_version: str | None = None
-        self.last_error: str | None = None
 
-    def poll(self) -> tuple[RemoteAgent, str] | None:
-        try:
-            current = code_version(self.code_dir)
-        except OSError:
-            return None
-        if current in (self.version, self.failed_version):
-            return None
-        try:
-            agent, loaded = RemoteAgent.load(self.python, self.code_dir)
-        except AgentLoadError as exc:
-            self.failed_version, self.last_error = current, str(exc)
-            return None
-        self.version, self.failed_version, self.last_error = loaded, None, None
-        return agent, loaded
+    def load(self) -> tuple[RemoteAgent, str]:
+        return RemoteAgent.load(self.python, self.code_dir)
 
 
 @dataclass

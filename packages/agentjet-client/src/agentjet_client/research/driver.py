@@ -1,18 +1,15 @@
 """One trial's life, a step at a time: ``TrialDriver`` starts (or resumes) a trial's server, starts its
-client once the server answers, follows the run through the server's public API (``monitor.py``), ends
-training early (``stopping.py``) or at its budget, runs the final evaluation, restarts what crashed (up
-to ``max_resumes``), and stops the server through the admin API, which writes a checkpoint. Every change
-is written to the trial's ``trial.json`` before the next step; ``StudyRunner`` (``runner.py``) calls
+client once the server answers (their commands and ports: ``launch.py``), follows the run through the
+server's public API (``monitor.py``) into the trial's reward series (``series.py``), ends training early
+(``stopping.py``) or at its budget, runs the final evaluation, restarts what crashed (up to
+``max_resumes``), and stops the server through the admin API, which writes a checkpoint. Every change is
+written to the trial's ``trial.json`` before the next step; ``StudyRunner`` (``runner.py``) calls
 ``advance`` on each running trial every poll.
 """
 
 from __future__ import annotations
 
-import os
-import random
 import signal
-import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,8 +18,10 @@ from typing import Any
 
 import httpx2
 
-from agentjet_client.research.monitor import Observation, Probe, eval_episodes
-from agentjet_client.research.stopping import Point, RewardWindow, stop_reason
+from agentjet_client.research.launch import client_command, free_port, server_command
+from agentjet_client.research.monitor import Probe
+from agentjet_client.research.series import Series, train_metric
+from agentjet_client.research.stopping import stop_reason
 from agentjet_client.research.study import Study, toml_text
 from agentjet_client.research.trial import Process, TrialDir, TrialRecord, last_lines
 
@@ -31,36 +30,15 @@ UNREACHABLE_S = 60.0  # a running server that answers nothing this long is kille
 
 
 @dataclass
-class EvalRound:
-    """The episodes of one evaluation round as they arrive."""
-
-    t: float
-    episodes: int
-    version: int | None = None
-    rewards: list[float] = field(default_factory=list)
-
-    def add(self, version: int, reward: float) -> None:
-        self.version = version if self.version is None else min(self.version, version)
-        self.rewards.append(reward)
-
-    def point(self) -> Point:
-        return Point(self.t, self.episodes, sum(self.rewards) / len(self.rewards), len(self.rewards), self.version)
-
-
-@dataclass
 class Live:
     """What the runner holds in memory for a running trial (rebuilt from disk after a restart)."""
 
     files: TrialDir
     probe: Probe
+    series: Series  # its reward points, the stopping rules' input
     server: Process | None = None
     client: Process | None = None
     evaluator: Process | None = None
-    window: RewardWindow = field(default_factory=lambda: RewardWindow(1))
-    train: list[Point] = field(default_factory=list)
-    evals: list[Point] = field(default_factory=list)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    rounds: dict[str, EvalRound] = field(default_factory=dict)  # evaluation rounds still arriving
     unreachable_since: float | None = None
     phase_since: float = field(default_factory=time.monotonic)
 
@@ -79,12 +57,8 @@ class TrialDriver:
 
     def open(self, record: TrialRecord) -> Live:
         files = TrialDir(self.out, record.id)
-        live = Live(files, Probe(f"http://127.0.0.1:{record.port}"))
-        live.window = RewardWindow(self.study.stop.window)
-        live.window.restore(record.window)
-        for point in files.points():
-            if point["kind"] in ("train", "eval"):
-                (live.train if point["kind"] == "train" else live.evals).append(Point.from_json(point))
+        series = Series.load(files, self.study.stop.window, record)
+        live = Live(files, Probe(f"http://127.0.0.1:{record.port}"), series)
         self.live[record.id] = live
         return live
 
@@ -94,7 +68,7 @@ class TrialDriver:
         files.path.mkdir(parents=True, exist_ok=True)
         resume = record.server_starts > 0
         if record.port is None:  # a resumed trial keeps its port: its client (and its spool) know that URL
-            record.port = _free_port()
+            record.port = free_port()
         if not resume:
             files.server_config.write_text(toml_text(self.study.server_settings(record.settings)))
             record.started_at = time.time()
@@ -113,14 +87,7 @@ class TrialDriver:
 
     def _spawn_server(self, record: TrialRecord, live: Live, resume: bool) -> None:
         files = live.files
-        command = [*self._server_command, "up", "--config", str(files.server_config), "--port", str(record.port)]
-        command += ["--state-dir", str(files.state), "--resume" if resume else "--fresh", "--log-level", "warning"]
-        env = dict(os.environ)
-        study = self.study.study
-        if study.devices:
-            command += ["--device", study.devices[record.index % len(study.devices)]]
-        elif self.parallel > 1:
-            env["OMP_NUM_THREADS"] = str(study.cores_per_trial)  # torch's threads: the trial's share of the cores
+        command, env = server_command(self._server_command, self.study, record, files, resume, self.parallel)
         live.server = Process.spawn(command, files.server_log, env, str(files.path))
         record.server_pid = live.server.pid
         record.server_starts += 1
@@ -161,7 +128,7 @@ class TrialDriver:
                 live.server.end(signal.SIGKILL, 0)
             return
         live.unreachable_since = None
-        self._observe(record, live, observation)
+        live.series.observe(record, observation)
         if record.phase == "training":
             self._check_training(record, live)
         elif record.phase == "evaluating":
@@ -178,37 +145,8 @@ class TrialDriver:
             self._spawn_evaluation(record, live)
         live.files.save(record)
 
-    def _observe(self, record: TrialRecord, live: Live, observation: Observation) -> None:
-        now = time.time()
-        record.episodes = max(record.episodes, observation.train_episodes)
-        window = live.window.add(observation.train_sum, observation.train_count)
-        if window is not None:
-            point = Point(record.seconds(now), record.episodes, window[0], window[1])
-            live.train.append(point)
-            live.files.append_point("train", point.to_json())
-            record.last_reward = point.reward
-        for line in observation.lines:
-            if line.get("kind") == "step":
-                live.steps.append(line)
-        del live.steps[:-16]
-        if record.phase == "training":  # the in-run evaluation rounds (--eval-every): a point per round
-            for episode in eval_episodes(observation.lines):
-                round_ = live.rounds.setdefault(episode.round, EvalRound(record.seconds(now), record.episodes))
-                round_.add(episode.version, episode.reward)
-            self._flush_rounds(live, keep_last=True)
-        if record.phase != "evaluating":
-            record.history_seq = observation.last_seq
-        record.window = live.window.state()
-
-    def _flush_rounds(self, live: Live, keep_last: bool) -> None:
-        """Evaluation rounds become points once a later round has begun (or training ended)."""
-        for key in list(live.rounds)[: -1 if keep_last else None]:
-            point = live.rounds.pop(key).point()
-            live.evals.append(point)
-            live.files.append_point("eval", point.to_json())
-
     def _check_training(self, record: TrialRecord, live: Live) -> None:
-        reason = stop_reason(self.study.stop, live.train, live.evals, live.steps)
+        reason = stop_reason(self.study.stop, live.series.train, live.series.evals, live.series.steps)
         minutes = self.study.trial.minutes
         if reason is not None:
             self.end_training(record, live, "stopped", reason)
@@ -223,7 +161,7 @@ class TrialDriver:
         tail = last_lines(live.files.client_log, 6)
         if code == 0 or (code == -1 and "done:" in tail and "interrupted" not in tail):  # -1: not ours to reap
             try:  # what the client delivered since this round's poll
-                self._observe(record, live, live.probe.observe(record.history_seq))
+                live.series.observe(record, live.probe.observe(record.history_seq))
             except (httpx2.HTTPError, ValueError):
                 pass
             self.end_training(record, live, "finished", f"budget: {record.episodes} episodes")
@@ -238,7 +176,7 @@ class TrialDriver:
     def end_training(self, record: TrialRecord, live: Live, status: str, reason: str) -> None:
         if live.client is not None:
             live.client.end(signal.SIGINT, 15.0)
-        self._flush_rounds(live, keep_last=False)
+        live.series.flush_rounds(keep_last=False)
         record.status = status  # type: ignore[assignment]
         record.reason = reason
         record.note(reason)
@@ -246,7 +184,7 @@ class TrialDriver:
         if self.study.study.metric == "eval_reward":
             self._spawn_evaluation(record, live)
         else:
-            record.metric = train_metric(live.train)
+            record.metric = train_metric(live.series.train)
             self._stop_server(record, live)
         live.files.save(record)
 
@@ -270,14 +208,7 @@ class TrialDriver:
             lines, _ = live.probe.history(record.eval_from_seq, "eval")
         except (httpx2.HTTPError, ValueError):
             return  # asked again next round
-        episodes = eval_episodes(lines)
-        if episodes:
-            record.metric = sum(e.reward for e in episodes) / len(episodes)
-            record.note(f"final evaluation: {record.metric:.3f} over {len(episodes)} episodes")
-            final = Point(
-                record.seconds(), record.episodes, record.metric, len(episodes), max(e.version for e in episodes)
-            )
-            live.files.append_point("final", final.to_json())
+        if live.series.final(record, lines):
             self._stop_server(record, live)
             return
         what = f"the final evaluation recorded nothing (exit {code})"
@@ -354,67 +285,5 @@ class TrialDriver:
         TrialDir(self.out, record.id).save(record)
 
 
-def client_command(
-    study: Study, study_path: Path, record: TrialRecord, files: TrialDir, evaluation: bool = False
-) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of a trial's client: ``agentjet-client run`` for its remaining
-    episodes, or ``agentjet-client eval`` for the final evaluation."""
-    client = study.client_settings(record.settings, study_path.parent)
-    url = f"http://127.0.0.1:{record.port}"
-    command = [sys.executable, "-m", "agentjet_client"]
-    if evaluation:
-        command += ["eval", "--code-dir", str(client.code_dir), "--server", url]
-        command += ["--episodes", str(study.trial.eval_episodes or client.eval_episodes)]
-        command += ["--spool-dir", str(files.path / "eval-spool")]
-    else:
-        group = client.group_size or int(study.server_settings(record.settings).get("group_size", 16))
-        remaining = max(1, record.target_episodes - record.episodes)
-        command += ["run", "--code-dir", str(client.code_dir), "--server", url, "--episodes", str(remaining)]
-        command += ["--group-size", str(group), "--spool-dir", str(files.spool)]
-        command += ["--eval-every", str(client.eval_every), "--eval-episodes", str(client.eval_episodes)]
-        if client.seed is not None:
-            command += ["--seed", str(client.seed)]
-        command += client.args
-    command += ["--concurrency", str(client.concurrency), "--timeout", str(client.timeout)]
-    env = {**os.environ, **client.env}
-    return command, env
-
-
-def train_metric(train: list[Point]) -> float | None:
-    """Mean training reward over the last 20% of the episodes."""
-    if not train:
-        return None
-    last = train[-1].episodes
-    tail = [p for p in train if p.episodes >= 0.8 * last] or train[-1:]
-    return sum(p.reward * p.n for p in tail) / sum(p.n for p in tail)
-
-
 def describe(settings: dict[str, Any]) -> str:
     return "  ".join(f"{k}={v}" for k, v in settings.items())
-
-
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range: one from that range could be handed to an
-    outgoing connection (a client's, a trial's neighbour's) before the trial's server binds it."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(10000, max(low, 10001))
-        if _port_free(port):
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -1,6 +1,6 @@
 """Early stopping: the rules that end a trial before its budget, as pure functions over its series.
 
-A trial's series (what ``monitor.py`` builds from the server's public API):
+A trial's series (what ``series.py`` builds from the server's public API, read by ``monitor.py``):
 
 * **training reward points**: the mean reward of each ``window`` training episodes the server
   accepted, with the episode count at the end of the window;
