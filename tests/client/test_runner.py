@@ -36,8 +36,8 @@ def test_runner_isolates_failures_and_times_out(live_server):
     assert report.accepted == 8 and report.rejected == 0
     assert after.accepted - before.accepted == 8
     reasons = report.failure_reasons
-    assert reasons["episode timed out after 1s"] == 2  # the hung episodes were abandoned, not awaited
-    assert reasons["ValueError: agent bug"] == 2
+    assert reasons["episode timed out after 1s (--timeout)"] == 2  # the hung episodes were abandoned, not awaited
+    assert reasons["ValueError: agent bug (test_runner.py:18 in agent)"] == 2  # where in the agent
     assert sum(n for r, n in reasons.items() if "agent returned 'yes'" in r) == 2
 
 
@@ -254,3 +254,36 @@ def test_the_command_line_fails_with_the_traceback_of_an_error_of_our_own(live_s
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "the run stopped on an unexpected error" in proc.stderr
     assert "RuntimeError: bookkeeping bug" in proc.stderr and "record_episode" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_new_groups_take_the_servers_group_size_when_an_admin_changes_it(model_dir, caplog):
+    import httpx2
+
+    from tests.conftest import LiveServer
+
+    server = LiveServer(model_dir, batch_groups=1, group_size=2)
+
+    @swarm_agent(tasks=[{"id": "a"}, {"id": "b"}])
+    async def agent(task, episode):
+        await episode.async_openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
+        return 1.0
+
+    try:
+        config = RunConfig(episodes=10, group_size=2, concurrency=1, follow_group_size=True, poll_interval=0.05)
+        with SwarmClient(server.url) as client:
+            runner = Runner(client, agent, config)
+
+            def switch(report) -> None:  # after the first group: an admin changes the group size
+                if report.finished == 2:
+                    httpx2.patch(server.url + "/v1/admin/config", json={"group_size": 4}).raise_for_status()
+
+            runner.rollouts._on_progress = switch
+            with caplog.at_level("WARNING", logger="agentjet_client.admission"):
+                report = asyncio.run(runner.run())
+        groups = [t["task_id"] for t in server.runtime.recent.newest(100) if t["purpose"] == "train"]
+    finally:
+        server.stop()
+    assert "the server's group size changed from 2 to 4" in caplog.text
+    assert report.started == 10 and report.accepted == 10
+    sizes = sorted(groups.count(g) for g in set(groups))  # groups started before the change keep their 2
+    assert set(sizes) == {2, 4} and sum(sizes) == 10, sizes

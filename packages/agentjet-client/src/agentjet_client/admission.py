@@ -57,6 +57,7 @@ class Admission:
         self._backoff_max = backoff_max
         self._down: set[str] = set()  # servers that did not answer the last poll (logged once per outage)
         self._warned_full = False
+        self.group_size: int | None = None  # the default server's, as its last status said
 
     async def status(self, server: str) -> ServerStatus | None:
         """The server's status, waiting (backoff with jitter) while it is down; None if the run
@@ -77,11 +78,23 @@ class Admission:
         if server in self._down:
             self._down.discard(server)
             logger.warning("server %s is back (policy v%d); starting episodes again", server, status.policy_version)
-        if self.report.first_version is None and server == self.client.server_url:
-            self.report.first_version = status.policy_version
+        if server == self.client.server_url:
+            if self.report.first_version is None:
+                self.report.first_version = status.policy_version
+            self._note_group_size(status.learner.group_size)
         sender = self.senders[server]
         sender.version = max(sender.version, status.policy_version)
         return status
+
+    def _note_group_size(self, size: int) -> None:
+        if self.group_size is not None and size != self.group_size:
+            logger.warning(
+                "the server's group size changed from %d to %d (an admin's change): new groups have %d episodes",
+                self.group_size,
+                size,
+                size,
+            )
+        self.group_size = size
 
     def _waiting(self, server: str, state: RetryCallState) -> None:
         self.report.waits_for_server += 1

@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from agentjet_client.errors import TaskLoadError
+from agentjet_client.failures import describe
+
 Task = dict[str, Any]
 TaskSource = Iterable[Task] | Callable[[], Iterable[Task]]
 
@@ -46,8 +49,12 @@ class SwarmAgent:
             )
         tasks = self.eval_tasks if evaluation else self.tasks
         assert tasks is not None
-        source = tasks() if callable(tasks) else tasks
         kind = "eval_tasks" if evaluation else "tasks"
+        try:
+            source = list(tasks() if callable(tasks) else tasks)
+        except Exception as exc:  # the agent's own code: say where in it
+            failure = describe(exc)
+            raise TaskLoadError(f"loading the {kind} of agent '{self.name}' failed: {failure.trace}") from exc
         out = []
         for index, task in enumerate(source):
             if not isinstance(task, dict):

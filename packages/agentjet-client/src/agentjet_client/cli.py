@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -58,7 +60,10 @@ def run(
     ] = None,
     api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="episodes running at once")] = 32,
-    group_size: Annotated[int, typer.Option(min=1, help="episodes per task (one GRPO group)")] = 16,
+    group_size: Annotated[
+        int | None,
+        typer.Option(min=1, help="episodes per task (one GRPO group) [default: the server's group size]"),
+    ] = None,
     episodes: Annotated[int, typer.Option(min=0, help="episodes to run in total (0 = until Ctrl-C)")] = 0,
     timeout: Annotated[float, typer.Option(min=0.001, help="seconds before an episode is abandoned")] = 300.0,
     seed: Annotated[int | None, typer.Option(help="seed for the task order")] = None,
@@ -81,6 +86,15 @@ def run(
         bool,
         typer.Option(help="synchronous baseline: roll out one batch, wait for the server's step, repeat"),
     ] = False,
+    max_failure_rate: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="stop the run when more than this share of its episodes failed [default: stop when every "
+            "episode of the first group, or of the first 5% of the run, failed]",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
@@ -109,13 +123,15 @@ def run(
     """
     config = RunConfig(
         episodes=episodes,
-        group_size=group_size,
+        group_size=group_size or 0,  # 0: the server's (``_run_agent`` asks it)
         concurrency=concurrency,
         timeout=timeout,
         seed=seed,
         eval_every=eval_every,
         eval_episodes=eval_episodes,
         sync=sync,
+        max_failure_rate=max_failure_rate,
+        follow_group_size=True,
     )
     _run_agent(code_dir, server or [], api_key, config, spool_dir, spool_max, watch, isolate, log_level)
 
@@ -161,6 +177,20 @@ def parse_servers(values: list[str]) -> tuple[str, dict[str, str]]:
     return default or "http://127.0.0.1:8000", agents
 
 
+def _with_group_size(config: RunConfig, sizes: dict[str, int]) -> RunConfig:
+    """``config`` with the servers' group size; a --group-size that differs from a server's is refused
+    (its groups would wait out the server's --group-timeout before they train)."""
+    wanted = config.group_size or next(iter(sizes.values()))
+    for url, size in sizes.items():
+        if size != wanted:
+            given = f"--group-size {config.group_size}" if config.group_size else f"the first server's {wanted}"
+            raise ValueError(
+                f"{given} does not match the server at {url}, which trains groups of {size} (its --group-size); "
+                "leave --group-size out to take the server's, or start the servers with the same --group-size"
+            )
+    return dataclasses.replace(config, group_size=wanted)
+
+
 def _run_agent(
     code_dirs: list[Path],
     servers: list[str],
@@ -198,8 +228,10 @@ def _run_agent(
                 f"the code dirs' agents share a task tag ({tags}); give each @swarm_agent(tag=...) its own tag "
                 "so the server can keep their mix"
             )
-        for url in client.servers:
-            client.status(url)
+        sizes = {url: client.status(url).learner.group_size for url in client.servers}
+        config = config if config.eval_only else _with_group_size(config, sizes)
+        for track in tracks:  # tasks that fail to load say so now, with the agent's own frames
+            track.agent.load_tasks()
         spools = {url: Spool(_spool_path(spool_dir, url), max_items=spool_max) for url in client.servers}
     except (AgentJetError, ValueError) as exc:
         _fail(str(exc))
@@ -257,6 +289,9 @@ def _run_agent(
     except KeyboardInterrupt:
         report = runner.report
         err.print("interrupted")
+    except AgentJetError as exc:  # e.g. tasks that fail to load in a later epoch: one clear error
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(code=2) from None
     except Exception:  # a bug of ours: its traceback (typer prints it) and exit 1, never a hang
         err.print(
             "[red]error:[/red] the run stopped on an unexpected error (traceback below); what finished is in "
@@ -268,16 +303,44 @@ def _run_agent(
         for spool in spools.values():
             spool.close()
     _summary(report, config)
+    _verdict(report, config)
+
+
+def _verdict(report: RunReport, config: RunConfig) -> None:
+    """Exit 3 when the run stopped because its episodes kept failing, or delivered nothing at all."""
+    top = report.failure_reasons.most_common(1)
+    cause = f"; most often: {top[0][1]} x {top[0][0]} (its traceback is above)" if top else ""
+    if report.stopped is not None:
+        err.print(f"[red]error:[/red] the run stopped: {escape(report.stopped)}{escape(cause)}")
+        raise typer.Exit(code=3)
+    if not config.eval_only and report.finished and not report.accepted:
+        err.print(f"[red]error:[/red] no episode of this run was accepted by the server{escape(cause)}")
+        raise typer.Exit(code=3)
+
+
+def _version(version: int | None) -> str:
+    return "-" if version is None else str(version)
+
+
+def _mean(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
 
 
 def _summary(report: RunReport, config: RunConfig) -> None:
     if not config.eval_only:
-        console.print(
-            f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  "
-            f"mean reward first 10% {report.mean(0.0, 0.1):.3f}  last 20% {report.mean(0.8, 1.0):.3f}  "
-            f"policy v{report.first_version} -> v{report.last_version}  accepted {report.accepted}  "
-            f"duplicate {report.duplicate}  rejected {report.rejected}  failed {report.failed}"
+        means = (
+            f"mean reward first 10% {_mean(report.mean(0.0, 0.1))}  last 20% {_mean(report.mean(0.8, 1.0))}"
+            if report.rewards
+            else "no episode completed (mean reward -)"
         )
+        console.print(
+            f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  {means}  "
+            f"policy v{_version(report.first_version)} -> v{_version(report.last_version)}  "
+            f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  "
+            f"failed {report.failed}"
+        )
+    for line, count in report.failure_reasons.most_common(3):
+        console.print(f"failed: {count} x {escape(line)}")
     if report.eval_rewards:
         rounds = "  ".join(f"v{v}: {sum(r) / len(r):.3f} ({len(r)})" for v, r in sorted(report.eval_rewards.items()))
         console.print(f"[bold]evaluation[/bold] mean reward by policy version: {rounds}")
@@ -296,15 +359,13 @@ def _summary(report: RunReport, config: RunConfig) -> None:
         for name in sorted(report.agent_rewards):
             console.print(
                 f"agent {name}: {report.turns_by_agent[name]} turns, mean reward first 10% "
-                f"{report.mean(0.0, 0.1, name):.3f}  last 20% {report.mean(0.8, 1.0, name):.3f}"
+                f"{_mean(report.mean(0.0, 0.1, name))}  last 20% {_mean(report.mean(0.8, 1.0, name))}"
             )
     if len(report.by_server) > 1:
         for url, counts in report.by_server.items():
             console.print(f"{url}: " + "  ".join(f"{k} {n}" for k, n in sorted(counts.items())))
     if report.reject_reasons:
         console.print(f"rejections: {dict(report.reject_reasons)}")
-    if report.failure_reasons:
-        console.print(f"failed episodes: {dict(report.failure_reasons.most_common(5))}")
 
 
 def _spool_path(spool_dir: Path | None, server_url: str) -> Path:

@@ -5,6 +5,7 @@
     │   └── RejectedRequest  a 4xx: the request itself is wrong; retrying will not help
     ├── ServerUnreachable    no answer from the server (after retries)
     ├── AgentLoadError       the code dir has no usable @swarm_agent, or it fails to import
+    ├── TaskLoadError        the agent's tasks could not be loaded (its own traceback in the message)
     └── StudyError           a research study file is invalid, or its --out dir belongs to another
 
 Capture never raises into agent code: its failures are logged and counted on the recorder.
@@ -36,6 +37,10 @@ class ServerUnreachable(AgentJetError):
 
 class AgentLoadError(AgentJetError):
     """The agent code could not be loaded."""
+
+
+class TaskLoadError(AgentJetError):
+    """Loading an agent's tasks raised: the message holds the traceback of the agent's own frames."""
 
 
 class StudyError(AgentJetError):

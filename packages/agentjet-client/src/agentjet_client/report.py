@@ -45,6 +45,7 @@ class RunReport:
     evaluated: int = 0  # evaluation episodes finished
     rounds: int = 0  # --sync: batches rolled out and trained
     waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
+    stopped: str | None = None  # why the run stopped before its end (its episodes kept failing)
 
     def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of
@@ -86,7 +87,7 @@ class RunReport:
                     self.agent_rewards.setdefault(name, []).append(value)
         if not complete:
             self.failed += 1
-            self.failure_reasons[(trajectory.error or "unknown")[:120]] += 1
+            self.failure_reasons[trajectory.error or "unknown"] += 1
 
 
 def coerce_reward(value: Any) -> tuple[float, dict[str, float] | None]:

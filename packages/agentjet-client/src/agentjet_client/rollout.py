@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Literal
@@ -23,6 +22,7 @@ from typing import Literal
 from agentjet_client.agent import Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
+from agentjet_client.failures import Failure, FailureLog, StopRule, describe
 from agentjet_client.isolation import AgentFailed
 from agentjet_client.protocol import TrajectoryStatus
 from agentjet_client.report import RunReport, coerce_reward
@@ -47,8 +47,12 @@ class Rollouts:
         eval_every: int = 0,
         eval_episodes: int = 0,
         on_progress: Callable[[RunReport], None] | None = None,
+        stop_rule: StopRule | None = None,
+        on_stop: Callable[[str], None] | None = None,
     ) -> None:
         self.client, self.tracks, self.senders, self.report = client, tracks, senders, report
+        self.failures = FailureLog()
+        self._stop_rule, self._on_stop = stop_rule, on_stop or (lambda reason: None)
         self.running: set[asyncio.Task[None]] = set()
         self.last_eval: int | None = None  # the policy version of the last evaluation round
         self._sem = asyncio.Semaphore(concurrency)
@@ -147,21 +151,23 @@ class Rollouts:
             status: TrajectoryStatus = "complete"
             error: str | None = None
             reward, agent_rewards = 0.0, None
+            failure: Failure | None = None
             try:
                 value, ran = await track.play(agent, task, episode, self._timeout, self._executor)
                 code_version = ran or code_version
                 reward, agent_rewards = coerce_reward(value)
             except TimeoutError:
-                status, error = "failed", f"episode timed out after {self._timeout:g}s"
-            except AgentFailed as exc:  # raised in a worker process
-                status, error = "failed", str(exc)
-                logger.warning("episode of task %s failed: %s", group_id, error)
+                timed_out = f"episode timed out after {self._timeout:g}s (--timeout)"
+                failure = Failure(timed_out, timed_out)
+            except AgentFailed as exc:  # raised in a worker process: its message is all there is
+                failure = Failure(str(exc), str(exc))
             except Exception as exc:  # the agent's bug fails this episode only
-                status = "failed"
-                error = "".join(traceback.format_exception_only(exc)).strip()
-                logger.warning("episode of task %s failed: %s", group_id, error)
+                failure = describe(exc)
             finally:
                 await episode.aclose()
+            if failure is not None:
+                status, error = "failed", failure.line
+                self.failures.record(task_id, failure)
             trajectory = episode.to_trajectory(
                 reward,
                 status=status,
@@ -171,6 +177,10 @@ class Rollouts:
                 metadata={"task": task_id},
             )
             self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation)
+            if evaluation is None and self._stop_rule is not None:
+                reason = self._stop_rule.record(group_id, failure is not None)
+                if reason is not None:
+                    self._on_stop(reason)
             for server, part in self.client.split(trajectory).items():  # on disk before we go on
                 await self.senders[server].put(part, evaluation is not None)
             self._on_progress(self.report)

@@ -37,6 +37,7 @@ from agentjet_client.admission import Admission
 from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
+from agentjet_client.failures import StopRule
 from agentjet_client.isolation import WorkerPool
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import ClientReport
@@ -64,6 +65,9 @@ class RunConfig:
     eval_episodes: int = 0  # episodes per evaluation round, over the agent's eval_tasks in order
     eval_only: bool = False  # one evaluation round, no training episodes (``agentjet-client eval``)
     sync: bool = False  # one batch at a time: roll out, wait for the step, repeat (see the module docstring)
+    # stop above this share of failed episodes (None: ``StopRule``'s default; 1.0, for library use: never)
+    max_failure_rate: float | None = 1.0
+    follow_group_size: bool = False  # new groups take the server's group size when an admin changes it
 
 
 class Runner:
@@ -134,10 +138,18 @@ class Runner:
             eval_every=config.eval_every,
             eval_episodes=config.eval_episodes,
             on_progress=on_progress,
+            stop_rule=StopRule(config.group_size, config.episodes, config.max_failure_rate),
+            on_stop=self._stop_failing,
         )
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _stop_failing(self, reason: str) -> None:
+        if self.report.stopped is None:
+            self.report.stopped = reason
+            logger.error("stopping the run: %s", reason)
+        self.stop()
 
     def _stop_requested(self) -> bool:
         return self._stop.is_set()
@@ -210,17 +222,17 @@ class Runner:
     async def _drive(self, senders: list[asyncio.Task[None]]) -> None:
         """The run itself: groups as admission allows (or the synchronous loop), evaluation rounds,
         and the wait until every episode is finished and answered."""
-        rollouts, g = self.rollouts, self.config.group_size
-        total_groups = math.ceil(self.config.episodes / g) if self.config.episodes else None
+        rollouts, g, episodes = self.rollouts, self.config.group_size, self.config.episodes
         streams = {id(t): self._task_stream(t, i) for i, t in enumerate(self.tracks)}
         groups = 0
         if self.config.eval_only:
             await rollouts.start_eval()
-            total_groups = 0
-        if self.config.sync and not self.config.eval_only:
+        elif self.config.sync:
             await self._run_sync(senders, streams[id(self.tracks[0])])
-            total_groups = 0
-        while not self._stop.is_set() and (total_groups is None or groups < total_groups):
+        more = not (self.config.eval_only or self.config.sync)  # whole groups until ``episodes`` have started
+        while more and not self._stop.is_set() and (not episodes or self.report.started < episodes):
+            if self.config.follow_group_size and self.admission.group_size:
+                g = self.admission.group_size
             track = await self._wait_for_admission(g)
             if track is None or self._stop.is_set():
                 break
