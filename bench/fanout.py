@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from agentjet_server.engine.base import EngineOptions
 from agentjet_server.engine.replicas import ReplicaSet
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,7 +65,7 @@ def main() -> None:
             return took
 
         rows: dict[str, list[float]] = {}
-        engine = TransformersEngine(model, device="cpu", dtype=torch.bfloat16)
+        engine = TransformersEngine(model, EngineOptions(dtype=torch.bfloat16))
         rows["in-process engine"] = measure(engine)
         engine.close()
         for label, kind in (("2 replicas, fresh shared memory", FreshCopies), ("2 replicas, reused sets", ReplicaSet)):

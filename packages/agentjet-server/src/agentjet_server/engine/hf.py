@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, EngineOptions, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream, WeightSlot
-from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -106,33 +106,23 @@ class TransformersEngine(Engine):
     """Inference with ``transformers`` models: continuously batched, KV-cached, version-tagged."""
 
     def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        model_name: str | None = None,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_batch: int = 64,
-        version: int = 0,
-        chat_template: str | None = None,
-        continuous: bool = True,
+        self, model_path: str | Path, options: EngineOptions | None = None, *, continuous: bool = True
     ) -> None:
         """``continuous=False`` decodes in waves (newcomers wait for the running batch to end),
         as models whose cache cannot be merged always do; kept for side-by-side benchmarks."""
         from transformers import AutoModelForCausalLM
 
-        path = Path(model_path)
-        check_model_dir(path)
-        self.model_path = path
-        self.model_name = model_name or path.name
-        self.chat = ChatTokenizer(path, chat_template)
+        options = options or EngineOptions()
+        super().__init__(
+            model_path, model_name=options.model_name, chat_template=options.chat_template, version=options.version
+        )
         try:
-            model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-            self.model = model.to(device).eval()
+            model: Any = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=options.dtype)
+            self.model = model.to(options.device).eval()
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"could not load model weights from {path}: {exc}") from exc
-        self.device = torch.device(device)
-        self.max_batch = max_batch
+            raise ModelLoadError(f"could not load model weights from {self.model_path}: {exc}") from exc
+        self.device = torch.device(options.device)
+        self.max_batch = options.max_batch
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.pad_id = self.chat.pad_id
         # transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows
@@ -140,7 +130,6 @@ class TransformersEngine(Engine):
             "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         )
 
-        self._version = version
         self._requests: queue.Queue[_Request | object] = queue.Queue()
         self._weights = WeightSlot()
         self._closed = threading.Event()
@@ -172,11 +161,9 @@ class TransformersEngine(Engine):
             generator=generator,
         )
         self._requests.put(request)
-        try:
-            async for event in request.until_finished():
+        async with aclosing(request.until_finished()) as events:  # one abandoned leaves at the next step
+            async for event in events:
                 yield event
-        finally:
-            request.cancelled = True
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights.offer(state_dict, version, lambda: self._requests.put(_WAKE), self._closed)

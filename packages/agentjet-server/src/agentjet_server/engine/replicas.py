@@ -46,7 +46,6 @@ import torch
 
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.remote import EngineProcess
-from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -137,13 +136,13 @@ class ReplicaSet(Engine):
             raise ValueError("replicas must be at least 1")
         if len(devices) not in (1, replicas):
             raise ValueError(f"{len(devices)} engine devices for {replicas} replicas: name one, or one per replica")
-        path = Path(model_path)
-        check_model_dir(path)
+        super().__init__(
+            model_path,
+            model_name=engine_kwargs.get("model_name"),
+            chat_template=engine_kwargs.get("chat_template"),
+            version=int(engine_kwargs.get("version", 0)),
+        )
         self.kind = kind
-        self.model_path = path
-        self.model_name = engine_kwargs.get("model_name") or path.name
-        self.chat = ChatTokenizer(path, engine_kwargs.get("chat_template"))
-        self._version = int(engine_kwargs.get("version", 0))
         self._kwargs = engine_kwargs
         self._threads = threads
         self._startup_timeout = startup_timeout

@@ -38,6 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,8 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec, write_adapter
-from agentjet_server.engine.base import Engine, FinishReason, SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, EngineOptions, FinishReason, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream, WeightSlot
-from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import ConfigError, EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -124,14 +124,9 @@ class VLLMEngine(Engine):
     def __init__(
         self,
         model_path: str | Path,
+        options: EngineOptions | None = None,
         *,
-        model_name: str | None = None,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_batch: int = 64,
         max_model_len: int | None = None,
-        version: int = 0,
-        chat_template: str | None = None,
         enforce_eager: bool | None = None,
         engine_args: Mapping[str, Any] | None = None,
         lora: LoraSpec | None = None,
@@ -140,11 +135,11 @@ class VLLMEngine(Engine):
         """``lora``: the learner trains this adapter; vLLM serves it through its LoRA support and each
         update moves the adapter alone (``update_adapter``), not the model. ``sleep_mode``: the engine
         can ``sleep`` while the learner steps (see the module docstring)."""
-        path = Path(model_path)
-        check_model_dir(path)
-        self.model_path = path
-        self.model_name = model_name or path.name
-        self.chat = ChatTokenizer(path, chat_template)
+        options = options or EngineOptions()
+        super().__init__(
+            model_path, model_name=options.model_name, chat_template=options.chat_template, version=options.version
+        )
+        path, device = self.model_path, options.device
         self.device = device
         _set_vllm_env(device)
         try:
@@ -161,11 +156,11 @@ class VLLMEngine(Engine):
         self.max_context = min(limit, max_model_len or limit)
         args: dict[str, Any] = {
             "model": str(path),
-            "dtype": str(dtype).removeprefix("torch."),
+            "dtype": str(options.dtype).removeprefix("torch."),
             "skip_tokenizer_init": True,  # prompts arrive as token ids; we detokenise ourselves
             "distributed_executor_backend": "uni",
             "max_model_len": self.max_context,
-            "max_num_seqs": max_batch,
+            "max_num_seqs": options.max_batch,
             "seed": 0,
             "worker_extension_cls": WORKER_EXTENSION,
             "async_scheduling": False,  # a step's outputs must come from that step's weights
@@ -195,7 +190,6 @@ class VLLMEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         self._delta = RequestOutputKind.DELTA
-        self._version = version
         self._inbox: queue.Queue[_Request | tuple[str, str] | object] = queue.Queue()
         self._live: dict[str, _Request] = {}
         self._ids = itertools.count()
@@ -227,15 +221,13 @@ class VLLMEngine(Engine):
             params=params,
         )
         self._inbox.put(request)
-        finished = False
-        try:
-            async for event in request.until_finished():
-                finished = event.finish_reason is not None
+
+        def abandoned() -> None:  # the caller went away (or vLLM failed): free the slot in the running batch
+            self._inbox.put(("abort", request.request_id))
+
+        async with aclosing(request.until_finished(abandoned)) as events:
+            async for event in events:
                 yield event
-        finally:
-            if not finished:  # the caller went away (or vLLM failed): free the slot in the running batch
-                request.cancelled = True
-                self._inbox.put(("abort", request.request_id))
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights.offer(state_dict, version, lambda: self._inbox.put(_WAKE), self._closed)
