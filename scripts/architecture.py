@@ -57,7 +57,6 @@ MAX_API_MODULE = 250
 MAX_ROUTE = 40
 # classes still over MAX_CLASS, with their size when the limit came in: the ceiling until they are cut
 OVERSIZED = {
-    "agentjet_server.engine.replicas.ReplicaSet": 294,
     "agentjet_client.research.driver.TrialDriver": 287,
 }
 
