@@ -115,9 +115,10 @@ def measure(kind: str, model: Path, concurrency: int, max_tokens: int, rounds: i
     from agentjet_server.engine import create_engine
 
     if kind == "waves":  # the transformers engine as it was: newcomers wait for the running batch
+        from agentjet_server.engine.base import EngineOptions
         from agentjet_server.engine.hf import TransformersEngine
 
-        engine: Any = TransformersEngine(model, model_name="bench", max_batch=64, continuous=False)
+        engine: Any = TransformersEngine(model, EngineOptions(model_name="bench"), continuous=False)
     else:
         engine = create_engine(kind, model, model_name="bench", device="cpu", max_batch=64)  # type: ignore[arg-type]
     prompts = [engine.render([{"role": "user", "content": f"Tell me about item {i}."}]) for i in range(concurrency)]

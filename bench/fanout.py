@@ -1,6 +1,6 @@
 """Weight fan-out to engine replicas: an in-process engine's update against two replica processes,
 with the shared-memory sets the updates reuse and with a fresh shared-memory copy per update (how
-fan-out worked before; a subclass here does it that way). Same model, same weights, one run.
+fan-out worked before; ``FreshCopies`` here does it that way). Same model, same weights, one run.
 
     python bench/fanout.py                 # the 146.8M model of bench/gpu.py, on CPU, bf16 engines
     python bench/fanout.py --hidden 256 --layers 4   # a quicker look
@@ -22,15 +22,17 @@ from pathlib import Path
 
 import torch
 
+from agentjet_server.engine.base import EngineOptions
+from agentjet_server.engine.fanout import SharedWeights
 from agentjet_server.engine.replicas import ReplicaSet
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-class FreshCopies(ReplicaSet):
+class FreshCopies(SharedWeights):
     """The baseline: every update moved into new shared memory, in the learner's dtype."""
 
-    def _shared(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def share(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
         for tensor in out.values():
             tensor.share_memory_()  # type: ignore[no-untyped-call]
@@ -64,12 +66,12 @@ def main() -> None:
             return took
 
         rows: dict[str, list[float]] = {}
-        engine = TransformersEngine(model, device="cpu", dtype=torch.bfloat16)
+        engine = TransformersEngine(model, EngineOptions(dtype=torch.bfloat16))
         rows["in-process engine"] = measure(engine)
         engine.close()
-        for label, kind in (("2 replicas, fresh shared memory", FreshCopies), ("2 replicas, reused sets", ReplicaSet)):
+        for label, fresh in (("2 replicas, fresh shared memory", True), ("2 replicas, reused sets", False)):
             print(f"starting {label} ...", flush=True)
-            replicas = kind(
+            replicas = ReplicaSet(
                 "transformers",
                 model,
                 replicas=2,
@@ -79,6 +81,8 @@ def main() -> None:
                 max_batch=8,
                 dtype="bfloat16",
             )
+            if fresh:
+                replicas._fanout = FreshCopies(None)  # in place of the reused sets
             rows[label] = measure(replicas)
             replicas.close()
         print(f"\n{'':34} {'each update (ms)':>40} {'median of last 3':>18}")

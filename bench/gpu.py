@@ -79,9 +79,10 @@ async def _burst(engine: Any, prompt: list[int], n: int, max_tokens: int) -> int
 
 
 def engine_rows(model: Path, max_tokens: int, device: str, dtype: torch.dtype) -> list[tuple[str, str]]:
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.hf import TransformersEngine
 
-    engine = TransformersEngine(model, device=device, dtype=dtype)
+    engine = TransformersEngine(model, EngineOptions(device=device, dtype=dtype))
     prompt = engine.render([{"role": "user", "content": "Tell me a long story."}])
     asyncio.run(_burst(engine, prompt, 2, 8))
     rates = {}
@@ -114,6 +115,7 @@ def engine_rows(model: Path, max_tokens: int, device: str, dtype: torch.dtype) -
 def staggered_rows(model: Path, device: str, dtype: torch.dtype) -> list[tuple[str, str]]:
     import sys
 
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.hf import TransformersEngine
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -121,7 +123,7 @@ def staggered_rows(model: Path, device: str, dtype: torch.dtype) -> list[tuple[s
 
     rows = []
     for label, continuous in (("waves", False), ("continuous", True)):
-        engine = TransformersEngine(model, device=device, dtype=dtype, continuous=continuous)
+        engine = TransformersEngine(model, EngineOptions(device=device, dtype=dtype), continuous=continuous)
         prompts = [engine.render([{"role": "user", "content": f"Tell me about item {i}."}]) for i in range(8)]
         asyncio.run(_burst(engine, prompts[0], 2, 8))
         result = asyncio.run(_staggered(engine, prompts, 48, 0.02))

@@ -131,13 +131,14 @@ class LiveServer:
         import uvicorn
 
         from agentjet_server.app import create_app
+        from agentjet_server.engine.base import EngineOptions
         from agentjet_server.engine.hf import TransformersEngine
         from agentjet_server.settings import ServerSettings
 
         self.port = port or free_port()
         settings.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="agentjet-state-")))
         self.settings = ServerSettings(port=self.port, **settings)  # type: ignore[arg-type]
-        self.engine = engine or TransformersEngine(model_dir, model_name=name)
+        self.engine = engine or TransformersEngine(model_dir, EngineOptions(model_name=name))
         self.app = create_app(self.engine, self.settings, model_path=str(model_dir))
         self.runtime = self.app.state.runtime
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))

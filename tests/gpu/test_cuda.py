@@ -37,9 +37,10 @@ def _reference_logprobs(model_dir, weights, ids, completion, dtype):
 
 
 def test_transformers_engine_bf16_on_cuda_samples_and_updates(chatty_model_dir):
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.hf import TransformersEngine
 
-    engine = TransformersEngine(chatty_model_dir, device="cuda", dtype=torch.bfloat16)
+    engine = TransformersEngine(chatty_model_dir, EngineOptions(device="cuda", dtype=torch.bfloat16))
     try:
         ids = engine.render([{"role": "user", "content": "Say something."}])
         events = asyncio.run(_sample(engine, ids, SamplingParams(max_tokens=16, seed=1)))
@@ -191,9 +192,10 @@ def test_two_gpu_nccl_fsdp_step_equals_single_gpu(model_dir, tmp_path):
 
 def test_official_vllm_on_cuda_matches_transformers_after_an_update(chatty_model_dir):
     pytest.importorskip("vllm")
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.vllm import VLLMEngine
 
-    engine = VLLMEngine(chatty_model_dir, device="cuda", dtype=torch.bfloat16)
+    engine = VLLMEngine(chatty_model_dir, EngineOptions(device="cuda", dtype=torch.bfloat16))
     try:
         ids = engine.render([{"role": "user", "content": "Say something."}])
         from transformers import AutoModelForCausalLM
@@ -246,12 +248,12 @@ def test_official_vllm_sleep_frees_its_gpu_memory_and_wakes_with_new_weights(cha
     """--engine-sleep on a GPU: level 1 gives back the KV cache and the weights (to host memory);
     an update wakes it and the new weights are what it samples with."""
     pytest.importorskip("vllm")
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.vllm import VLLMEngine
 
     engine = VLLMEngine(
         chatty_model_dir,
-        device="cuda",
-        dtype=torch.bfloat16,
+        EngineOptions(device="cuda", dtype=torch.bfloat16),
         sleep_mode=True,
         engine_args={"gpu_memory_utilization": 0.3},
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentjet_server.engine.base import SamplingParams
-from agentjet_server.engine.replicas import BLOCK, ReplicaSet, prefix_blocks
+from agentjet_server.engine.replicas import ReplicaSet
 from tests.server.test_engine import _plain_logprobs
 
 PROMPT = [{"role": "user", "content": "Tell me something."}]
@@ -27,13 +27,6 @@ def replicas(chatty_model_dir):
     )
     yield engine
     engine.close()
-
-
-def test_prefix_blocks_are_equal_exactly_for_equal_prefixes():
-    a = list(range(100))
-    b = a[:70] + [999] * 30
-    assert prefix_blocks(a)[:2] == prefix_blocks(b)[:2] and prefix_blocks(a)[2] != prefix_blocks(b)[2]
-    assert len(prefix_blocks(a)) == 100 // BLOCK and prefix_blocks(a[: BLOCK - 1]) == []
 
 
 def test_requests_spread_over_replicas_and_an_update_reaches_every_one(replicas, chatty_model_dir):

@@ -33,10 +33,11 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def vllm_server(chatty_model_dir):
     """The random-weights model (it rambles to ``max_tokens``) served by vLLM, learning from groups of 2."""
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.vllm import VLLMEngine
     from tests.conftest import LiveServer
 
-    engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny")
+    engine = VLLMEngine(chatty_model_dir, EngineOptions(model_name="agentjet-tiny"))
     server = LiveServer(chatty_model_dir, engine=engine, batch_groups=1, group_size=2, max_staleness=8)
     yield server
     server.stop()

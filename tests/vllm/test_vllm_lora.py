@@ -47,10 +47,10 @@ def _adapted(model_dir: Path, seed: int):
 
 def test_vllm_serves_the_adapter_with_the_learners_logprobs_and_per_request_versions(chatty_model_dir):
     from agentjet_server.engine.adapter import LoraSpec
-    from agentjet_server.engine.base import SamplingParams
+    from agentjet_server.engine.base import EngineOptions, SamplingParams
     from agentjet_server.engine.vllm import VLLMEngine
 
-    engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny", lora=LoraSpec(rank=8, alpha=16.0))
+    engine = VLLMEngine(chatty_model_dir, EngineOptions(model_name="agentjet-tiny"), lora=LoraSpec(rank=8, alpha=16.0))
     try:
         assert engine.serves_adapters
         ids = engine.render(ASK)

@@ -30,10 +30,11 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def sleepy_server(chatty_model_dir):
     """The random-weights model (it rambles to ``max_tokens``) on a vLLM engine with sleep mode."""
+    from agentjet_server.engine.base import EngineOptions
     from agentjet_server.engine.vllm import VLLMEngine
     from tests.conftest import LiveServer
 
-    engine = VLLMEngine(chatty_model_dir, model_name="agentjet-tiny", sleep_mode=True)
+    engine = VLLMEngine(chatty_model_dir, EngineOptions(model_name="agentjet-tiny"), sleep_mode=True)
     server = LiveServer(chatty_model_dir, engine=engine, batch_groups=1, group_size=2, max_staleness=8)
     yield server
     server.stop()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentjet_client.protocol import ChatCompletionRequest
+from agentjet_server.engine.base import EngineOptions
 from agentjet_server.engine.hf import TransformersEngine
 from agentjet_server.errors import ModelLoadError
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler
@@ -110,7 +111,7 @@ class FirstWordFamily(OutputParser):
 
 @pytest.fixture(scope="module")
 def chatty(chatty_model_dir: Path) -> Iterator[TransformersEngine]:
-    engine = TransformersEngine(chatty_model_dir, model_name="agentjet-tiny")  # rambles until max_tokens
+    engine = TransformersEngine(chatty_model_dir, EngineOptions(model_name="agentjet-tiny"))  # rambles until max_tokens
     yield engine
     engine.close()
 

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from agentjet_client.protocol import CompletionRequest, TextCompletion
+from agentjet_server.engine.base import EngineOptions
 from agentjet_server.engine.hf import TransformersEngine
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.serving import PromptBuilder, Sampler, TextService
@@ -23,7 +24,7 @@ from tests.server.api.calls import ASK, accepted, chat_ext
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[TransformersEngine]:
-    served = TransformersEngine(model_dir, model_name="agentjet-tiny")
+    served = TransformersEngine(model_dir, EngineOptions(model_name="agentjet-tiny"))
     yield served
     served.close()
 

@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
-from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.engine.base import Engine, EngineOptions, SamplingParams, TokenEvent
 from agentjet_server.errors import ConfigError
 
 EngineKind = Literal["transformers", "vllm"]
@@ -39,7 +39,14 @@ def create_engine(
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with. ``lora``: vLLM serves the LoRA
     adapter the learner trains (the transformers engine always takes merged weights)."""
-    torch_dtype = resolve_dtype(dtype, device)
+    options = EngineOptions(
+        model_name=model_name,
+        device=device,
+        dtype=resolve_dtype(dtype, device),
+        max_batch=max_batch,
+        version=version,
+        chat_template=chat_template,
+    )
     if kind == "vllm":
         from agentjet_server.engine.vllm import VLLMEngine
 
@@ -48,31 +55,21 @@ def create_engine(
             engine_args["gpu_memory_utilization"] = gpu_memory_utilization
         if tensor_parallel_size > 1:
             engine_args["tensor_parallel_size"] = tensor_parallel_size
-        return VLLMEngine(
-            model_path,
-            model_name=model_name,
-            device=device,
-            max_batch=max_batch,
-            dtype=torch_dtype,
-            version=version,
-            chat_template=chat_template,
-            engine_args=engine_args or None,
-            lora=lora,
-            sleep_mode=sleep_mode,
-        )
+        return VLLMEngine(model_path, options, engine_args=engine_args or None, lora=lora, sleep_mode=sleep_mode)
     if sleep_mode:
         raise ConfigError("--engine-sleep is vLLM's sleep mode: it needs --engine vllm")
     from agentjet_server.engine.hf import TransformersEngine
 
-    return TransformersEngine(
-        model_path,
-        model_name=model_name,
-        device=device,
-        max_batch=max_batch,
-        dtype=torch_dtype,
-        version=version,
-        chat_template=chat_template,
-    )
+    return TransformersEngine(model_path, options)
 
 
-__all__ = ["DType", "Engine", "EngineKind", "SamplingParams", "TokenEvent", "create_engine", "resolve_dtype"]
+__all__ = [
+    "DType",
+    "Engine",
+    "EngineKind",
+    "EngineOptions",
+    "SamplingParams",
+    "TokenEvent",
+    "create_engine",
+    "resolve_dtype",
+]

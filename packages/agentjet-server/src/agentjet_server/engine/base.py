@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentjet_server.engine.tokens import ChatTokenizer
+from agentjet_server.engine.tokens import ChatTokenizer, Messages, ToolSpecs, check_model_dir
 
 FinishReason = Literal["stop", "length"]
 
@@ -35,6 +35,19 @@ class SamplingParams:
     top_logprobs: int = 0
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine in this process serves its model directory: what both engines (``hf``, ``vllm``)
+    are started with; each takes its own extras beside it."""
+
+    model_name: str | None = None  # served in /v1/models; None: the model directory's name
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    max_batch: int = 64  # requests sampled together
+    version: int = 0  # the policy version of the weights it starts from
+    chat_template: str | None = None  # Jinja source in place of the tokenizer's own
+
+
 @dataclass
 class TokenEvent:
     """One sampled token. ``logprob`` is the model's log-probability (temperature 1)."""
@@ -47,15 +60,34 @@ class TokenEvent:
 
 
 class Engine(abc.ABC):
-    """What the server needs from inference. A subclass sets the attributes below in its constructor
-    and implements ``generate``, ``update_weights`` and ``close``; the token side (render, decode,
-    stops) comes from its ``chat``, and its engine thread advances ``_version`` as new weights land."""
+    """What the server needs from inference. A subclass calls ``Engine.__init__`` with its model
+    directory, sets ``max_context`` and implements ``generate``, ``update_weights`` and ``close``; the
+    token side (render, decode, stops) comes from its ``chat``, and its engine thread advances
+    ``_version`` as new weights land."""
 
     model_name: str  # served in /v1/models
     model_path: Path  # the model directory it was started from
     max_context: int  # prompt + completion tokens a request may take
     chat: ChatTokenizer  # the tokenizer and chat template
     _version: int
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        model_name: str | None = None,
+        chat_template: str | None = None,
+        version: int = 0,
+    ) -> None:
+        """Check that ``model_path`` is a model directory and load its tokenizer (``chat_template`` in
+        place of its own, if given). ``model_name`` defaults to the directory's name; ``version`` is the
+        policy version of the weights the engine starts from."""
+        path = Path(model_path)
+        check_model_dir(path)
+        self.model_path = path
+        self.model_name = model_name or path.name
+        self.chat = ChatTokenizer(path, chat_template)
+        self._version = version
 
     @property
     def version(self) -> int:
@@ -67,12 +99,7 @@ class Engine(abc.ABC):
         """The Hugging Face tokenizer behind ``chat``."""
         return self.chat.tokenizer
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        assistant_prefix: str = "",
-    ) -> list[int]:
+    def render(self, messages: Messages, tools: ToolSpecs | None = None, assistant_prefix: str = "") -> list[int]:
         """Token ids of the prompt, ending with the assistant header and ``assistant_prefix``."""
         return self.chat.render(messages, tools, assistant_prefix)
 

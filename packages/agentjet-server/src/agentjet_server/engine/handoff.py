@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -34,15 +34,28 @@ class TokenStream:
         except RuntimeError:  # the caller's loop is gone: nobody is listening any more
             self.cancelled = True
 
-    async def until_finished(self) -> AsyncIterator[TokenEvent]:
-        """Each token as it arrives, through the one with a finish reason; engine errors are raised."""
-        while True:
-            item = await self.events.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finish_reason is not None:
-                return
+    async def until_finished(self, abandoned: Callable[[], None] | None = None) -> AsyncGenerator[TokenEvent]:
+        """Each token as it arrives, through the one with a finish reason; engine errors are raised.
+
+        If it ends before the finishing token (the caller went away, or the engine failed), the stream is
+        marked ``cancelled`` and ``abandoned`` runs, for the engine to free the request's place. Iterate
+        it under ``contextlib.aclosing`` so that this happens when the caller goes, not when the
+        generator is collected."""
+        finished = False
+        try:
+            while True:
+                item = await self.events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.cancelled = True
+                if abandoned is not None:
+                    abandoned()
 
 
 @dataclass

@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ import torch.multiprocessing
 
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream
-from agentjet_server.engine.tokens import ChatTokenizer, check_model_dir
 from agentjet_server.errors import EngineError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -69,19 +69,19 @@ class EngineProcess(Engine):
         **engine_kwargs: Any,
     ) -> None:
         """``threads``: the child's OpenMP / torch threads (its share of the cores; None: the default)."""
-        path = Path(model_path)
-        check_model_dir(path)
-        self.model_path = path
-        self.model_name = engine_kwargs.get("model_name") or path.name
-        self.chat = ChatTokenizer(path, engine_kwargs.get("chat_template"))
-        self._version = int(engine_kwargs.get("version", 0))
+        super().__init__(
+            model_path,
+            model_name=engine_kwargs.get("model_name"),
+            chat_template=engine_kwargs.get("chat_template"),
+            version=int(engine_kwargs.get("version", 0)),
+        )
         self._engine_kwargs = dict(engine_kwargs)
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._send_lock = threading.Lock()
         self._process = context.Process(
             target=_child_main,
-            args=(child_conn, kind, str(path), engine_kwargs),
+            args=(child_conn, kind, str(self.model_path), engine_kwargs),
             name=f"agentjet-{kind}-engine",
         )
         with _SPAWN_LOCK:  # the child's thread count must be in its environment before torch loads
@@ -160,15 +160,15 @@ class EngineProcess(Engine):
         stream = TokenStream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
         self._send(("generate", request_id, list(prompt_ids), params))
-        finished = False
-        try:
-            async for event in stream.until_finished():
-                finished = event.finish_reason is not None
-                yield event
-        finally:
-            if not finished and not self._closed.is_set():
+
+        def abandoned() -> None:  # the child's engine frees its place in the batch
+            if not self._closed.is_set():
                 self._streams.pop(request_id, None)
                 self._send(("abort", request_id))
+
+        async with aclosing(stream.until_finished(abandoned)) as events:
+            async for event in events:
+                yield event
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         update_id = next(self._ids)

@@ -15,6 +15,9 @@ from agentjet_server.errors import InvalidRequestError, ModelLoadError
 
 _END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
+Messages = Sequence[Mapping[str, Any]]  # a conversation: OpenAI-shaped message dicts
+ToolSpecs = Sequence[Mapping[str, Any]]  # tool definitions as the chat template takes them
+
 
 def load_tokenizer(path: Path, chat_template: str | None = None) -> Any:
     """The model directory's tokenizer; it must carry a chat template, or be given one."""
@@ -68,19 +71,11 @@ class ChatTokenizer:
             ids.add(tok.eos_token_id)
         return ids
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        assistant_prefix: str = "",
-    ) -> list[int]:
+    def render(self, messages: Messages, tools: ToolSpecs | None = None, assistant_prefix: str = "") -> list[int]:
         return self.encode(self.render_text(messages, tools) + assistant_prefix)
 
     def render_text(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
+        self, messages: Messages, tools: ToolSpecs | None = None, add_generation_prompt: bool = True
     ) -> str:
         """The chat template's text for ``messages`` (special tokens as text)."""
         try:
