@@ -151,3 +151,40 @@ def test_opening_a_spool_while_another_process_creates_it_waits(tmp_path):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert Spool(directory).depth == 100
+
+
+def test_leftovers_of_another_server_run_are_set_aside_not_sent(tmp_path):
+    from agentjet_client.spool import SET_ASIDE, open_for_run
+
+    spool, aside = open_for_run(tmp_path, "run-a")
+    assert aside == 0 and spool.put_many([trajectory(i) for i in range(3)]) == [True] * 3
+    spool.close()
+    spool, aside = open_for_run(tmp_path, "run-a")  # the same server run: kept, to be sent
+    assert aside == 0 and spool.depth == 3
+    spool.close()
+    spool, aside = open_for_run(tmp_path, "run-b")  # a new run of the server: set aside
+    assert aside == 3 and spool.depth == 0 and spool.server_run == "run-b"
+    spool.close()
+    kept = Spool(tmp_path / SET_ASIDE / "run-a")
+    assert kept.depth == 3 and [i for i, _ in kept.peek(5)] == ["t0", "t1", "t2"]  # nothing lost
+    kept.close()
+
+
+def test_the_command_line_sets_aside_what_another_server_run_left(live_server, tmp_path):
+    import httpx2
+
+    from agentjet_client.spool import open_for_run, spool_key
+
+    spool_dir = tmp_path / "spool"
+    spool, _ = open_for_run(spool_dir / spool_key(live_server.url), "an-earlier-run")
+    spool.put_many([trajectory(i) for i in range(3)])
+    spool.close()
+    before = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
+    code = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits")
+    command = [os.path.join(os.path.dirname(sys.executable), "agentjet-client"), "run", "--code-dir", code]
+    command += ["--server", live_server.url, "--episodes", "4", "--spool-dir", str(spool_dir)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "set aside 3 trajectories an earlier run left for another run of the server" in " ".join(out.stdout.split())
+    after = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
+    assert after["accepted"] - before["accepted"] == 4 and after["rejected"] == before["rejected"]

@@ -206,7 +206,7 @@ def _run_agent(
     from agentjet_client.client import SwarmClient
     from agentjet_client.progress import RunProgress
     from agentjet_client.runner import Runner
-    from agentjet_client.spool import Spool
+    from agentjet_client.spool import SET_ASIDE, open_for_run
     from agentjet_client.tracks import open_track
 
     try:
@@ -228,11 +228,20 @@ def _run_agent(
                 f"the code dirs' agents share a task tag ({tags}); give each @swarm_agent(tag=...) its own tag "
                 "so the server can keep their mix"
             )
-        sizes = {url: client.status(url).learner.group_size for url in client.servers}
+        statuses = {url: client.status(url) for url in client.servers}
+        sizes = {url: status.learner.group_size for url, status in statuses.items()}
         config = config if config.eval_only else _with_group_size(config, sizes)
         for track in tracks:  # tasks that fail to load say so now, with the agent's own frames
             track.agent.load_tasks()
-        spools = {url: Spool(_spool_path(spool_dir, url), max_items=spool_max) for url in client.servers}
+        spools = {}
+        for url, status in statuses.items():
+            spools[url], aside = open_for_run(_spool_path(spool_dir, url), status.run_id, max_items=spool_max)
+            if aside:
+                console.print(
+                    f"[yellow]agentjet-client[/yellow] set aside {aside} trajectories an earlier run left for another "
+                    f"run of the server at {url} (sampled by a policy it does not serve): they are in "
+                    f"{spools[url].directory / SET_ASIDE}"
+                )
     except (AgentJetError, ValueError) as exc:
         _fail(str(exc))
     left = sum(spool.depth for spool in spools.values())
@@ -288,7 +297,11 @@ def _run_agent(
         report = asyncio.run(main())
     except KeyboardInterrupt:
         report = runner.report
-        err.print("interrupted")
+        waiting = {spool.directory: spool.depth for spool in spools.values() if spool.depth}
+        err.print(
+            "interrupted"
+            + "".join(f"; {n} trajectories wait in {d} (the next run sends them first)" for d, n in waiting.items())
+        )
     except AgentJetError as exc:  # e.g. tasks that fail to load in a later epoch: one clear error
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(code=2) from None

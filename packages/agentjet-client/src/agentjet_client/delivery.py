@@ -134,7 +134,7 @@ class Sender:
                 answer = await self._push([t for _, t in batch])
             except RejectedRequest as exc:  # the server refused the request itself: resending cannot help
                 logger.error("%s refused a batch of %d trajectories: %s", self.server, len(batch), exc.message)
-                self.report.reject_reasons[exc.message[:80]] += len(batch)
+                self.report.reject_reasons[exc.message] += len(batch)
                 await self._settle({item_id: "rejected" for item_id in ids})
                 await asyncio.to_thread(self.spool.note_error, exc.message[:500])
                 continue
@@ -145,7 +145,7 @@ class Sender:
             for item_id, result in zip(ids, answer.results, strict=True):
                 answers[item_id] = result.status
                 if result.status == "rejected":
-                    self.report.reject_reasons[(result.reason or "")[:60]] += 1
+                    self.report.reject_reasons[result.reason or ""] += 1
             await self._settle(answers)
 
     async def _push(self, trajectories: list[Trajectory]) -> TrajectoryBatchResult:

@@ -216,7 +216,7 @@ class Runner:
                     track.workers.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
             await self.client.aclose_pool()
-        self.report.elapsed_s = time.monotonic() - started
+            self.report.elapsed_s = time.monotonic() - started  # an interrupted run's too
         return self.report
 
     async def _drive(self, senders: list[asyncio.Task[None]]) -> None:

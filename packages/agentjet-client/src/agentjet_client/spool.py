@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -78,6 +79,28 @@ def spool_key(server_url: str) -> str:
 
 
 LOCK_WAIT_S = 10.0
+SET_ASIDE = "set-aside"  # spools of earlier server runs, under a spool directory: <dir>/set-aside/<run id>/
+
+
+def open_for_run(directory: Path, run_id: str | None, *, max_items: int = DEFAULT_MAX_ITEMS) -> tuple[Spool, int]:
+    """The spool in ``directory`` bound to the server run ``run_id``, and how many items it set aside:
+    items an earlier run left for *another* run of the server (its state dir started afresh, or another
+    server on the same address) were sampled by a policy this server never served, so they are moved to
+    ``<directory>/set-aside/<their run id>/`` instead of being sent (and rejected)."""
+    spool = Spool(directory, max_items=max_items)
+    earlier, depth = spool.server_run, spool.depth
+    if run_id is None or earlier is None or earlier == run_id or depth == 0:
+        spool.bind(run_id)
+        return spool, 0
+    spool.close()
+    aside = directory / SET_ASIDE / earlier
+    aside.mkdir(parents=True, exist_ok=True)
+    for name in ("spool.db", "spool.db-wal", "spool.db-shm"):
+        if (directory / name).exists():
+            os.replace(directory / name, aside / name)
+    spool = Spool(directory, max_items=max_items)
+    spool.bind(run_id)
+    return spool, depth
 
 
 def _locked(exc: BaseException) -> bool:
@@ -227,6 +250,21 @@ class Spool:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # ------------------------------------------------------------------ the server run it belongs to
+
+    @property
+    def server_run(self) -> str | None:
+        """The run of the server (its ``run_id``) whose policy sampled what is spooled here."""
+        with self._lock:
+            note = self._db.execute("SELECT value FROM notes WHERE name = 'server_run'").fetchone()
+        return note[0] if note else None
+
+    def bind(self, run_id: str | None) -> None:
+        """Note that what is spooled from now on was sampled for the server run ``run_id``."""
+        if run_id is not None:
+            with self._lock, self._write() as db:
+                db.execute("INSERT OR REPLACE INTO notes (name, value) VALUES ('server_run', ?)", (run_id,))
 
     # ------------------------------------------------------------------ internals
 
