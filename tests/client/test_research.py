@@ -290,3 +290,29 @@ def test_the_series_makes_a_point_per_window_and_per_finished_round_and_reloads_
     assert series.final(record, first_round) and record.metric == 0.5
     assert Point.from_json(files.points()[-1]).version == 3  # the newest policy that played it
     assert [p["kind"] for p in files.points()] == ["train", "eval", "final"]
+
+
+def test_every_problem_of_a_study_file_is_reported_at_once(tmp_path):
+    path = write(tmp_path, '"lr" = [1e-3]\n"server.port" = [1]', study='search = "random"', server="port = 8000")
+    with pytest.raises(StudyError) as caught:
+        load_study(path)
+    for problem in ("write server.NAME", "the runner sets port", "leave them out", "set trials"):
+        assert problem in str(caught.value), caught.value
+
+
+def test_an_eval_reward_study_of_an_agent_without_eval_tasks_is_refused_before_it_trains(tmp_path):
+    code = tmp_path / "agent"
+    code.mkdir()
+    (code / "agent.py").write_text(
+        "from agentjet_client import swarm_agent\n\n\n"
+        '@swarm_agent(tasks=[{"id": "t"}])\n'
+        "async def no_held_out(task, episode):\n"
+        "    return 1.0\n"
+    )
+    path = write(tmp_path, f'"server.lr" = [1e-3]\n"client.code_dir" = ["{code}"]')
+    with pytest.raises(StudyError, match='metric = "eval_reward" needs held-out tasks') as caught:
+        load_study(path)
+    assert f"the agent in {code} has none" in str(caught.value)
+    load_study(
+        write(tmp_path, f'"server.lr" = [1e-3]\n"client.code_dir" = ["{code}"]', study='metric = "train_reward"')
+    )

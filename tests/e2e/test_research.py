@@ -158,6 +158,9 @@ def test_a_study_survives_a_killed_server_a_collapsing_trial_and_a_killed_runner
     best = tomllib.loads((out / "best-server.toml").read_text())
     winner = max((t000, t002), key=lambda t: t["metric"])
     assert best["lr"] == winner["settings"]["server.lr"] and best["batch_groups"] == 4
+    trained = Path(best["model"])  # the winner's trained weights, not the initial model
+    assert trained.parts[-6:-3] == ("trials", winner["id"], "state") and (trained / "config.json").exists()
+    assert "serve its trained weights" in (out / "best-server.toml").read_text()
     status = subprocess.run([*CLIENT, "research", "status", str(out)], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "3/3 trials done" in status.stdout and "runner finished" in status.stdout
     assert "stopped" in status.stdout and "collapse: " in status.stdout
@@ -232,6 +235,16 @@ def test_refused_settings_fail_one_trial_and_the_time_budgets_end_the_others(tmp
     assert last["status"] in ("stopped", "skipped")
     report = (out / "report.md").read_text()
     assert "failed: its server refused the settings" in report and "best-server.toml" in report
+
+
+def test_a_study_whose_every_trial_failed_exits_non_zero(tmp_path):
+    study = study_file(tmp_path, '"server.lr" = [-1.0, -2.0]')  # refused by every trial's server
+    out = tmp_path / "out"
+    env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)}
+    command = [*CLIENT, "research", "run", str(study), "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "every trial failed" in " ".join(proc.stderr.split()) and "t000: its server refused" in proc.stderr
 
 
 def test_a_trial_that_crashes_more_often_than_max_resumes_fails_and_the_study_goes_on(tmp_path):

@@ -61,6 +61,19 @@ def run(
         raise typer.Exit(code=130) from None
     _show(out.resolve())
     console.print(f"[bold]report[/bold]: {out.resolve() / 'report.md'}")
+    failed = _all_failed(out.resolve())
+    if failed:
+        _fail(f"every trial failed ({failed}); see each trial's server.log and client.log under {out / 'trials'}")
+
+
+def _all_failed(out: Path) -> str | None:
+    """The trials' reasons, when every trial of the study failed (None otherwise)."""
+    from agentjet_client.research.report import load_records
+
+    records = load_records(out)
+    if records and all(r.status == "failed" for r in records):
+        return "; ".join(sorted({f"{r.id}: {r.reason}" for r in records})[:3])
+    return None
 
 
 @app.command()

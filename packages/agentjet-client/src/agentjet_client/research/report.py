@@ -67,10 +67,15 @@ def write_report(out: Path, study: Study) -> Path:
         server = study.server_settings(best.settings)
         client = study.client_settings(best.settings, Path(state["study_file"]).parent)
         command = client_command(client, server, best.target_episodes)
+        trained = trained_model(out, best.id)
+        if trained is not None:  # serve (or train on from) the best trial's weights, not the initial model
+            server = {k: v for k, v in server.items() if k != "model_size"} | {"model": str(trained)}
         header = [
             f"best trial {best.id} of study '{state['name']}': {metric} {best.metric:.3f}",
             f"settings: {'  '.join(f'{k}={v}' for k, v in best.settings.items())}",
-            "serve it:   agentjet-server up --config best-server.toml",
+            "serve its trained weights: agentjet-server up --config best-server.toml"
+            if trained is not None
+            else "its run wrote no checkpoint: this file trains the same settings from the initial model",
             f"train it:   {command}",
         ]
         write_atomic(out / "best-server.toml", "".join(f"# {h}\n" for h in header) + toml_text(server))
@@ -78,7 +83,13 @@ def write_report(out: Path, study: Study) -> Path:
             f"**{best.id}**: {_settings(best.settings)} — `{metric}` **{best.metric:.3f}** "
             f"after {best.episodes:,} episodes ({_duration(best.seconds())}).",
             "",
-            "Ready to run (`best-server.toml` is an `agentjet-server up` job file with every server setting):",
+            "Ready to run (`best-server.toml` is an `agentjet-server up` job file with every server setting"
+            + (
+                f", and `model` the best trial's newest checkpoint, `{trained}`: the server serves the weights the "
+                "trial trained, and a client run trains them on):"
+                if trained is not None
+                else "; the trial wrote no checkpoint, so it starts from the initial model):"
+            ),
             "",
             "```bash",
             f"agentjet-server up --config {out / 'best-server.toml'}",
@@ -211,6 +222,13 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
 
 def _legend(record: TrialRecord) -> str:
     return f"{record.id} " + " ".join(f"{k.split('.')[-1]}={_cell(v)}" for k, v in record.settings.items())
+
+
+def trained_model(out: Path, trial_id: str) -> Path | None:
+    """The model directory of the newest checkpoint the trial's server wrote, if any."""
+    done = sorted((out / "trials" / trial_id / "state" / "checkpoints").glob("step-*"))
+    models = [d / "model" for d in done if not d.name.endswith(".tmp") and (d / "model" / "config.json").exists()]
+    return models[-1].resolve() if models else None
 
 
 def _settings(settings: dict[str, Any]) -> str:

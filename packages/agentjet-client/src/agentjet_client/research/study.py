@@ -143,28 +143,35 @@ class Study(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> Study:
+        problems = []  # every one of them at once: a study file is fixed in one go, not one error a run
         taken = [k for k in self.server if k.replace("-", "_") in RUNNER_SERVER_OPTIONS]
         if taken:
-            raise ValueError(
+            problems.append(
                 f"[server] sets {', '.join(taken)}; the runner gives every trial its own port and state dir: "
                 "leave them out"
             )
         for key, values in self.space.items():
             section, _, name = key.partition(".")
             if section not in ("server", "client") or not name:
-                raise ValueError(f"[space] key '{key}': write server.NAME (an `up` option) or client.NAME")
-            if section == "server" and name.replace("-", "_") in RUNNER_SERVER_OPTIONS:
-                raise ValueError(f"[space] key '{key}': the runner sets {name} for each trial")
-            if section == "client" and name not in CLIENT_SPACE_KEYS and not name.startswith("env."):
-                raise ValueError(
+                problems.append(f"[space] key '{key}': write server.NAME (an `up` option) or client.NAME")
+            elif section == "server" and name.replace("-", "_") in RUNNER_SERVER_OPTIONS:
+                problems.append(f"[space] key '{key}': the runner sets {name} for each trial")
+            elif section == "client" and name not in CLIENT_SPACE_KEYS and not name.startswith("env."):
+                problems.append(
                     f"[space] key '{key}': the client settings a study can search are "
                     f"{', '.join(CLIENT_SPACE_KEYS)} and env.NAME"
                 )
-            _check_domain(key, values, ranges=self.study.search == "random" or bool(self.study.trials))
+            else:
+                try:
+                    _check_domain(key, values, ranges=self.study.search == "random" or bool(self.study.trials))
+                except ValueError as exc:
+                    problems.append(str(exc))
         if self.study.search == "random" and self.study.trials is None:
-            raise ValueError('search = "random" draws [study] trials configurations: set trials (e.g. 8)')
+            problems.append('search = "random" draws [study] trials configurations: set trials (e.g. 8)')
         if not self.space:
-            raise ValueError('[space] is empty: name at least one setting to search, e.g. "server.lr" = [1e-3, 3e-3]')
+            problems.append('[space] is empty: name at least one setting to search, e.g. "server.lr" = [1e-3, 3e-3]')
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     # -- planning ---------------------------------------------------------------------------------
@@ -260,13 +267,34 @@ def load_study(path: Path, check_code: bool = True) -> tuple[Study, str]:
             for e in exc.errors()
         )
         raise StudyError(f"the study file {path} is not a valid study: {problems} (see docs/research.md)") from exc
-    for settings in [{}, *study.configurations()[:64]] if check_code else []:
-        code_dir = study.client_settings(settings, path.parent).code_dir
+    code_problems: list[str] = []
+    code_dirs = {study.client_settings(s, path.parent).code_dir for s in [{}, *study.configurations()[:64]]}
+    for code_dir in sorted(code_dirs) if check_code else []:
         if not (code_dir / "agent.py").exists():
-            raise StudyError(
-                f"{path}: client code_dir {code_dir} has no agent.py (paths are relative to the study file)"
-            )
+            code_problems.append(f"client code_dir {code_dir} has no agent.py (paths are relative to the study file)")
+        elif study.study.metric == "eval_reward" and not (code_dir / "agentjet.toml").exists():
+            code_problems += _eval_tasks_problem(code_dir)
+    if code_problems:
+        raise StudyError(f"{path}: " + "; ".join(code_problems))
     return study, hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _eval_tasks_problem(code_dir: Path) -> list[str]:
+    """Why the agent in ``code_dir`` cannot give ``metric = "eval_reward"``, if it cannot (an agent in its
+    own interpreter, ``agentjet.toml``, is checked by its first trial instead)."""
+    from agentjet_client.errors import AgentJetError
+    from agentjet_client.loader import load_agent
+
+    try:
+        agent, _ = load_agent(code_dir)
+    except AgentJetError as exc:
+        return [str(exc)]
+    if agent.eval_tasks is None:
+        return [
+            f'metric = "eval_reward" needs held-out tasks, and the agent in {code_dir} has none: give it '
+            '@swarm_agent(eval_tasks=...), or set [study] metric = "train_reward"'
+        ]
+    return []
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
