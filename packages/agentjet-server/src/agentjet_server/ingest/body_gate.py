@@ -9,8 +9,9 @@ server. The gate takes one body at a time; the routes let at most ``LARGE_IN_FLI
 be read at once, so memory stays bounded however many arrive.
 
 Protocol over the child's stdin/stdout: the server writes ``<kind: 1 byte><length: 8 bytes LE>
-<body>``, the gate answers one JSON line: ``null``, or ``{"message", "param", "code"}``. A gate
-that dies is restarted; meanwhile the server judges bodies itself.
+<body>`` (kind ``c`` a chat request, ``p`` a text completion request, ``t`` a trajectory batch),
+the gate answers one JSON line: ``null``, or ``{"message", "param", "code"}``. A gate that dies is
+restarted; meanwhile the server judges bodies itself.
 
     python -m agentjet_server.ingest.body_gate        # what ``BodyGate`` starts
 """
@@ -27,14 +28,15 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
 
-from agentjet_client.protocol import ChatCompletionRequest, TrajectoryBatch
+from agentjet_client.protocol import ChatCompletionRequest, CompletionRequest, TrajectoryBatch
 from agentjet_server.errors import RequestError
 from agentjet_server.ingest.bodies import GATE_BYTES, describe_validation_error, parse_model
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["GATE_BYTES", "BodyGate", "judge", "main"]
-MODELS: dict[bytes, type[BaseModel]] = {b"c": ChatCompletionRequest, b"t": TrajectoryBatch}
+# every wire type a route reads with the gate (``bodies.read_model``), by the byte that names it in a frame
+MODELS: dict[bytes, type[BaseModel]] = {b"c": ChatCompletionRequest, b"p": CompletionRequest, b"t": TrajectoryBatch}
 KINDS = {model: kind for kind, model in MODELS.items()}
 
 
