@@ -146,6 +146,34 @@ def test_a_body_whose_gate_dies_while_it_is_written_is_judged_by_the_server(gate
     assert gate._proc is not None and gate._proc.pid != helper.pid  # a new gate for the next body
 
 
+# a gate that answers its first body, then stops reading (closes its stdin) and lives on, as a dying one does
+STOPS_READING = """
+import os, struct, sys, time
+header = sys.stdin.buffer.read(9)
+sys.stdin.buffer.read(struct.unpack("<Q", header[1:])[0])
+os.close(0)
+sys.stdout.buffer.write(b"null\\n")
+sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+def test_a_body_whose_gate_stopped_reading_is_judged_by_the_server(caplog):
+    gate = BodyGate(command=[sys.executable, "-c", STOPS_READING])
+    try:
+        raw = encoded(CHATS[1])
+        assert gate.judge(raw, ChatCompletionRequest) is None  # the stand-in passes its first body
+        stopped = gate._proc
+        assert stopped is not None and stopped.poll() is None  # alive, no longer reading
+        # the header is buffered, the body's write fails (EPIPE), and closing must not flush the header again
+        assert gate.judge(raw, ChatCompletionRequest) == server_verdict(raw, ChatCompletionRequest)
+        assert "the body gate failed" in caplog.text and "judging this body in the server" in caplog.text
+        assert stopped.poll() is not None and stopped.stdin is not None and stopped.stdin.closed
+        assert gate._proc is None  # the next body starts a new gate
+    finally:
+        gate.close()
+
+
 def test_a_large_bad_body_gets_its_400_from_the_gate(live_server):
     gate = live_server.app.state.api.gate
     r = httpx2.post(live_server.url + "/v1/chat/completions", content=encoded(CHATS[1]), timeout=60)

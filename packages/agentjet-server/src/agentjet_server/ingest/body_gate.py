@@ -18,12 +18,14 @@ restarted; meanwhile the server judges bodies itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
@@ -76,20 +78,21 @@ def main() -> None:
         sink.flush()
 
 
-class BodyGate:
-    """The server's side: ``judge`` a body in the helper process (call from a worker thread)."""
+COMMAND = (sys.executable, "-m", "agentjet_server.ingest.body_gate")
 
-    def __init__(self) -> None:
+
+class BodyGate:
+    """The server's side: ``judge`` a body in the helper process (call from a worker thread).
+    ``command`` starts the helper: this module's ``main`` (tests hand in a helper that misbehaves)."""
+
+    def __init__(self, command: Sequence[str] = COMMAND) -> None:
+        self._command = list(command)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agentjet_server.ingest.body_gate"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
+            self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self._proc
 
     def judge(self, raw: bytes, model: type[BaseModel]) -> dict[str, Any] | None:
@@ -111,13 +114,17 @@ class BodyGate:
         return judge(raw, model)
 
     def close(self) -> None:
+        """End the gate process and close its pipes; never raises for a gate that died or stopped reading."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
         for stream in (proc.stdin, proc.stdout) if proc is not None else ():
             if stream is not None:
-                stream.close()
+                # closing flushes what a failed write left buffered, which into a gate that stopped reading
+                # fails (EPIPE): the file is closed all the same, and the bytes were for that gate alone
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 if __name__ == "__main__":
