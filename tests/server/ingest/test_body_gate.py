@@ -146,6 +146,20 @@ def test_a_body_whose_gate_dies_while_it_is_written_is_judged_by_the_server(gate
     assert gate._proc is not None and gate._proc.pid != helper.pid  # a new gate for the next body
 
 
+def test_a_gate_that_died_between_bodies_is_replaced_and_its_pipes_closed(gate, caplog):
+    raw = encoded(CHATS[1])
+    expected = server_verdict(raw, ChatCompletionRequest)
+    assert gate.judge(raw, ChatCompletionRequest) == expected
+    dead = gate._proc
+    assert dead is not None and dead.stdin is not None and dead.stdout is not None
+    dead.kill()  # between bodies (as the kernel's OOM killer would end it)
+    dead.wait(timeout=30)
+    assert gate.judge(raw, ChatCompletionRequest) == expected
+    assert gate._proc is not None and gate._proc.pid != dead.pid and gate._proc.poll() is None
+    assert dead.stdin.closed and dead.stdout.closed  # no file left open per dead gate
+    assert "the body gate had stopped" in caplog.text
+
+
 # a gate that answers its first body, then stops reading (closes its stdin) and lives on, as a dying one does
 STOPS_READING = """
 import os, struct, sys, time

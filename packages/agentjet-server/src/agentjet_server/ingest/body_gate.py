@@ -91,7 +91,10 @@ class BodyGate:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _start(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is not None and self._proc.poll() is not None:
+            logger.warning("the body gate had stopped (exit status %s); starting a new one", self._proc.returncode)
+            self.close()  # its pipes, before a new gate takes its place
+        if self._proc is None:
             self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self._proc
 
