@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from agentjet_client.protocol import ChatCompletionRequest, Trajectory, TrajectoryBatch
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.ingest.bodies import (
+    SHOWN_CHARACTERS,
     SHOWN_PROBLEMS,
     check_shape,
     describe_validation_error,
@@ -108,12 +109,16 @@ def test_each_problem_says_what_is_wrong_and_shows_what_was_sent_briefly():
     parts, first, _ = problems({"temprature": 0.5, "max_tokens": "x" * 200, "stop": [{"a": 1}] * 3})
     assert first == "messages" and parts[0] == "messages: required field is missing"
     [tokens] = [p for p in parts if p.startswith("max_tokens: ")]
-    assert tokens.endswith(' (got "' + "x" * 79 + ")")  # the text sent, cut at 80 characters
+    assert tokens.endswith(' (got "' + "x" * SHOWN_CHARACTERS + '"...)')  # the text sent: cut, quoted, marked
     assert "stop.str: Input should be a valid string (got a list of 3 items)" in parts  # containers by size
     assert "stop.list[str].0: Input should be a valid string (got a JSON object of 1 items)" in parts
     parts, first, _ = problems({"messages": [{"role": "user", "content": "hi"}], "temprature": 0.5})
     assert "; ".join(parts) == "temprature: unknown field; remove it or check its spelling"
     assert first == "temprature"
+    [temperature], _, _ = problems({"messages": [{"role": "user", "content": "hi"}], "temperature": 10**100})
+    assert temperature.endswith(" (got 1" + "0" * (SHOWN_CHARACTERS - 1) + "...)")  # a number as written, cut
+    [temperature], _, _ = problems({"messages": [{"role": "user", "content": "hi"}], "temperature": 9})
+    assert temperature.endswith(" (got 9)")  # shown whole where short
 
 
 def test_a_batch_is_validated_trajectory_by_trajectory_up_to_the_first_bad_one():

@@ -53,12 +53,13 @@ def int_param(request: Request, name: str, default: int) -> int:
 
 
 async def read_json_object(request: Request, limit: int = 64 * 1024) -> dict[str, Any]:
-    """A small JSON object body (the admin API's), or a 400 that says what is wrong."""
+    """A small JSON object body (the admin API's), or a 400 that says what is wrong. A body that is empty
+    or only whitespace is read as ``{}``."""
     body = await request.body()
     if len(body) > limit:
         raise InvalidRequestError(f"the body is {len(body)} bytes; at most {limit} are accepted here")
     try:
-        value = json.loads(body or b"{}")
+        value = json.loads(body if body.strip() else b"{}")
     except ValueError as exc:
         raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):

@@ -37,6 +37,7 @@ GATE_BYTES = 64 * 1024  # larger bodies are judged by the gate process first (``
 LARGE_IN_FLIGHT = 2  # large bodies held at once; more wait unread
 INLINE_BYTES = 32 * 1024  # smaller bodies are parsed on the event loop: a thread would cost more
 SHOWN_PROBLEMS = 5
+SHOWN_CHARACTERS = 80  # of a value quoted in a validation message
 
 
 def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
@@ -60,11 +61,17 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
 
 
 def _shown(value: Any) -> str:
-    """What the caller sent, briefly: scalars quoted (cut at 80 characters), containers by size only."""
+    """What the caller sent, briefly: containers by size only; text quoted and numbers as written, each cut
+    at ``SHOWN_CHARACTERS`` (then quoted, so the quotes stay) with ``...`` after it where cut."""
     if isinstance(value, dict | list):
         return f" (got a {'JSON object' if isinstance(value, dict) else 'list'} of {len(value)} items)"
-    text = value[:81] if isinstance(value, str) else value
-    return f" (got {json.dumps(text, default=str)[:80]})"
+    if isinstance(value, bool | int | float) or value is None:
+        written = json.dumps(value)
+        shown, cut = written[:SHOWN_CHARACTERS], len(written) > SHOWN_CHARACTERS
+    else:
+        text = value if isinstance(value, str) else str(value)
+        shown, cut = json.dumps(text[:SHOWN_CHARACTERS]), len(text) > SHOWN_CHARACTERS
+    return f" (got {shown}{'...' if cut else ''})"
 
 
 def _where(path: str, key: object) -> str:

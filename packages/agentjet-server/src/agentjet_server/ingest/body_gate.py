@@ -9,32 +9,36 @@ server. The gate takes one body at a time; the routes let at most ``LARGE_IN_FLI
 be read at once, so memory stays bounded however many arrive.
 
 Protocol over the child's stdin/stdout: the server writes ``<kind: 1 byte><length: 8 bytes LE>
-<body>``, the gate answers one JSON line: ``null``, or ``{"message", "param", "code"}``. A gate
-that dies is restarted; meanwhile the server judges bodies itself.
+<body>`` (kind ``c`` a chat request, ``p`` a text completion request, ``t`` a trajectory batch),
+the gate answers one JSON line: ``null``, or ``{"message", "param", "code"}``. A gate that dies is
+restarted; meanwhile the server judges bodies itself.
 
     python -m agentjet_server.ingest.body_gate        # what ``BodyGate`` starts
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from typing import IO, Any
 
 from pydantic import BaseModel, ValidationError
 
-from agentjet_client.protocol import ChatCompletionRequest, TrajectoryBatch
+from agentjet_client.protocol import ChatCompletionRequest, CompletionRequest, TrajectoryBatch
 from agentjet_server.errors import RequestError
 from agentjet_server.ingest.bodies import GATE_BYTES, describe_validation_error, parse_model
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["GATE_BYTES", "BodyGate", "judge", "main"]
-MODELS: dict[bytes, type[BaseModel]] = {b"c": ChatCompletionRequest, b"t": TrajectoryBatch}
+# every wire type a route reads with the gate (``bodies.read_model``), by the byte that names it in a frame
+MODELS: dict[bytes, type[BaseModel]] = {b"c": ChatCompletionRequest, b"p": CompletionRequest, b"t": TrajectoryBatch}
 KINDS = {model: kind for kind, model in MODELS.items()}
 
 
@@ -74,20 +78,24 @@ def main() -> None:
         sink.flush()
 
 
-class BodyGate:
-    """The server's side: ``judge`` a body in the helper process (call from a worker thread)."""
+COMMAND = (sys.executable, "-m", "agentjet_server.ingest.body_gate")
 
-    def __init__(self) -> None:
+
+class BodyGate:
+    """The server's side: ``judge`` a body in the helper process (call from a worker thread).
+    ``command`` starts the helper: this module's ``main`` (tests hand in a helper that misbehaves)."""
+
+    def __init__(self, command: Sequence[str] = COMMAND) -> None:
+        self._command = list(command)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _start(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "agentjet_server.ingest.body_gate"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
+        if self._proc is not None and self._proc.poll() is not None:
+            logger.warning("the body gate had stopped (exit status %s); starting a new one", self._proc.returncode)
+            self.close()  # its pipes, before a new gate takes its place
+        if self._proc is None:
+            self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         return self._proc
 
     def judge(self, raw: bytes, model: type[BaseModel]) -> dict[str, Any] | None:
@@ -109,13 +117,17 @@ class BodyGate:
         return judge(raw, model)
 
     def close(self) -> None:
+        """End the gate process and close its pipes; never raises for a gate that died or stopped reading."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
         for stream in (proc.stdin, proc.stdout) if proc is not None else ():
             if stream is not None:
-                stream.close()
+                # closing flushes what a failed write left buffered, which into a gate that stopped reading
+                # fails (EPIPE): the file is closed all the same, and the bytes were for that gate alone
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 if __name__ == "__main__":
