@@ -150,3 +150,8 @@ def test_completions_several_prompts_stream_and_refusals(sdk):
             sdk.completions.create(**{**kw, **extra})
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         sdk.completions.create(model="agentjet-tiny", prompt=[10**7], max_tokens=2)
+    # a list of token ids is one prompt, however long; 65 prompts are too many
+    long = sdk.completions.create(model="agentjet-tiny", prompt=[5] * 100, max_tokens=2)
+    assert long.choices[0].model_extra["agentjet"]["prompt_token_ids"] == [5] * 100
+    with pytest.raises(openai.BadRequestError, match="1 to 64 prompts"):
+        sdk.completions.create(model="agentjet-tiny", prompt=["Hi"] * 65, max_tokens=2)

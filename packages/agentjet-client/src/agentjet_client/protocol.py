@@ -308,7 +308,8 @@ class CompletionRequest(_Strict):
         _exact_sampling(self.frequency_penalty, self.presence_penalty, self.logit_bias)
         if self.agentjet is not None and self.agentjet.prefix_token_ids is not None:
             raise ValueError("agentjet.prefix_token_ids is for chat requests; send the prompt's token ids as 'prompt'")
-        if isinstance(self.prompt, list) and (not self.prompt or len(self.prompt) > MAX_PROMPTS):
+        if isinstance(self.prompt, list) and (not self.prompt or len(self.prompts) > MAX_PROMPTS):
+            # a list of token ids is one prompt; a list of texts or of token-id lists is several
             raise ValueError(f"prompt must hold 1 to {MAX_PROMPTS} prompts (or be text)")
         return self
 
