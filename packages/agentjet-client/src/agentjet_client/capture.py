@@ -53,6 +53,11 @@ class EpisodeRecorder:
         self.failures = 0
         self.last_failure: str | None = None
 
+    def answers(self) -> list[Answer | None]:
+        """Each turn's answer as the agent got it (text and tool calls), in turn order."""
+        with self._lock:
+            return list(self._answers)
+
     @property
     def turns(self) -> list[Turn]:
         with self._lock:

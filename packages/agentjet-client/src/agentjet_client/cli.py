@@ -136,6 +136,43 @@ def run(
     _run_agent(code_dir, server or [], api_key, config, spool_dir, spool_max, watch, isolate, log_level)
 
 
+@app.command(name="try")
+def try_agent(
+    code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent")],
+    server: Annotated[str, typer.Option(help="AgentJet server base URL")] = "http://127.0.0.1:8000",
+    task: Annotated[str | None, typer.Option(help="the id of the task to play (default: the first)")] = None,
+    push: Annotated[bool, typer.Option(help="push the episode (as an evaluation episode: never trained)")] = False,
+    api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
+    timeout: Annotated[float, typer.Option(min=0.001, help="seconds before the episode is abandoned")] = 300.0,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+) -> None:
+    """Play one episode and show it: each call's messages, answer, tool calls; then the reward.
+
+    Nothing is pushed unless --push is given. Example:
+    agentjet-client try --code-dir examples/first_task
+    """
+    _logging(log_level, console)
+    from agentjet_client.client import SwarmClient
+    from agentjet_client.tracks import open_track
+    from agentjet_client.tryout import transcript, try_episode
+
+    try:
+        # in this process (its traceback shows where the agent failed), unless it needs its own interpreter
+        track = open_track(code_dir, concurrency=1, isolate=(code_dir / "agentjet.toml").exists(), watch=False)
+        with SwarmClient(server, api_key=api_key) as client:
+            client.status()
+            tried = asyncio.run(try_episode(client, track, task, timeout, push))
+    except (AgentJetError, ValueError) as exc:
+        _fail(str(exc))
+    finally:
+        if "track" in locals() and track.workers is not None:
+            track.workers.close()
+    for line in transcript(tried):
+        console.print(escape(line), highlight=False)
+    if tried.failure is not None:
+        raise typer.Exit(code=1)
+
+
 @app.command(name="eval")
 def evaluate(
     code_dir: Annotated[Path, typer.Option(help="directory with agent.py defining one @swarm_agent with eval_tasks")],

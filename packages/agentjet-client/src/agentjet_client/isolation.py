@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import subprocess
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -38,13 +37,19 @@ from typing import Any
 
 from agentjet_client.episode import LLM_RETRIES
 from agentjet_client.errors import AgentJetError
+from agentjet_client.failures import describe
 from agentjet_client.protocol import check_agent_name
 
 STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import the agent
 
 
 class AgentFailed(AgentJetError):
-    """The agent raised in its worker process; the message is the exception's last line."""
+    """The agent raised in its worker process: the message names the exception and the agent's line;
+    ``trace`` is the traceback of the agent's own frames (``failures.describe``)."""
+
+    def __init__(self, message: str, trace: str | None = None) -> None:
+        super().__init__(message)
+        self.trace = trace or message
 
 
 def _context() -> Any:
@@ -306,7 +311,7 @@ class WorkerPool:
                 raise
             self._idle.put_nowait(worker)
         if kind == "error":
-            raise AgentFailed(value)
+            raise AgentFailed(*value)
         return value, version
 
     def close(self) -> None:
@@ -379,4 +384,5 @@ def _worker_main(conn: Any, code_dir: str, environ: dict[str, str]) -> None:
                 value = asyncio.run(value)
             conn.send(("ok", _plain(value), version))
         except Exception as exc:  # the agent's bug: reported, the worker lives on
-            conn.send(("error", "".join(traceback.format_exception_only(exc)).strip(), version))
+            failure = describe(exc)
+            conn.send(("error", (failure.line, failure.trace), version))

@@ -160,7 +160,7 @@ class Rollouts:
                 timed_out = f"episode timed out after {self._timeout:g}s (--timeout)"
                 failure = Failure(timed_out, timed_out)
             except AgentFailed as exc:  # raised in a worker process: its message is all there is
-                failure = Failure(str(exc), str(exc))
+                failure = Failure(str(exc), exc.trace)
             except Exception as exc:  # the agent's bug fails this episode only
                 failure = describe(exc)
             finally:
