@@ -497,6 +497,19 @@ def _on_gpu(device: str) -> bool:
     return device_kind(device) == "cuda"
 
 
+# the fields of a ``Layout`` that are settings of ``up`` taken as they are
+SETTINGS_AS_THEY_ARE = (
+    "learner_dtype",
+    "optimizer_dtype",
+    "gradient_checkpointing",
+    "micro_batch_tokens",
+    "max_batch",
+    "gpu_memory_utilization",
+    "lora_rank",
+    "cpu_offload",
+)
+
+
 def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: bool = True) -> Layout:
     """The layout ``agentjet-server up``'s settings describe for one process: ``learner_device`` is
     its rank's; the process that ``serves`` (rank 0) runs the engine, on ``--engine-devices`` or
@@ -516,17 +529,10 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         engine_device=engine_device,
         learner_device=learner_device,
         engine_dtype=engine_dtype,
-        learner_dtype=settings.learner_dtype,
-        optimizer_dtype=settings.optimizer_dtype,
-        gradient_checkpointing=settings.gradient_checkpointing,
-        micro_batch_tokens=settings.micro_batch_tokens,
-        max_batch=settings.max_batch,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
+        **{name: getattr(settings, name) for name in SETTINGS_AS_THEY_ARE},
         reference=settings.kl_coef > 0,
         learner_ranks=learner_ranks,
         engine_replicas=settings.engine_replicas if serves else 1,
-        lora_rank=settings.lora_rank,
-        cpu_offload=settings.cpu_offload,
         # with replicas, those on a learner's device sleep through its steps
         engine_sleep=settings.engine_sleep
         and engine != "none"
