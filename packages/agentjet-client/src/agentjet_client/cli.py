@@ -385,7 +385,8 @@ def _summary(report: RunReport, config: RunConfig) -> None:
         )
         console.print(
             f"[bold]done[/bold]: {report.finished} episodes in {report.elapsed_s:.0f}s  {means}  "
-            f"policy v{_version(report.first_version)} -> v{_version(report.last_version)}  "
+            f"policy v{_version(report.first_version)} -> "
+            f"v{_version(report.last_version if report.last_version is not None else report.first_version)}  "
             f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  "
             f"failed {report.failed}"
         )
