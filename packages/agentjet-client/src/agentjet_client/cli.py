@@ -47,15 +47,17 @@ def run(
     code_dir: Annotated[
         list[Path],
         typer.Option(
+            metavar="<dir>",
             help="directory with agent.py defining one @swarm_agent (repeatable: several task families in one "
-            "run; an agentjet.toml there may name its own python interpreter)"
+            "run; an agentjet.toml there may name its own python interpreter)",
         ),
     ],
     server: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="<url>",
             help="AgentJet server base URL for every agent; NAME=URL (repeatable) sends agent NAME's calls to "
-            "another server [default: http://127.0.0.1:8000]"
+            "another server [default: http://127.0.0.1:8000]",
         ),
     ] = None,
     api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
@@ -71,10 +73,15 @@ def run(
         Path | None, typer.Option(help="durable outbox for finished trajectories (default: user data dir)")
     ] = None,
     spool_max: Annotated[int, typer.Option(min=1, help="spooled trajectories before new episodes wait")] = 100_000,
-    watch: Annotated[bool, typer.Option(help="hot swap: new episodes run CODE_DIR's code as it is edited")] = True,
-    isolate: Annotated[
-        bool, typer.Option(help="run sync agents in worker processes, so a hung episode can be killed")
-    ] = True,
+    no_watch: Annotated[
+        bool, typer.Option("--no-watch", help="no hot swap (by default new episodes run the code as it is edited)")
+    ] = False,
+    no_isolate: Annotated[
+        bool,
+        typer.Option(
+            "--no-isolate", help="run sync agents in threads (by default in worker processes: a hung one is killed)"
+        ),
+    ] = False,
     eval_every: Annotated[
         int,
         typer.Option(min=0, help="policy versions between evaluation rounds on the agent's eval_tasks (0 = none)"),
@@ -84,13 +91,14 @@ def run(
     ] = 0,
     sync: Annotated[
         bool,
-        typer.Option(help="synchronous baseline: roll out one batch, wait for the server's step, repeat"),
+        typer.Option("--sync", help="synchronous baseline: roll out one batch, wait for the server's step, repeat"),
     ] = False,
     max_failure_rate: Annotated[
         float | None,
         typer.Option(
             min=0.0,
             max=1.0,
+            metavar="<share>",
             help="stop the run when more than this share of its episodes failed [default: stop when every "
             "episode of the first group, or of the first 5% of the run, failed]",
         ),
@@ -133,7 +141,7 @@ def run(
         max_failure_rate=max_failure_rate,
         follow_group_size=True,
     )
-    _run_agent(code_dir, server or [], api_key, config, spool_dir, spool_max, watch, isolate, log_level)
+    _run_agent(code_dir, server or [], api_key, config, spool_dir, spool_max, not no_watch, not no_isolate, log_level)
 
 
 @app.command(name="try")
