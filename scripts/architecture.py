@@ -35,7 +35,7 @@ SERVER_LAYERS = [
     "__main__",
     "cli",
     "admin_cli",
-    "admin_client",
+    "admin_client | starting",
     "app",
     "api",
     "runtime",

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from agentjet_client.errors import TaskLoadError
 from agentjet_client.failures import StopRule, describe
 
 CLIENT = str(Path(sys.executable).parent / "agentjet-client")
@@ -125,7 +126,8 @@ def test_describe_keeps_the_agents_frames_only():
     except ValueError as exc:
         failure = describe(exc)
     assert failure.line.startswith("json.decoder.JSONDecodeError: Expecting property name")
-    assert failure.line.endswith("(test_failures.py:121 in agent_code)")
+    line = agent_code.__code__.co_firstlineno + 3  # json.loads(...)
+    assert failure.line.endswith(f"(test_failures.py:{line} in agent_code)")
     assert "json/decoder.py" not in failure.trace and "in agent_code" in failure.trace
 
 
@@ -143,3 +145,48 @@ def test_the_stop_rule(rule, outcomes, stops_at):
     reasons = [rule.record(group, failed) for group, failed in outcomes]
     stopped = next((i + 1 for i, reason in enumerate(reasons) if reason), None)
     assert stopped == stops_at, reasons
+
+
+def test_a_task_file_opened_relative_to_where_run_starts_gets_the_way_to_open_it_beside_the_agent(
+    tmp_path, monkeypatch
+):
+    import importlib.util
+
+    code = tmp_path / "agent"
+    code.mkdir()
+    (code / "tasks.jsonl").write_text('{"id": "a"}\n')
+    (code / "agent.py").write_text(
+        textwrap.dedent(
+            """\
+            import json
+            from agentjet_client import swarm_agent
+
+
+            def tasks():
+                with open("tasks.jsonl") as f:
+                    return [json.loads(line) for line in f]
+
+
+            @swarm_agent(tasks=tasks)
+            def solve(task, episode):
+                return 1.0
+            """
+        )
+    )
+    spec = importlib.util.spec_from_file_location("beside_agent", code / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(code)
+    assert module.solve.load_tasks() == [("a", {"id": "a"})]  # started in the code dir: found
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TaskLoadError) as caught:
+        module.solve.load_tasks()
+    message = str(caught.value)
+    assert "No such file or directory: 'tasks.jsonl'" in message
+    assert f"tasks.jsonl is not in the directory `run` started in ({tmp_path})" in message
+    assert f"beside the agent, in {code}" in message and "Path(__file__).parent / 'tasks.jsonl'" in message
+    (code / "tasks.jsonl").unlink()  # a file that is nowhere gets no such advice
+    with pytest.raises(TaskLoadError) as caught:
+        module.solve.load_tasks()
+    assert "beside the agent" not in str(caught.value)

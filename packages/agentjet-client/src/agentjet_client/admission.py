@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
-from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerUnreachable
-from agentjet_client.protocol import ServerStatus
+from agentjet_client.errors import AgentJetError, RejectedRequest, ServerError, ServerStarting, ServerUnreachable
+from agentjet_client.protocol import STARTING_RETRY_S, ServerStatus
 from agentjet_client.report import RunReport
 
 if TYPE_CHECKING:
@@ -62,8 +62,15 @@ class Admission:
     async def status(self, server: str) -> ServerStatus | None:
         """The server's status, waiting (backoff with jitter) while it is down; None if the run
         stops meanwhile. Raises what is not an outage (a 4xx: not an AgentJet server, a bad key)."""
+        backoff = wait_random_exponential(multiplier=0.25, max=self._backoff_max)
+
+        def wait(state: RetryCallState) -> float:
+            # a server that says it is starting says when to ask again
+            starting = state.outcome is not None and isinstance(state.outcome.exception(), ServerStarting)
+            return min(float(STARTING_RETRY_S), self._backoff_max) if starting else backoff(state)
+
         retrying = AsyncRetrying(
-            wait=wait_random_exponential(multiplier=0.25, max=self._backoff_max),
+            wait=wait,
             retry=retry_if_exception(_down),
             before_sleep=lambda state: self._waiting(server, state),
             reraise=True,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentjet_client.errors import TaskLoadError
@@ -54,7 +55,9 @@ class SwarmAgent:
             source = list(tasks() if callable(tasks) else tasks)
         except Exception as exc:  # the agent's own code: say where in it
             failure = describe(exc)
-            raise TaskLoadError(f"loading the {kind} of agent '{self.name}' failed: {failure.trace}") from exc
+            raise TaskLoadError(
+                f"loading the {kind} of agent '{self.name}' failed: {failure.trace}{self._beside_hint(exc)}"
+            ) from exc
         out = []
         for index, task in enumerate(source):
             if not isinstance(task, dict):
@@ -63,6 +66,23 @@ class SwarmAgent:
         if not out:
             raise ValueError(f"agent '{self.name}' has no {kind}; give @swarm_agent({kind}=...) a non-empty list")
         return out
+
+    def _beside_hint(self, exc: Exception) -> str:
+        """For a relative path opened from the directory ``run`` started in while the file is beside the
+        agent: how to open it wherever ``run`` starts."""
+        name = getattr(exc, "filename", None) if isinstance(exc, FileNotFoundError) else None
+        if not isinstance(name, str) or Path(name).is_absolute():
+            return ""
+        try:
+            beside = Path(inspect.getfile(self.fn)).resolve().parent
+        except (TypeError, OSError):
+            return ""
+        if not (beside / name).exists():
+            return ""
+        return (
+            f"\n{name} is not in the directory `run` started in ({Path.cwd()}) but beside the agent, in {beside}; "
+            f"relative paths are opened from where `run` starts: open it as Path(__file__).parent / {name!r}"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

@@ -27,6 +27,10 @@ err = Console(stderr=True, soft_wrap=True)  # an error stays one line
 app.add_typer(research_app, name="research")
 
 
+def _say(message: str) -> None:
+    console.print(f"[cyan]agentjet-client[/cyan] {escape(message)}")
+
+
 def _fail(message: str) -> None:
     err.print(f"[red]error:[/red] {escape(message)}")  # messages quote [extras] and paths
     raise typer.Exit(code=2)
@@ -160,7 +164,7 @@ def try_agent(
     agentjet-client try --code-dir examples/first_task
     """
     _logging(log_level, console)
-    from agentjet_client.client import SwarmClient
+    from agentjet_client.client import SwarmClient, wait_until_serving
     from agentjet_client.tracks import open_track
     from agentjet_client.tryout import transcript, try_episode
 
@@ -168,7 +172,7 @@ def try_agent(
         # in this process (its traceback shows where the agent failed), unless it needs its own interpreter
         track = open_track(code_dir, concurrency=1, isolate=(code_dir / "agentjet.toml").exists(), watch=False)
         with SwarmClient(server, api_key=api_key) as client:
-            client.status()
+            wait_until_serving(client, say=_say)
             tried = asyncio.run(try_episode(client, track, task, timeout, push))
     except (AgentJetError, ValueError) as exc:
         _fail(str(exc))
@@ -248,7 +252,7 @@ def _run_agent(
     log_level: str,
 ) -> None:
     _logging(log_level, console)
-    from agentjet_client.client import SwarmClient
+    from agentjet_client.client import SwarmClient, wait_until_serving
     from agentjet_client.progress import RunProgress
     from agentjet_client.runner import Runner
     from agentjet_client.spool import SET_ASIDE, open_for_run
@@ -273,7 +277,7 @@ def _run_agent(
                 f"the code dirs' agents share a task tag ({tags}); give each @swarm_agent(tag=...) its own tag "
                 "so the server can keep their mix"
             )
-        statuses = {url: client.status(url) for url in client.servers}
+        statuses = {url: wait_until_serving(client, url, say=_say) for url in client.servers}
         sizes = {url: status.learner.group_size for url, status in statuses.items()}
         config = config if config.eval_only else _with_group_size(config, sizes)
         for track in tracks:  # tasks that fail to load say so now, with the agent's own frames

@@ -32,8 +32,10 @@ import httpx2
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from agentjet_client.episode import Episode, EpisodeContext
-from agentjet_client.errors import RejectedRequest, ServerError, ServerUnreachable
+from agentjet_client.errors import RejectedRequest, ServerError, ServerStarting, ServerUnreachable
 from agentjet_client.protocol import (
+    STARTING,
+    STARTING_RETRY_S,
     ClientReport,
     ErrorResponse,
     ServerStatus,
@@ -210,7 +212,9 @@ class SwarmClient:
     def _headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _request(self, method: str, path: str, json_body: Any = None, server: str | None = None) -> Any:
+    def _request(
+        self, method: str, path: str, json_body: Any = None, server: str | None = None, retry: bool = True
+    ) -> Any:
         url = server or self.server_url
 
         def once() -> Any:
@@ -226,11 +230,15 @@ class SwarmClient:
                 cls = (
                     RejectedRequest
                     if 400 <= response.status_code < 500 and response.status_code != 429
+                    else ServerStarting
+                    if response.status_code == 503 and ErrorResponse.type_of(response.text) == STARTING
                     else ServerError
                 )
                 raise cls(response.status_code, message)
             return response.json()
 
+        if not retry:
+            return once()
         retrying = Retrying(
             stop=stop_after_attempt(self._attempts),
             wait=wait_random_exponential(multiplier=0.2, max=10.0),
@@ -276,9 +284,10 @@ class SwarmClient:
             version = answer.policy_version
         return TrajectoryBatchResult(results=results, policy_version=version)
 
-    def status(self, server: str | None = None) -> ServerStatus:
-        """The status of the default server (or of ``server``, one of ``servers``)."""
-        return ServerStatus.model_validate(self._request("GET", "/v1/status", server=server))
+    def status(self, server: str | None = None, retry: bool = True) -> ServerStatus:
+        """The status of the default server (or of ``server``, one of ``servers``); ``retry=False``: one
+        call, its error raised as it comes."""
+        return ServerStatus.model_validate(self._request("GET", "/v1/status", server=server, retry=retry))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -296,3 +305,26 @@ class SwarmClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_until_serving(
+    client: SwarmClient,
+    server: str | None = None,
+    say: Callable[[str], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ServerStatus:
+    """The server's status once it serves: while it answers that it is still starting (building or
+    loading its model) this waits, telling ``say`` what it does when that changes (at most every
+    20 s). A server that cannot be reached raises as ``client.status`` does."""
+    said, said_at = "", 0.0
+    while True:
+        try:
+            return client.status(server, retry=False)
+        except ServerStarting as exc:
+            phase = exc.message.split(" (for ")[0]
+            if say is not None and phase != said and time.monotonic() - said_at >= 20.0:
+                say(exc.message)
+                said, said_at = phase, time.monotonic()
+            sleep(STARTING_RETRY_S)
+        except (ServerUnreachable, ServerError):
+            return client.status(server)

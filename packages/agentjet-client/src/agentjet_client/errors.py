@@ -2,7 +2,8 @@
 
     AgentJetError
     ├── ServerError          the server answered with an error (status_code, message)
-    │   └── RejectedRequest  a 4xx: the request itself is wrong; retrying will not help
+    │   ├── RejectedRequest  a 4xx: the request itself is wrong; retrying will not help
+    │   └── ServerStarting   a 503 from a server still starting (building or loading its model)
     ├── ServerUnreachable    no answer from the server (after retries)
     ├── AgentLoadError       the code dir has no usable @swarm_agent, or it fails to import
     ├── TaskLoadError        the agent's tasks could not be loaded (its own traceback in the message)
@@ -29,6 +30,10 @@ class ServerError(AgentJetError):
 
 class RejectedRequest(ServerError):
     """The server refused the request as invalid (4xx)."""
+
+
+class ServerStarting(ServerError):
+    """The server listens but is still starting; the message says what it is doing."""
 
 
 class ServerUnreachable(AgentJetError):

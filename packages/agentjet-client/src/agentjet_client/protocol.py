@@ -483,6 +483,12 @@ class ErrorDetail(_Open):
     code: str | None = None
 
 
+# the error type of the 503 a server answers while it starts (builds or loads its model), and the
+# seconds its Retry-After asks a client to wait
+STARTING = "server_starting"
+STARTING_RETRY_S = 5
+
+
 class ErrorResponse(_Open):
     """OpenAI's error shape; every non-2xx answer of the server has this body."""
 
@@ -496,6 +502,14 @@ class ErrorResponse(_Open):
             return cls.model_validate_json(body).error.message
         except ValueError:  # pydantic's ValidationError is a ValueError
             return body[:500]
+
+    @classmethod
+    def type_of(cls, body: str) -> str | None:
+        """The error type of an answer in this shape (None when it is not one)."""
+        try:
+            return cls.model_validate_json(body).error.type
+        except ValueError:
+            return None
 
 
 # ---------------------------------------------------------------------------------------------

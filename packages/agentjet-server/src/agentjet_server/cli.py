@@ -16,6 +16,7 @@ from rich.markup import escape
 from agentjet_server import admin_cli
 from agentjet_server.admin_client import as_toml
 from agentjet_server.errors import AgentJetServerError
+from agentjet_server.starting import StartingPort
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="AgentJet swarm server: serve and train one model.")
 console = Console(stderr=True, soft_wrap=True)
@@ -221,15 +222,25 @@ def _wrapped(items: list[str], width: int = 118) -> str:
 
 def serve(settings: Any) -> None:
     """Rank 0 (or the only process): engine + HTTP + learner. Other torchrun ranks: learner only."""
-    from agentjet_server.learner import distributed, loop
+    import os
+
     from agentjet_server.serving.parsing import check_parser_names
 
     # what can be refused without the model is refused before it is built or loaded
     check_parser_names(settings.tool_call_parser, settings.reasoning_parser)
     _chat_template(settings.chat_template)
-    ctx = distributed.init_from_env(settings.device, devices=settings.learner_device_list())
+    # rank 0 listens at once (before torch loads) and, until the app serves, answers what the start is doing
+    starting = StartingPort.open(settings.host, settings.port) if os.environ.get("RANK", "0") == "0" else None
+    if starting is not None and settings.port == 0:
+        settings = settings.model_copy(update={"port": starting.sock.getsockname()[1]})
     finished = False
+    ctx = None
     try:
+        if starting is not None:
+            starting.phase("loading torch")
+        from agentjet_server.learner import distributed, loop
+
+        ctx = distributed.init_from_env(settings.device, devices=settings.learner_device_list())
         if settings.engine_sleep and settings.engine_replicas > 1 and not _sleeping_replicas(settings, ctx):
             from agentjet_server import memory
             from agentjet_server.errors import ConfigError
@@ -240,7 +251,7 @@ def serve(settings: Any) -> None:
                 f"and --engine-devices {settings.engine_devices} puts none there: every replica serves on "
                 "through the steps, so leave --engine-sleep out"
             )
-        path = _model_path(settings, ctx)
+        path = _model_path(settings, ctx, starting)
         settings = _memory_plan(settings, path, ctx)
         if not ctx.is_main:
             import signal
@@ -257,10 +268,14 @@ def serve(settings: Any) -> None:
             hosts_sleeper = settings.engine_sleep and hosts_replica(settings, ctx.device)
             loop.worker_loop(build_learner(settings, str(path), ctx), ctx, free_cache=hosts_sleeper)
         else:
-            _serve_main(settings, path, ctx)
+            assert starting is not None
+            _serve_main(settings, path, ctx, starting)
         finished = True
     finally:
-        distributed.shutdown(ctx, wait_for_others=finished)
+        if starting is not None:
+            starting.close()
+        if ctx is not None:
+            distributed.shutdown(ctx, wait_for_others=finished)
 
 
 def _sleeping_replicas(settings: Any, ctx: Any) -> list[int]:
@@ -285,9 +300,14 @@ def _memory_plan(settings: Any, path: Path, ctx: Any) -> Any:
     return settings
 
 
-def _model_path(settings: Any, ctx: Any) -> Path:
+def _model_path(settings: Any, ctx: Any, starting: StartingPort | None = None) -> Path:
     """``--model``, or the embedded model, built once by rank 0 while the other ranks wait."""
     from agentjet_server.embedded import ensure_embedded_model
+
+    def progress(message: str) -> None:
+        console.print(f"[cyan]agentjet[/cyan] {message}")
+        if starting is not None:
+            starting.phase(f"building its embedded model: {message}")
 
     if settings.model is not None:
         return Path(settings.model)
@@ -297,7 +317,7 @@ def _model_path(settings: Any, ctx: Any) -> Path:
 
         dist.barrier()
         return ensure_embedded_model(size=size)
-    path = ensure_embedded_model(progress=lambda m: console.print(f"[cyan]agentjet[/cyan] {m}"), size=size)
+    path = ensure_embedded_model(progress=progress, size=size)
     if ctx.enabled:
         import torch.distributed as dist
 
@@ -319,7 +339,7 @@ def _chat_template(path: Path | None) -> str | None:
     return text
 
 
-def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
+def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> None:
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
@@ -334,9 +354,11 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
     from agentjet_server.runtime import SwarmRuntime
     from agentjet_server.state.checkpoint import StateDir
 
+    starting.phase(f"opening its state dir {settings.state_dir}")
     state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
     try:
         checkpoint = state.resumed
+        starting.phase(f"loading {path} into its {settings.engine} engine")
         name = settings.model_name or (
             EMBEDDED_SPECS[settings.model_size].name if settings.model is None else served_name(path)
         )
@@ -410,6 +432,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
             engine = EngineProcess("vllm", engine_path, **options)
         else:
             engine = create_engine(settings.engine, engine_path, **options)
+        starting.phase("loading the learner's copy of the model" + (" and its checkpoint" if checkpoint else ""))
         runtime = SwarmRuntime.create(engine, settings, str(path), ctx, state=state)
     except BaseException:
         state.close()
@@ -438,7 +461,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any) -> None:
         console.print(escape(_wrapped(lines)), style="dim")
     server = uvicorn.Server(http_config(app, settings))
     holder.append(server)
-    server.run()
+    server.run(sockets=[starting.hand_over()])
 
 
 def http_config(app: Any, settings: Any) -> Any:
