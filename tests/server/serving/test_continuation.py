@@ -118,6 +118,30 @@ def test_a_tool_call_cut_off_by_max_tokens_is_spliced_and_closed_by_the_template
     assert third.prompt_ids[: len(result.prompt_ids) + len(answer)] == result.prompt_ids + answer
 
 
+def test_a_tool_call_ended_by_another_stop_token_is_spliced_and_so_is_the_call_after_it(chat):
+    """The model may end an answer with <|endoftext|>, not the template's <|im_end|>, even inside an
+    unclosed <tool_call> (the server reads the call all the same): a CI run of the LangChain example met
+    it. The next call sends that call back; it continues the sampled tokens, and so does the one after."""
+    prompt = chat.render([USER], TOOLS)
+    endoftext = int(chat.tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    assert endoftext in chat.stop_ids and endoftext != end_of_turn(chat)
+    sampled = [*chat.encode('<tool_call>{"name": "add", "arguments": {"a": 5, "b": 4}}'), endoftext]
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 5, "b": 4}'}}
+    messages = [USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    messages.append({"role": "tool", "tool_call_id": "c1", "content": "9"})
+    result = continue_from(chat, prompt + sampled, len(prompt), messages, TOOLS)
+    assert result.status == "spliced" and result.drift
+    assert result.prompt_ids[: len(prompt) + len(sampled)] == prompt + sampled
+    rest = chat.decode_all(result.prompt_ids[len(prompt) + len(sampled) :])
+    assert rest == "\n<|im_start|>tool\n9<|im_end|>\n<|im_start|>assistant\n"
+
+    answer = [*chat.encode("It is 9."), end_of_turn(chat)]
+    later = [*messages, {"role": "assistant", "content": "It is 9."}, {"role": "user", "content": "Sure?"}]
+    third = continue_from(chat, result.prompt_ids + answer, len(result.prompt_ids), later, TOOLS)
+    assert third.status == "spliced"
+    assert third.prompt_ids[: len(result.prompt_ids) + len(answer)] == result.prompt_ids + answer
+
+
 def test_an_edited_history_is_rendered_afresh(chat):
     prompt = chat.render([USER])
     sampled = [*chat.encode("7"), end_of_turn(chat)]

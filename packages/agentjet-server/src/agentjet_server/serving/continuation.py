@@ -102,9 +102,11 @@ def _splice(
         return None
     prompt, completion = prefix[:prompt_tokens], prefix[prompt_tokens:]
     prompt_text = chat.decode_all(prompt)
-    # a completion cut off by max_tokens has no end-of-turn: the template's closes it (as context)
+    # a completion cut off by max_tokens has no end-of-turn: the template's closes it (as context); one
+    # that stopped stands for the template's end-of-turn with its own stop token (which may be another
+    # of the model's, <|endoftext|> where the template writes <|im_end|>)
     stopped = prefix[-1] in chat.stop_ids
-    ends = [chat.decode_all([prefix[-1]])] if stopped else [chat.decode_all([t]) for t in chat.stop_ids]
+    ends = [chat.decode_all([t]) for t in chat.stop_ids]
     answer = read(completion)
     candidates = [j for j, m in enumerate(messages) if m.get("role") == "assistant" and same_answer(answer, m)]
     for j in reversed(candidates[-_TRIES:]):  # the newest first: an agent sends its last answer back
@@ -167,13 +169,17 @@ def _renders(
         if not prompt_text.startswith(between, seen):
             return False
         seen += len(between)
-        stop = prompt_text.find(end, seen)
-        if stop < 0:
+        # the sampled answer ends at the first stop token the model wrote, whichever of its stop tokens
+        found = [
+            (stop, sampled_end) for stop, sampled_end in ((prompt_text.find(e, seen), e) for e in ends) if stop >= 0
+        ]
+        if not found:
             return False
+        stop, sampled_end = min(found)
         body = prompt_text[seen:stop]
         if body != through[len(head) : cut] and not same_answer(read(chat.encode(body)), messages[i]):
             return False
-        seen, at = stop + len(end), cut + len(end)
+        seen, at = stop + len(sampled_end), cut + len(end)
     return prompt_text[seen:] == rendered[at:]
 
 
