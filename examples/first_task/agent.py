@@ -5,20 +5,11 @@ hand, and a prompt in the shape the embedded tiny model answers (a digit after "
     agentjet-client run --code-dir examples/first_task --episodes 6000 --eval-every 10 --eval-episodes 50
 """
 
-import json
-from pathlib import Path
-
 from agentjet_client import swarm_agent
 
-HERE = Path(__file__).parent  # files of the agent are found beside it, wherever `run` is started
 
-
-def load_tasks() -> list[dict[str, object]]:
-    with open(HERE / "tasks.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-@swarm_agent(tasks=load_tasks, eval_tasks=load_tasks)
+# a task file is read from beside this file, wherever `run` is started
+@swarm_agent(tasks="tasks.jsonl", eval_tasks="tasks.jsonl")
 async def count_legs(task, episode):
     llm = episode.async_openai()
     reply = await llm.chat.completions.create(

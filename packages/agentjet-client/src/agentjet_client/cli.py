@@ -8,7 +8,7 @@ import logging
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -73,6 +73,30 @@ def run(
     episodes: Annotated[int, typer.Option(min=0, help="episodes to run in total (0 = until Ctrl-C)")] = 0,
     timeout: Annotated[float, typer.Option(min=0.001, help="seconds before an episode is abandoned")] = 300.0,
     seed: Annotated[int | None, typer.Option(help="seed for the task order")] = None,
+    tasks: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="<path>",
+            help="train on this task file instead of the agent's tasks: .jsonl, .json, .csv, .parquet, or a "
+            "directory saved with datasets' save_to_disk",
+        ),
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(metavar="<name>", help="the split of a saved datasets directory to train on")
+    ] = None,
+    eval_tasks: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<spec>",
+            help="held-out tasks: a fraction of the tasks (0.1), another split of the same dataset (test), "
+            "or a second file",
+        ),
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=0, help="passes over the tasks, then the run ends (0 = no end)")] = 0,
+    repeats: Annotated[int, typer.Option(min=1, help="groups of each task per pass")] = 1,
+    no_shuffle: Annotated[
+        bool, typer.Option("--no-shuffle", help="play the tasks in their order (by default each pass is shuffled)")
+    ] = False,
     spool_dir: Annotated[
         Path | None, typer.Option(help="durable outbox for finished trajectories (default: user data dir)")
     ] = None,
@@ -144,8 +168,14 @@ def run(
         sync=sync,
         max_failure_rate=max_failure_rate,
         follow_group_size=True,
+        epochs=epochs,
+        repeats=repeats,
+        shuffle=not no_shuffle,
     )
-    _run_agent(code_dir, server or [], api_key, config, spool_dir, spool_max, not no_watch, not no_isolate, log_level)
+    options = task_options(tasks, split, eval_tasks)
+    _run_agent(
+        code_dir, server or [], api_key, config, spool_dir, spool_max, not no_watch, not no_isolate, log_level, options
+    )
 
 
 @app.command(name="try")
@@ -226,6 +256,25 @@ def parse_servers(values: list[str]) -> tuple[str, dict[str, str]]:
     return default or "http://127.0.0.1:8000", agents
 
 
+def task_options(tasks: Path | None, split: str | None, eval_tasks: str | None) -> dict[str, Any]:
+    """``run``'s own task source as ``TaskSpec`` fields; paths typed on the command line are read from
+    the directory the command runs in."""
+    from agentjet_client.tasksource import splits_of
+
+    options: dict[str, Any] = {}
+    if tasks is not None:
+        options["tasks"] = tasks.expanduser().resolve()
+    if split is not None:
+        options["split"] = split
+    if eval_tasks is not None:
+        try:
+            options["eval_tasks"] = float(eval_tasks)
+        except ValueError:
+            named = tasks is not None and eval_tasks in splits_of(options["tasks"])
+            options["eval_tasks"] = eval_tasks if named else Path(eval_tasks).expanduser().resolve()
+    return options
+
+
 def _with_group_size(config: RunConfig, sizes: dict[str, int]) -> RunConfig:
     """``config`` with the servers' group size; a --group-size that differs from a server's is refused
     (its groups would wait out the server's --group-timeout before they train)."""
@@ -250,6 +299,7 @@ def _run_agent(
     watch: bool,
     isolate: bool,
     log_level: str,
+    options: dict[str, Any] | None = None,
 ) -> None:
     _logging(log_level, console)
     from agentjet_client.client import SwarmClient, wait_until_serving
@@ -268,9 +318,13 @@ def _run_agent(
         if config.sync and len(client.servers) > 1:
             raise ValueError("--sync drives one server; leave out the NAME=URL servers")
         tracks = [open_track(d, concurrency=config.concurrency, isolate=isolate, watch=watch) for d in code_dirs]
+        if options:
+            if len(tracks) > 1:
+                raise ValueError("--tasks, --split and --eval-tasks give one code dir's tasks; give one --code-dir")
+            tracks[0].task_options = options
         if config.eval_only or config.eval_every:  # no usable eval_tasks: say so now, not at the first round
-            for track in [t for t in tracks if t.agent.eval_tasks is not None] or tracks[:1]:
-                track.agent.load_tasks(evaluation=True)
+            for track in [t for t in tracks if t.has_eval_tasks] or tracks[:1]:
+                track.load_tasks(evaluation=True)
         tags = [t.tag for t in tracks]
         if len(tracks) > 1 and len(set(tags)) != len(tags):
             raise ValueError(
@@ -281,7 +335,7 @@ def _run_agent(
         sizes = {url: status.learner.group_size for url, status in statuses.items()}
         config = config if config.eval_only else _with_group_size(config, sizes)
         for track in tracks:  # tasks that fail to load say so now, with the agent's own frames
-            track.agent.load_tasks()
+            track.load_tasks()
         spools = {}
         for url, status in statuses.items():
             spools[url], aside = open_for_run(_spool_path(spool_dir, url), status.run_id, max_items=spool_max)
@@ -329,7 +383,7 @@ def _run_agent(
         return "  ".join(parts)
 
     if config.eval_only:
-        total = config.eval_episodes or len(tracks[0].agent.load_tasks(evaluation=True))
+        total = config.eval_episodes or len(tracks[0].load_tasks(evaluation=True))
     else:
         total = config.episodes
 
@@ -402,6 +456,8 @@ def _summary(report: RunReport, config: RunConfig) -> None:
             f"accepted {report.accepted}  duplicate {report.duplicate}  rejected {report.rejected}  "
             f"failed {report.failed}"
         )
+    for note in report.notes:
+        console.print(escape(note))
     for line, count in report.failure_reasons.most_common(3):
         console.print(f"failed: {count} x {escape(line)}")
     if report.eval_rewards:

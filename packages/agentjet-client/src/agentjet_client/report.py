@@ -46,6 +46,7 @@ class RunReport:
     rounds: int = 0  # --sync: batches rolled out and trained
     waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
     stopped: str | None = None  # why the run stopped before its end (its episodes kept failing)
+    notes: list[str] = field(default_factory=list)  # what the run tells its user at the end (a continued order)
 
     def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of

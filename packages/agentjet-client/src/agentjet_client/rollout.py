@@ -101,10 +101,13 @@ class Rollouts:
         else:  # one more while the run is already ending on the first
             logger.error("an episode failed in the runner's own code: %r", error, exc_info=error)
 
-    def start_group(self, track: Track, item: tuple[str, Task], label: str, size: int) -> None:
-        """Start ``size`` training episodes of one task as one GRPO group (a task id unique to this run)."""
+    def group_id(self, task_id: str, label: str) -> str:
+        """The id of a new GRPO group of ``task_id`` (unique to this run through ``label``)."""
+        return f"{task_id}@{self.client.client_id}:{label}"
+
+    def start_group(self, track: Track, item: tuple[str, Task], group_id: str, size: int) -> None:
+        """Start ``size`` training episodes of one task in the GRPO group ``group_id``."""
         task_id, task = item
-        group_id = f"{task_id}@{self.client.client_id}:{label}"
         for _ in range(size):
             for sender in self.senders.values():
                 sender.started(track.tag)
@@ -123,9 +126,9 @@ class Rollouts:
         version = self.last_eval = self.version
         self._eval_rounds += 1
         for track in self.tracks:
-            if track.agent.eval_tasks is None and len(self.tracks) > 1:
+            if not track.has_eval_tasks and len(self.tracks) > 1:
                 continue  # a code dir without held-out tasks is not evaluated (with one, load_tasks says so)
-            tasks = await asyncio.to_thread(track.agent.load_tasks, True)
+            tasks = await asyncio.to_thread(track.load_tasks, True)
             count = self._eval_episodes or len(tasks)
             logger.info("evaluation round %d: %d episodes at policy v%d", self._eval_rounds, count, version)
             for k in range(count):

@@ -27,14 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from agentjet_client.admission import Admission
-from agentjet_client.agent import SwarmAgent, Task
+from agentjet_client.agent import SwarmAgent
 from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
 from agentjet_client.failures import StopRule
@@ -44,6 +43,7 @@ from agentjet_client.protocol import ClientReport
 from agentjet_client.report import RunReport
 from agentjet_client.rollout import Rollouts
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
+from agentjet_client.taskorder import GroupStarts
 from agentjet_client.tracks import RemoteAgent, Track
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,9 @@ class RunConfig:
     # stop above this share of failed episodes (None: ``StopRule``'s default; 1.0, for library use: never)
     max_failure_rate: float | None = 1.0
     follow_group_size: bool = False  # new groups take the server's group size when an admin changes it
+    epochs: int = 0  # passes over the tasks before the run ends (0 = no end but ``episodes``)
+    repeats: int = 1  # groups of each task per epoch
+    shuffle: bool = True  # each epoch in a seeded random order (else the source's order)
 
 
 class Runner:
@@ -169,23 +172,16 @@ class Runner:
         versions = [t.code_version for t in self.tracks if t.code_version is not None]
         return ",".join(versions) if versions else None
 
-    def _task_stream(self, track: Track, index: int) -> Iterator[tuple[str, Task]]:
-        rng = random.Random(None if self.config.seed is None else self.config.seed + index)
-        while True:
-            tasks = track.agent.load_tasks()
-            rng.shuffle(tasks)
-            yield from tasks
-
-    async def _wait_for_admission(self, need: int) -> Track | None:
-        """The track whose next group may start now (None once the run stops): of those with room
-        on every server, the one with the most room for its tag; on a tie, the one that has
-        started fewest episodes (without ``--mix`` the code dirs take turns)."""
+    async def _wait_for_admission(self, need: int, ended: set[int]) -> int | None:
+        """The index of the track whose next group may start now (None once the run stops): of those with
+        room on every server whose order has not ``ended``, the one with the most room for its tag; on a
+        tie, the one that has started fewest episodes (without ``--mix`` the code dirs take turns)."""
         await self.admission.spool_room()
         room = await self.admission.choose(need, [track.tag for track in self.tracks])
+        room = {i: free for i, free in room.items() if i not in ended}
         if not room:
             return None
-        best = max(room, key=lambda i: (room[i], -self.tracks[i].episodes, -i))
-        return self.tracks[best]
+        return max(room, key=lambda i: (room[i], -self.tracks[i].episodes, -i))
 
     async def run(self) -> RunReport:
         started = time.monotonic()
@@ -223,24 +219,39 @@ class Runner:
         """The run itself: groups as admission allows (or the synchronous loop), evaluation rounds,
         and the wait until every episode is finished and answered."""
         rollouts, g, episodes = self.rollouts, self.config.group_size, self.config.episodes
-        streams = {id(t): self._task_stream(t, i) for i, t in enumerate(self.tracks)}
+        config = self.config
+        starts = GroupStarts(
+            self.tracks,
+            self.rollouts,
+            self.report,
+            self.spool,
+            self._stop_requested,
+            seed=config.seed,
+            epochs=config.epochs,
+            repeats=config.repeats,
+            shuffle=config.shuffle,
+            pause=(config.poll_interval, config.backoff_max),
+        )
+        ended: set[int] = set()  # the tracks whose order is done (``epochs``)
         groups = 0
         if self.config.eval_only:
             await rollouts.start_eval()
         elif self.config.sync:
-            await self._run_sync(senders, streams[id(self.tracks[0])])
+            await self._run_sync(senders, starts)
         more = not (self.config.eval_only or self.config.sync)  # whole groups until ``episodes`` have started
         while more and not self._stop.is_set() and (not episodes or self.report.started < episodes):
             if self.config.follow_group_size and self.admission.group_size:
                 g = self.admission.group_size
-            track = await self._wait_for_admission(g)
-            if track is None or self._stop.is_set():
+            index = await self._wait_for_admission(g, ended)
+            if index is None or self._stop.is_set():
                 break
             if rollouts.eval_due():
                 await rollouts.start_eval()
-            item = await asyncio.to_thread(next, streams[id(track)])  # another interpreter may load them
-            rollouts.start_group(track, item, str(groups), g)
-            groups += 1
+            if await starts.next_group(index, str(groups), g):
+                groups += 1
+            else:
+                ended.add(index)
+                more = len(ended) < len(self.tracks)
         await rollouts.finish()
         await self.admission.drained(senders)
         if self.config.eval_every and not self._stop.is_set() and rollouts.version != rollouts.last_eval:
@@ -251,7 +262,7 @@ class Runner:
     async def _run_sync(
         self,
         senders: list[asyncio.Task[None]],
-        tasks: Iterator[tuple[str, Task]],
+        starts: GroupStarts,
     ) -> None:
         """The synchronous loop (``RunConfig.sync``): a batch, all of it answered, the step, again."""
         rollouts = self.rollouts
@@ -270,9 +281,9 @@ class Runner:
                 await rollouts.start_eval()
             trained_before = status.trajectories.trained
             accepted_before = self.report.accepted
-            for k in range(batch_groups):
-                item = await asyncio.to_thread(next, tasks)
-                rollouts.start_group(self.tracks[0], item, f"r{self.report.rounds}:{k}", g)
+            started = [await starts.next_group(0, f"r{self.report.rounds}:{k}", g) for k in range(batch_groups)]
+            if not any(started):
+                break  # the order has ended (``epochs``)
             await rollouts.finish()
             await self.admission.drained(senders)
             waiting = time.monotonic()

@@ -158,6 +158,13 @@ class Spool:
                 );
                 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS notes (name TEXT PRIMARY KEY, value TEXT);
+                CREATE TABLE IF NOT EXISTS task_orders (
+                    track TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, seed INTEGER NOT NULL, next INTEGER NOT NULL
+                );
+                CREATE TABLE IF NOT EXISTS task_groups (
+                    group_id TEXT PRIMARY KEY, track TEXT NOT NULL, position INTEGER NOT NULL,
+                    task_id TEXT NOT NULL, size INTEGER NOT NULL, spooled INTEGER NOT NULL DEFAULT 0
+                );
                 """
             )
         except (OSError, sqlite3.Error) as exc:
@@ -181,6 +188,7 @@ class Spool:
             ).rowcount
             if inserted:
                 self._bump(db, "spooled", 1)
+                self._count_in_group(db, trajectory.task_id)
         return bool(inserted)
 
     def put_many(self, trajectories: list[Trajectory]) -> list[bool]:
@@ -188,10 +196,12 @@ class Spool:
         rows = [(t.id, t.model_dump_json(), time.time()) for t in trajectories]
         inserted = []
         with self._lock, self._write() as db:
-            for row in rows:
+            for row, trajectory in zip(rows, trajectories, strict=True):
                 inserted.append(
                     bool(db.execute("INSERT OR IGNORE INTO items (id, body, added) VALUES (?, ?, ?)", row).rowcount)
                 )
+                if inserted[-1]:
+                    self._count_in_group(db, trajectory.task_id)
             if any(inserted):
                 self._bump(db, "spooled", sum(inserted))
         return inserted
@@ -266,7 +276,50 @@ class Spool:
             with self._lock, self._write() as db:
                 db.execute("INSERT OR REPLACE INTO notes (name, value) VALUES ('server_run', ?)", (run_id,))
 
+    # ------------------------------------------------------------------ where a run's task order stands
+
+    def task_order(self, track: str) -> tuple[str, int, int] | None:
+        """``(fingerprint, seed, next position)`` of ``track``'s task order, as the last run left it."""
+        with self._lock:
+            row = self._db.execute("SELECT fingerprint, seed, next FROM task_orders WHERE track = ?", (track,))
+            found = row.fetchone()
+        return (str(found[0]), int(found[1]), int(found[2])) if found else None
+
+    def start_task_order(self, track: str, fingerprint: str, seed: int) -> None:
+        """Begin ``track``'s order afresh (its groups left open by an earlier run are forgotten)."""
+        with self._lock, self._write() as db:
+            db.execute("DELETE FROM task_groups WHERE track = ?", (track,))
+            db.execute(
+                "INSERT OR REPLACE INTO task_orders (track, fingerprint, seed, next) VALUES (?, ?, ?, 0)",
+                (track, fingerprint, seed),
+            )
+
+    def open_group(self, track: str, position: int, group_id: str, task_id: str, size: int) -> None:
+        """Note that the group of ``position`` starts (``size`` episodes): it stays open until that many of its
+        trajectories are spooled (counted in the same transaction that commits each)."""
+        with self._lock, self._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO task_groups (group_id, track, position, task_id, size) VALUES (?, ?, ?, ?, ?)",
+                (group_id, track, position, task_id, size),
+            )
+            db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
+
+    def open_groups(self, track: str) -> list[tuple[int, str, str, int]]:
+        """``(position, group id, task id, episodes missing)`` of ``track``'s groups an earlier run started
+        and did not spool in full, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT position, group_id, task_id, size - spooled FROM task_groups WHERE track = ? ORDER BY position",
+                (track,),
+            ).fetchall()
+        return [(int(p), str(g), str(t), int(n)) for p, g, t, n in rows]
+
     # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _count_in_group(db: sqlite3.Connection, group_id: str) -> None:
+        db.execute("UPDATE task_groups SET spooled = spooled + 1 WHERE group_id = ?", (group_id,))
+        db.execute("DELETE FROM task_groups WHERE group_id = ? AND spooled >= size", (group_id,))
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

@@ -31,7 +31,7 @@ import tempfile
 import tomllib
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from agentjet_client.errors import AgentLoadError
 from agentjet_client.isolation import STARTUP_TIMEOUT, AgentFailed, WorkerPool
 from agentjet_client.loader import CodeWatcher, Watcher, load_agent
 from agentjet_client.report import RunReport
+from agentjet_client.tasksource import TaskSpec
 from agentjet_client.version import __version__
 
 RUNTIME_FILE = "agentjet.toml"
@@ -70,7 +71,7 @@ except Exception as exc:
     raise SystemExit(0)
 info = dict(name=agent.name, tag=agent.tag, is_async=agent.is_async, has_eval_tasks=agent.eval_tasks is not None,
             version=version, client_version=agentjet_client.__version__, tasks=tasks,
-            fixed=not callable(agent.eval_tasks if what == "eval" else agent.tasks))
+            fixed=agent.task_spec.fixed(what == "eval"))
 try:
     out.write_bytes(pickle.dumps(("ok", info)))
 except Exception as exc:
@@ -222,10 +223,37 @@ class Track:
     workers: WorkerPool | None = None  # sync agents (and every agent of another interpreter) run here
     code_dir: Path | None = None
     episodes: int = field(default=0)  # training episodes started from this track
+    # the run's own task source (``run --tasks/--split/--eval-tasks``): TaskSpec fields that replace the agent's
+    task_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tag(self) -> str | None:
         return self.agent.tag
+
+    def _spec(self) -> TaskSpec:
+        options = self.task_options
+        if isinstance(self.agent, SwarmAgent):
+            return replace(self.agent.task_spec, **options)
+        if "tasks" not in options:  # a code dir in its own interpreter: its tasks are read there
+            raise ValueError(
+                f"the agent in {self.code_dir} runs in its own interpreter: give --tasks with --split or --eval-tasks"
+            )
+        return TaskSpec(**options, owner=f"--tasks {options['tasks']}")
+
+    @property
+    def has_eval_tasks(self) -> bool:
+        if "eval_tasks" in self.task_options:
+            return self.task_options["eval_tasks"] is not None
+        if self.task_options and not isinstance(self.agent, SwarmAgent):
+            return False
+        return self.agent.eval_tasks is not None
+
+    def load_tasks(self, evaluation: bool = False) -> list[tuple[str, Task]]:
+        """``(task id, task)`` pairs of this code dir's training (or evaluation) tasks: the agent's, or the
+        run's own source where it gives one."""
+        if not self.task_options:
+            return self.agent.load_tasks(evaluation)
+        return self._spec().load(evaluation)
 
     @property
     def remote(self) -> bool:

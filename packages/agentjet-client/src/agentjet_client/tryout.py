@@ -36,7 +36,7 @@ class Tried:
 
 async def try_episode(client: SwarmClient, track: Track, task_id: str | None, timeout: float, push: bool) -> Tried:
     """Play one episode of ``track``'s agent on ``task_id`` (default: its first task)."""
-    tasks = track.agent.load_tasks()
+    tasks = track.load_tasks()
     chosen = [t for t in tasks if task_id is None or t[0] == task_id]
     if not chosen:
         raise ValueError(
