@@ -107,3 +107,41 @@ def test_unreadable_sources_say_what_is_wrong_and_how_to_fix_it(tmp_path):
         TaskSpec("ok.jsonl", eval_tasks=1.5)
     with pytest.raises(ValueError, match="has no evaluation tasks"):
         TaskSpec("ok.jsonl", base=tmp_path).load(evaluation=True)
+
+
+def test_run_takes_a_saved_dataset_and_its_splits_from_the_command_line_and_ends_after_its_epochs(
+    live_server, tmp_path
+):
+    """``run --tasks DIR --split train --eval-tasks test --epochs 1`` on an agent whose own tasks are a list:
+    the dataset's training split is played once (one group of 2 per task) and the run ends by itself;
+    the evaluation rounds play the test split."""
+    import subprocess
+    import sys
+
+    import datasets
+
+    data = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ROWS[:5]), "test": datasets.Dataset.from_list(ROWS[5:8])}
+    )
+    data.save_to_disk(str(tmp_path / "data"))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "agent.py").write_text(
+        "from agentjet_client import swarm_agent\n"
+        "@swarm_agent(tasks=[{'id': 'not-these'}])\n"
+        "async def solve(task, episode):\n"
+        "    assert task['id'] != 'not-these'\n"
+        "    reply = await episode.async_openai().chat.completions.create(\n"
+        "        model='agentjet-tiny', messages=[{'role': 'user', 'content': task['question']}], max_tokens=2)\n"
+        "    return 1.0\n"
+    )
+    exe = str(Path(sys.executable).parent / "agentjet-client")
+    command = [exe, "run", "--code-dir", str(code), "--server", live_server.url, "--tasks", "data", "--split", "train"]
+    command += ["--eval-tasks", "test", "--epochs", "1", "--eval-every", "1000", "--spool-dir", str(tmp_path / "s")]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = " ".join(done.stdout.split())
+    assert "done: 10 episodes" in summary, summary  # 5 training tasks x groups of 2, then the run ended
+    assert "failed 0" in summary and "v0: 1.000 (3)" in summary  # an evaluation round: the 3 held-out tasks
+    bad = subprocess.run([*command[:-2], "--split", "dev"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "has no split 'dev'; its splits are test, train" in " ".join(bad.stderr.split())
