@@ -328,3 +328,42 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if reporter is not None:
         reporter.write_line("\n".join(lines), red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+class RulesJudge:
+    """The example's stand-in judge endpoint (``examples/judged/rules_judge.py``) as a real process on a
+    free port: an OpenAI-compatible chat server that stands in for a remote judge model."""
+
+    def __init__(self, rule: str = "digits", port: int | None = None) -> None:
+        import subprocess
+        import sys
+
+        self.rule, self.port = rule, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        script = Path(__file__).resolve().parent.parent / "examples" / "judged" / "rules_judge.py"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), "--port", str(self.port), "--rule", rule],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.calls()
+                return
+            except OSError:
+                assert self.proc.poll() is None, "the rules judge exited at start"
+                assert time.monotonic() < deadline, "the rules judge did not start in 60 s"
+                time.sleep(0.1)
+
+    def calls(self) -> int:
+        import httpx2
+
+        try:
+            return int(httpx2.get(f"http://127.0.0.1:{self.port}/calls", timeout=5).json()["calls"])
+        except httpx2.TransportError as exc:
+            raise OSError(str(exc)) from exc
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)

@@ -5,7 +5,9 @@ from agentjet_client.capture import EpisodeRecorder
 from agentjet_client.client import SwarmClient
 from agentjet_client.episode import Episode, EpisodeHandle
 from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedRequest, ServerError, ServerUnreachable
+from agentjet_client.judges import GroupJudge, Judge, JudgeError
 from agentjet_client.report import RunReport
+from agentjet_client.rewards import Rubric
 from agentjet_client.runner import RunConfig, Runner
 from agentjet_client.spool import Spool, SpoolError
 from agentjet_client.version import __version__ as __version__
@@ -16,7 +18,11 @@ __all__ = [
     "Episode",
     "EpisodeHandle",
     "EpisodeRecorder",
+    "GroupJudge",
+    "Judge",
+    "JudgeError",
     "RejectedRequest",
+    "Rubric",
     "RunConfig",
     "RunReport",
     "Runner",

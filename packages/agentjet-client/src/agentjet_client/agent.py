@@ -15,6 +15,8 @@ read. Each task's ``"id"`` (or its index) is its GRPO group key.
 ``agentjet-client eval``): the server records their rewards by policy version and never trains
 them. They are a source of the same forms, a fraction of ``tasks`` to hold out (``0.1``), or the
 name of another split of the same saved dataset (``"test"``, with ``split="train"``).
+``reward`` takes the reward out of the function: it returns its result, and reward functions
+(``rewards.Rubric``) or an LLM judge (``judges.Judge``, ``judges.GroupJudge``) score it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.judges import Judge
+from agentjet_client.rewards import Rubric, as_rubric
 from agentjet_client.tasksource import EvalSource, Task, TaskSource, TaskSpec
 
 __all__ = ["SwarmAgent", "Task", "TaskSource", "swarm_agent"]
@@ -38,6 +42,17 @@ class SwarmAgent:
     tag: str | None = None
     eval_tasks: EvalSource | None = None
     split: str | None = None
+    reward: Any = None  # a reward stage: a function, a ``Rubric``, a ``Judge`` (the function returns its result)
+
+    @property
+    def rubric(self) -> Rubric | None:
+        """The per-episode reward functions, scored where the episode runs."""
+        return as_rubric(self.reward)
+
+    @property
+    def judge(self) -> Judge | None:
+        """The LLM judge that rewards the episodes after they are spooled (``judging``)."""
+        return self.reward if isinstance(self.reward, Judge) else None
 
     @property
     def is_async(self) -> bool:
@@ -72,15 +87,18 @@ def swarm_agent(
     tag: str | None = None,
     eval_tasks: EvalSource | None = None,
     split: str | None = None,
+    reward: Any = None,
 ) -> Any:
-    """Decorator: turn ``fn(task, episode) -> reward`` into a ``SwarmAgent``."""
+    """Decorator: turn ``fn(task, episode) -> reward`` into a ``SwarmAgent``; with ``reward`` (a function,
+    a ``Rubric``, a ``Judge`` or ``GroupJudge``), ``fn`` returns its result and ``reward`` scores it."""
 
     def wrap(f: Callable[..., Any]) -> SwarmAgent:
         params = inspect.signature(f).parameters
         if len(params) < 2:
             raise TypeError(f"@swarm_agent function '{f.__name__}' must take (task, episode)")
-        agent = SwarmAgent(fn=f, tasks=tasks, name=name or f.__name__, tag=tag, eval_tasks=eval_tasks, split=split)
-        agent.task_spec  # noqa: B018  (a bad eval_tasks fraction is refused where the agent is defined)
+        agent = SwarmAgent(f, tasks, name or f.__name__, tag, eval_tasks, split, reward)
+        agent.task_spec  # noqa: B018  (a bad eval_tasks fraction or reward is refused where the agent is defined)
+        agent.rubric  # noqa: B018
         return agent
 
     return wrap(fn) if fn is not None else wrap

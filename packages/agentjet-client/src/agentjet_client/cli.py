@@ -458,6 +458,13 @@ def _summary(report: RunReport, config: RunConfig) -> None:
         )
     for note in report.notes:
         console.print(escape(note))
+    judged = report.judging
+    if judged:
+        console.print(
+            f"judge: {judged['calls']} calls ({judged['cached']} answered from the spool's kept answers), "
+            f"{judged['errors']} failed and retried, {judged['prompt_tokens']} prompt + "
+            f"{judged['completion_tokens']} completion tokens, {judged['milliseconds'] / 1000:.1f}s"
+        )
     for line, count in report.failure_reasons.most_common(3):
         console.print(f"failed: {count} x {escape(line)}")
     if report.eval_rewards:

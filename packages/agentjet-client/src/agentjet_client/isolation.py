@@ -379,9 +379,13 @@ def _worker_main(conn: Any, code_dir: str, environ: dict[str, str]) -> None:
                 agent, version = swapped
         task, episode_id, task_id, proxy_base, api_key = job
         try:
-            value = agent.fn(task, ProxyEpisode(episode_id, task_id, proxy_base, api_key))
+            episode = ProxyEpisode(episode_id, task_id, proxy_base, api_key)
+            value = agent.fn(task, episode)
             if agent.is_async:  # only a worker in another interpreter is given async agents
                 value = asyncio.run(value)
+            rubric = agent.rubric
+            if rubric is not None:  # the reward functions run where the agent did
+                value = rubric.score_sync(task, value, episode)
             conn.send(("ok", _plain(value), version))
         except Exception as exc:  # the agent's bug: reported, the worker lives on
             failure = describe(exc)

@@ -47,6 +47,7 @@ class RunReport:
     waiting_for_learner_s: float = 0.0  # --sync: time spent waiting for the server's step
     stopped: str | None = None  # why the run stopped before its end (its episodes kept failing)
     notes: list[str] = field(default_factory=list)  # what the run tells its user at the end (a continued order)
+    judging: Counter[str] = field(default_factory=Counter)  # judge calls, cached, errors, tokens, milliseconds
 
     def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of
@@ -67,28 +68,41 @@ class RunReport:
         agent_rewards: dict[str, float] | None,
         tag: str | None,
         evaluation: int | None = None,
+        rewarded: bool = True,
     ) -> None:
         """Count a finished episode: an evaluation episode (``evaluation``: the policy version its round
-        started at) apart from training ones, whose rewards count only when the episode completed."""
+        started at) apart from training ones, whose rewards count only when the episode completed (and
+        only once it has its reward: a judged one's is recorded by ``record_reward``)."""
         complete = trajectory.status == "complete"
         if evaluation is not None:
             self.evaluated += 1
-            if complete:
-                self.eval_rewards.setdefault(evaluation, []).append(reward)
         else:
-            code_version = trajectory.code_version or "-"
             self.finished += 1
-            self.code_versions[code_version] += 1
+            self.code_versions[trajectory.code_version or "-"] += 1
             self.turns_by_agent.update(t.agent for t in trajectory.turns)
-            if complete:
-                self.rewards.append(reward)
-                self.tag_rewards.setdefault(tag or "", []).append(reward)
-                self.rewards_by_version.setdefault(code_version, []).append(reward)
-                for name, value in (agent_rewards or {}).items():
-                    self.agent_rewards.setdefault(name, []).append(value)
+        if complete and rewarded:
+            self.record_reward(trajectory, reward, agent_rewards, tag, evaluation)
         if not complete:
             self.failed += 1
             self.failure_reasons[trajectory.error or "unknown"] += 1
+
+    def record_reward(
+        self,
+        trajectory: Trajectory,
+        reward: float,
+        agent_rewards: dict[str, float] | None,
+        tag: str | None,
+        evaluation: int | None = None,
+    ) -> None:
+        """The reward of a complete episode."""
+        if evaluation is not None:
+            self.eval_rewards.setdefault(evaluation, []).append(reward)
+            return
+        self.rewards.append(reward)
+        self.tag_rewards.setdefault(tag or "", []).append(reward)
+        self.rewards_by_version.setdefault(trajectory.code_version or "-", []).append(reward)
+        for name, value in (agent_rewards or {}).items():
+            self.agent_rewards.setdefault(name, []).append(value)
 
 
 def coerce_reward(value: Any) -> tuple[float, dict[str, float] | None]:

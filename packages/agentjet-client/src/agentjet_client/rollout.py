@@ -17,15 +17,18 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Literal
+from typing import Any, Literal
 
 from agentjet_client.agent import Task
 from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
 from agentjet_client.failures import Failure, FailureLog, StopRule, describe
 from agentjet_client.isolation import AgentFailed
+from agentjet_client.judging import waiting_for
 from agentjet_client.protocol import TrajectoryStatus
 from agentjet_client.report import RunReport, coerce_reward
+from agentjet_client.rewards import Scored
+from agentjet_client.spool import WAITING
 from agentjet_client.tracks import Track
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class Rollouts:
         self._eval_rounds = 0
         self._on_progress = on_progress or (lambda report: None)
         self._failure: asyncio.Future[None] | None = None
+        self.on_waiting: Callable[[], None] = lambda: None  # an episode was spooled to wait for its judge
 
     @property
     def version(self) -> int:
@@ -87,8 +91,10 @@ class Rollouts:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
 
-    def _launch(self, track: Track, group_id: str, task_id: str, task: Task, evaluation: int | None = None) -> None:
-        job = asyncio.create_task(self._episode(track, group_id, task_id, task, evaluation))
+    def _launch(
+        self, track: Track, group_id: str, task_id: str, task: Task, evaluation: int | None = None, group_size: int = 1
+    ) -> None:
+        job = asyncio.create_task(self._episode(track, group_id, task_id, task, evaluation, group_size))
         self.running.add(job)
         job.add_done_callback(self._ended)
 
@@ -105,8 +111,11 @@ class Rollouts:
         """The id of a new GRPO group of ``task_id`` (unique to this run through ``label``)."""
         return f"{task_id}@{self.client.client_id}:{label}"
 
-    def start_group(self, track: Track, item: tuple[str, Task], group_id: str, size: int) -> None:
-        """Start ``size`` training episodes of one task in the GRPO group ``group_id``."""
+    def start_group(
+        self, track: Track, item: tuple[str, Task], group_id: str, size: int, group_size: int | None = None
+    ) -> None:
+        """Start ``size`` training episodes of one task in the GRPO group ``group_id`` (of ``group_size``
+        episodes in all: more than ``size`` where a stopped run spooled some of them)."""
         task_id, task = item
         for _ in range(size):
             for sender in self.senders.values():
@@ -114,7 +123,7 @@ class Rollouts:
             self.report.started += 1
             self.report.episodes_by_tag[track.tag or ""] += 1
             track.episodes += 1
-            self._launch(track, group_id, task_id, task)
+            self._launch(track, group_id, task_id, task, group_size=group_size or size)
 
     def eval_due(self) -> bool:
         """Whether an evaluation round should start now (``eval_every`` versions since the last)."""
@@ -144,9 +153,10 @@ class Rollouts:
         task_id: str,
         task: Task,
         evaluation: int | None = None,
+        group_size: int = 1,
     ) -> None:
-        """One episode; ``evaluation`` (the policy version its round started at) makes it an
-        evaluation episode: pushed as such, never trained, reported apart."""
+        """One episode (of a group of ``group_size``); ``evaluation`` (the policy version its round started
+        at) makes it an evaluation episode: pushed as such, never trained, reported apart."""
         async with self._sem:
             agent, code_version = track.agent, track.code_version
             purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
@@ -154,11 +164,18 @@ class Rollouts:
             status: TrajectoryStatus = "complete"
             error: str | None = None
             reward, agent_rewards = 0.0, None
+            metadata: dict[str, Any] = {"task": task_id}
             failure: Failure | None = None
+            judge = track.judge
             try:
                 value, ran = await track.play(agent, task, episode, self._timeout, self._executor)
                 code_version = ran or code_version
-                reward, agent_rewards = coerce_reward(value)
+                if judge is not None:  # rewarded once judged (``judging``): spooled to wait for it
+                    metadata[WAITING] = waiting_for(judge, task, value, group_size, evaluation)
+                elif isinstance(value, Scored):
+                    reward, metadata["reward_components"] = value.reward, value.components
+                else:
+                    reward, agent_rewards = coerce_reward(value)
             except TimeoutError:
                 timed_out = f"episode timed out after {self._timeout:g}s (--timeout)"
                 failure = Failure(timed_out, timed_out)
@@ -177,9 +194,12 @@ class Rollouts:
                 error=error,
                 code_version=code_version,
                 agent_rewards=agent_rewards,
-                metadata={"task": task_id},
+                metadata=metadata,
             )
-            self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation)
+            rewarded = WAITING not in metadata  # a judged one's reward is recorded when the judge gives it
+            self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation, rewarded)
+            if not rewarded:
+                self.on_waiting()
             if evaluation is None and self._stop_rule is not None:
                 reason = self._stop_rule.record(group_id, failure is not None)
                 if reason is not None:

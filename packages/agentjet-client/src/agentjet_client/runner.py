@@ -38,6 +38,7 @@ from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
 from agentjet_client.failures import StopRule
 from agentjet_client.isolation import WorkerPool
+from agentjet_client.judging import judging_stages
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import ClientReport
 from agentjet_client.report import RunReport
@@ -145,6 +146,19 @@ class Runner:
             on_stop=self._stop_failing,
         )
 
+        judges = [t.judge for t in self.tracks if t.judge is not None]
+        spools = {server: sender.spool for server, sender in self.senders.items()}
+        self.judging = judging_stages(judges, spools, client.server_url, self.report, self._wake_senders)
+        self.rollouts.on_waiting = self._wake_judges
+
+    def _wake_senders(self) -> None:
+        for sender in self.senders.values():
+            sender.wake()
+
+    def _wake_judges(self) -> None:
+        for stage in self.judging:
+            stage.wake()
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -190,6 +204,7 @@ class Runner:
         if self.config.sync and len(self.tracks) > 1:
             raise ValueError("--sync runs one code dir; give one --code-dir")
         senders = [asyncio.create_task(sender.run()) for sender in self.senders.values()]
+        senders += [asyncio.create_task(stage.run()) for stage in self.judging]  # none ends but by failing
         interval = self.config.watch_interval
         watching = [
             asyncio.create_task(t.watch(interval, self.report, self._on_reload))

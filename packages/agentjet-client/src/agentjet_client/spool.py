@@ -103,6 +103,14 @@ def open_for_run(directory: Path, run_id: str | None, *, max_items: int = DEFAUL
     return spool, depth
 
 
+_INSERT = "INSERT OR IGNORE INTO items (id, body, added, pending) VALUES (?, ?, ?, ?)"
+WAITING = "agentjet_waiting_for"  # metadata key of a trajectory whose reward a judge has still to give
+
+
+def _pending(trajectory: Trajectory) -> int:
+    return 1 if trajectory.metadata.get(WAITING) else 0
+
+
 def _locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
@@ -158,6 +166,7 @@ class Spool:
                 );
                 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS notes (name TEXT PRIMARY KEY, value TEXT);
+                CREATE TABLE IF NOT EXISTS judged (key TEXT PRIMARY KEY, value TEXT NOT NULL);
                 CREATE TABLE IF NOT EXISTS task_orders (
                     track TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, seed INTEGER NOT NULL, next INTEGER NOT NULL
                 );
@@ -167,6 +176,9 @@ class Spool:
                 );
                 """
             )
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(items)")}
+            if "pending" not in columns:  # a spool of an earlier version: items wait for nothing
+                self._db.execute("ALTER TABLE items ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
         except (OSError, sqlite3.Error) as exc:
             hint = (
                 "another process holds it locked for longer than "
@@ -181,11 +193,9 @@ class Spool:
 
     def put(self, trajectory: Trajectory) -> bool:
         """Commit a finished trajectory to disk. False if one with this id is already spooled."""
-        body = trajectory.model_dump_json()
+        row = (trajectory.id, trajectory.model_dump_json(), time.time(), _pending(trajectory))
         with self._lock, self._write() as db:
-            inserted = db.execute(
-                "INSERT OR IGNORE INTO items (id, body, added) VALUES (?, ?, ?)", (trajectory.id, body, time.time())
-            ).rowcount
+            inserted = db.execute(_INSERT, row).rowcount
             if inserted:
                 self._bump(db, "spooled", 1)
                 self._count_in_group(db, trajectory.task_id)
@@ -193,13 +203,11 @@ class Spool:
 
     def put_many(self, trajectories: list[Trajectory]) -> list[bool]:
         """Commit several trajectories in one transaction (one fsync): ``put`` for each, grouped."""
-        rows = [(t.id, t.model_dump_json(), time.time()) for t in trajectories]
+        rows = [(t.id, t.model_dump_json(), time.time(), _pending(t)) for t in trajectories]
         inserted = []
         with self._lock, self._write() as db:
             for row, trajectory in zip(rows, trajectories, strict=True):
-                inserted.append(
-                    bool(db.execute("INSERT OR IGNORE INTO items (id, body, added) VALUES (?, ?, ?)", row).rowcount)
-                )
+                inserted.append(bool(db.execute(_INSERT, row).rowcount))
                 if inserted[-1]:
                     self._count_in_group(db, trajectory.task_id)
             if any(inserted):
@@ -207,9 +215,11 @@ class Spool:
         return inserted
 
     def peek(self, limit: int = 256) -> list[tuple[str, Trajectory]]:
-        """The oldest ``limit`` items, still in the spool."""
+        """The oldest ``limit`` items ready to send (not waiting for a judge), still in the spool."""
         with self._lock:
-            rows = self._db.execute("SELECT id, body FROM items ORDER BY seq LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute(
+                "SELECT id, body FROM items WHERE pending = 0 ORDER BY seq LIMIT ?", (limit,)
+            ).fetchall()
         items, self.unreadable = [], []
         for item_id, body in rows:
             try:
@@ -217,6 +227,36 @@ class Spool:
             except ValueError as exc:  # no server would take it: the sender settles it as rejected
                 self.unreadable.append((item_id, str(exc).splitlines()[0]))
         return items
+
+    def waiting(self, ids: list[str] | None = None) -> list[tuple[Trajectory, float]]:
+        """The items (of ``ids``) waiting for their judge (``judging``), oldest first, with when each was spooled."""
+        query, args = "SELECT body, added FROM items WHERE pending = 1", list(ids or [])
+        if ids is not None:
+            query += f" AND id IN ({','.join('?' * len(args))})"
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq", args).fetchall()
+        return [(Trajectory.model_validate_json(body), float(added)) for body, added in rows]
+
+    def release(self, judged: list[Trajectory]) -> int:
+        """Replace waiting items by their judged versions (same ids), ready to send; how many were waiting."""
+        with self._lock, self._write() as db:
+            return sum(
+                db.execute(
+                    "UPDATE items SET body = ?, pending = 0 WHERE id = ? AND pending = 1",
+                    (t.model_dump_json(), t.id),
+                ).rowcount
+                for t in judged
+            )
+
+    def judged(self, key: str) -> str | None:
+        """A judge's answer kept under ``key`` (the judge and what it judged), if one was."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM judged WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def keep_judged(self, key: str, value: str) -> None:
+        with self._lock, self._write() as db:
+            db.execute("INSERT OR REPLACE INTO judged (key, value) VALUES (?, ?)", (key, value))
 
     def mark_sent(self, ids: list[str]) -> None:
         with self._lock, self._write() as db:

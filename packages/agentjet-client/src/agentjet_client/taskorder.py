@@ -201,7 +201,7 @@ class GroupStarts:
             return False
         group_id = planned.group_id or self.rollouts.group_id(planned.task_id, label)
         await self._spool_write(order.opened, planned, group_id, size)
-        self.rollouts.start_group(track, (planned.task_id, planned.task), group_id, planned.episodes or size)
+        self.rollouts.start_group(track, (planned.task_id, planned.task), group_id, planned.episodes or size, size)
         return True
 
     async def _spool_write(self, fn: Callable[..., T], *args: Any) -> T | None:

@@ -39,6 +39,7 @@ from agentjet_client.agent import SwarmAgent, Task
 from agentjet_client.episode import Episode
 from agentjet_client.errors import AgentLoadError
 from agentjet_client.isolation import STARTUP_TIMEOUT, AgentFailed, WorkerPool
+from agentjet_client.judges import Judge
 from agentjet_client.loader import CodeWatcher, Watcher, load_agent
 from agentjet_client.report import RunReport
 from agentjet_client.tasksource import TaskSpec
@@ -68,6 +69,10 @@ try:
     tasks = agent.load_tasks(evaluation=what == "eval") if what != "none" else None
 except Exception as exc:
     out.write_bytes(pickle.dumps(("invalid", str(exc))))
+    raise SystemExit(0)
+if agent.judge is not None:
+    out.write_bytes(pickle.dumps(("error", "its reward is an LLM judge, which runs in the runner's own interpreter: "
+                                  "run this code dir without a python in agentjet.toml, or score it with a Rubric")))
     raise SystemExit(0)
 info = dict(name=agent.name, tag=agent.tag, is_async=agent.is_async, has_eval_tasks=agent.eval_tasks is not None,
             version=version, client_version=agentjet_client.__version__, tasks=tasks,
@@ -241,6 +246,11 @@ class Track:
         return TaskSpec(**options, owner=f"--tasks {options['tasks']}")
 
     @property
+    def judge(self) -> Judge | None:
+        """The agent's LLM judge (an agent in its own interpreter has none: ``describe`` refuses it)."""
+        return self.agent.judge if isinstance(self.agent, SwarmAgent) else None
+
+    @property
     def has_eval_tasks(self) -> bool:
         if "eval_tasks" in self.task_options:
             return self.task_options["eval_tasks"] is not None
@@ -276,9 +286,12 @@ class Track:
         if isinstance(agent, RemoteAgent):
             raise AgentFailed(f"the agent in {self.code_dir} runs in its own interpreter and needs workers")
         if agent.is_async:
-            return await asyncio.wait_for(agent.fn(task, episode), timeout), None
-        loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(executor, agent.fn, task, episode), timeout), None
+            value = await asyncio.wait_for(agent.fn(task, episode), timeout)
+        else:
+            loop = asyncio.get_running_loop()
+            value = await asyncio.wait_for(loop.run_in_executor(executor, agent.fn, task, episode), timeout)
+        rubric = agent.rubric  # reward functions score the result here (a worker scores its own)
+        return (await rubric.score(task, value, episode) if rubric is not None else value), None
 
     async def watch(self, interval: float, report: RunReport, on_reload: Callable[[str, str | None], None]) -> None:
         """Hot swap: new episodes take the new code; running ones finish on the code they started with."""

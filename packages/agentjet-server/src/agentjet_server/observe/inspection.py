@@ -119,6 +119,7 @@ def trajectory_view(trajectory: Trajectory, tokenizer: Any, signer: SampleSigner
     view["agent_rewards"] = trajectory.agent_rewards
     view["error"] = trajectory.error
     view["code_version"] = trajectory.code_version
+    view["metadata"] = trajectory.metadata  # the task, each reward component's score, what a judge said
     view["calls"] = [
         {
             "agent": t.agent,

@@ -1,0 +1,169 @@
+"""Rewards apart from the agent: rubrics of weighted reward functions, and LLM judges (per episode and per
+group) run by the judging stage from the spool, against a real server and a real judge endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from agentjet_client import GroupJudge, Judge, Rubric, RunConfig, Runner, Spool, SwarmClient, swarm_agent
+from agentjet_client.judges import JudgeError, parse_scores
+from agentjet_client.judging import JudgingStage, waiting_for
+from agentjet_client.protocol import Trajectory, Turn
+from agentjet_client.report import RunReport
+from agentjet_client.spool import WAITING
+from tests.conftest import RulesJudge
+
+ASK = [{"role": "user", "content": "Write four as a digit."}]
+
+
+def correct(task, result):
+    return float(result.strip() == task["answer"])
+
+
+async def brief(result):
+    await asyncio.sleep(0)
+    return 1.0 if len(result) <= 2 else 0.0
+
+
+def test_a_rubric_sums_weighted_components_and_passes_what_each_function_asks_for():
+    rubric = Rubric([(correct, 1.0), (brief, 0.5), lambda episode: 2.0])
+    scored = asyncio.run(rubric.score({"answer": "4"}, "4", episode=None))
+    assert scored.components == {"correct": 1.0, "brief": 1.0, "<lambda>": 2.0}
+    assert scored.reward == 1.0 + 0.5 + 2.0
+    with pytest.raises(TypeError, match="takes completion; a reward function takes any of task, result, episode"):
+        Rubric([lambda completion: 1.0])
+    with pytest.raises(ValueError, match="two reward functions are named correct"):
+        Rubric([correct, correct])
+    with pytest.raises(TypeError, match="weights are finite numbers"):
+        Rubric([(correct, float("nan"))])
+    with pytest.raises(TypeError, match="returned 'yes'; a reward function returns a finite number"):
+        asyncio.run(Rubric([lambda result: "yes"]).score({}, "4", None))
+    with pytest.raises(TypeError, match="give a function, a Rubric, a Judge or a GroupJudge"):
+        swarm_agent(tasks=[{"id": "a"}], reward=3)(lambda task, episode: 1)
+
+
+def test_judge_answers_are_read_wherever_the_scores_are_and_refused_without_them():
+    assert parse_scores('{"scores": [0.2, 1.5, -1]}', 3) == [0.2, 1.0, 0.0]
+    assert parse_scores('Ranking first.\n```json\n{"scores": [1, 0]}\n```', 2) == [1.0, 0.0]
+    assert parse_scores('{"score": 0.7}', 1) == [0.7]
+    for bad in ('{"scores": [1]}', "the second is better", '{"scores": [true, 0]}'):
+        with pytest.raises(JudgeError, match="holds no"):
+            parse_scores(bad, 2)
+
+
+def test_a_run_with_a_rubric_records_its_components_and_a_raising_reward_fails_only_its_episodes(live_server):
+    def strict(task, result):
+        if task["id"] == "bad":
+            raise ValueError("cannot score this one")
+        return 1.0
+
+    @swarm_agent(tasks=[{"id": "ok", "answer": "4"}, {"id": "bad", "answer": "4"}], reward=Rubric([correct, strict]))
+    async def answer(task, episode):
+        reply = await episode.async_openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=3)
+        return reply.choices[0].message.content or ""
+
+    with SwarmClient(live_server.url) as client:
+        config = RunConfig(episodes=8, group_size=2, concurrency=4, seed=0, epochs=2, shuffle=False)
+        report = asyncio.run(Runner(client, answer, config).run())
+    assert report.finished == 8 and report.failed == 4
+    ((reason, count),) = report.failure_reasons.items()
+    assert count == 4 and "ValueError: cannot score this one" in reason
+    listed = httpx2.get(f"{live_server.url}/v1/trajectories", params={"limit": 8}, timeout=10).json()["trajectories"]
+    fine = [t for t in listed if t["status"] == "complete"]
+    assert len(fine) == 4
+    for item in fine:
+        view = httpx2.get(f"{live_server.url}/v1/trajectories/{item['id']}", timeout=10).json()
+        components = view["metadata"]["reward_components"]
+        assert set(components) == {"correct", "strict"} and view["reward"] == components["correct"] + 1.0
+
+
+def waiting_trajectory(group: str, k: int, result: str, judge: Judge, size: int) -> Trajectory:
+    turn = Turn(
+        policy_version=0,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        completion_logprobs=[-0.1],
+        finish_reason="stop",
+    )
+    metadata = {"task": "t", WAITING: waiting_for(judge, {"id": "t", "word": "four"}, result, size, None)}
+    return Trajectory(id=f"{group}/{k}", task_id=group, turns=[turn], metadata=metadata)
+
+
+def judge_all(stage: JudgingStage, spool: Spool) -> None:
+    async def main() -> None:
+        job = asyncio.create_task(stage.run())
+        deadline = asyncio.get_running_loop().time() + 30
+        while spool.waiting():
+            assert asyncio.get_running_loop().time() < deadline, "the stage did not judge everything"
+            stage.wake()
+            await asyncio.sleep(0.05)
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_group_judge_ranks_a_group_in_one_call_keeps_the_answer_and_never_calls_twice_for_it(tmp_path: Path):
+    endpoint = RulesJudge("length")
+    try:
+        judge = GroupJudge(endpoint.url, "rules", "Longer is better.")
+        spool, report = Spool(tmp_path / "spool"), RunReport()
+        results = ["aaa", "a", "aaaa", "aa"]
+        spool.put_many([waiting_trajectory("g1", k, r, judge, 4) for k, r in enumerate(results[:3])])
+        stage = JudgingStage(judge, {"s": spool}, "s", report, lambda: None)
+        assert stage._ready() == []  # three of four: the group is not complete
+        spool.put(waiting_trajectory("g1", 3, results[3], judge, 4))
+        judge_all(stage, spool)
+        judged = {t.id: t for _, t in spool.peek(10)}
+        assert endpoint.calls() == 1 and report.judging["calls"] == 1
+        ranking = sorted(judged, key=lambda i: judged[i].reward)
+        assert ranking == ["g1/1", "g1/3", "g1/0", "g1/2"]  # the judge's ranking: by length
+        assert judged["g1/2"].reward == 1.0 and WAITING not in judged["g1/2"].metadata
+        assert judged["g1/2"].metadata["judge"]["kind"] == "group" and not judged["g1/2"].metadata["judge"]["cached"]
+        # the same group again (the same results of the same task): its kept answer, no call
+        spool.put_many([waiting_trajectory("g2", k, r, judge, 4) for k, r in enumerate(results)])
+        judge_all(JudgingStage(judge, {"s": spool}, "s", report, lambda: None), spool)
+        assert endpoint.calls() == 1 and report.judging["cached"] == 1
+        again = {t.id: t.reward for _, t in spool.peek(10) if t.task_id == "g2"}
+        assert again == {i.replace("g1", "g2"): judged[i].reward for i in judged}
+        # one judge per episode: one call each
+        single = Judge(endpoint.url, "rules", "Longer is better.")
+        spool.put_many([waiting_trajectory(f"s{k}", 0, "x" * (k + 1), single, 1) for k in range(3)])
+        judge_all(JudgingStage(single, {"s": spool}, "s", report, lambda: None), spool)
+        assert endpoint.calls() == 4
+        assert {t.reward for _, t in spool.peek(20) if t.task_id.startswith("s")} == {1.0}  # each alone: best
+    finally:
+        endpoint.stop()
+
+
+def test_a_judge_that_is_down_holds_the_group_until_it_answers(tmp_path: Path):
+    endpoint = RulesJudge("length")
+    port = endpoint.port
+    endpoint.stop()
+    judge = GroupJudge(f"http://127.0.0.1:{port}/v1", "rules", "Longer is better.", retries=0, timeout=2)
+    spool, report = Spool(tmp_path / "spool"), RunReport()
+    spool.put_many([waiting_trajectory("g", k, "a" * (k + 1), judge, 2) for k in range(2)])
+    stage = JudgingStage(judge, {"s": spool}, "s", report, lambda: None, retry=(0.2, 0.5))
+
+    async def main() -> int:
+        job = asyncio.create_task(stage.run())
+        while report.judging["errors"] < 2:  # down: tried, failed, held, tried again
+            stage.wake()
+            await asyncio.sleep(0.05)
+        held = len(spool.waiting())
+        restarted = RulesJudge("length", port=port)
+        try:
+            while spool.waiting():
+                await asyncio.sleep(0.05)
+        finally:
+            restarted.stop()
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+        return held
+
+    assert asyncio.run(main()) == 2
+    assert sorted(t.reward for _, t in spool.peek(10)) == [0.5, 1.0] and spool.depth == 2
