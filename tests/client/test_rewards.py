@@ -167,3 +167,47 @@ def test_a_judge_that_is_down_holds_the_group_until_it_answers(tmp_path: Path):
 
     assert asyncio.run(main()) == 2
     assert sorted(t.reward for _, t in spool.peek(10)) == [0.5, 1.0] and spool.depth == 2
+
+
+def test_calls_made_with_train_false_are_served_and_never_recorded_in_process_or_in_a_worker(live_server, tmp_path):
+    """``episode.openai(train=False)``: a helper call (a critic, a judge of its own) goes to the server and
+    is answered, and the trajectory holds only the episode's recorded call; the same from a sync agent in
+    a worker process, through the proxy's untrained route."""
+    seen: dict[str, int] = {}
+
+    @swarm_agent(tasks=[{"id": "t"}])
+    async def in_process(task, episode):
+        critic = await episode.async_openai(agent="critic", train=False).chat.completions.create(
+            model="agentjet-tiny", messages=ASK, max_tokens=2
+        )
+        seen["critic"] = len(critic.choices)
+        await episode.async_openai().chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=2)
+        return 1.0
+
+    code = tmp_path / "worker_agent"
+    code.mkdir()
+    (code / "agent.py").write_text(
+        "from agentjet_client import swarm_agent\n"
+        "ASK = [{'role': 'user', 'content': 'Write four as a digit.'}]\n"
+        "@swarm_agent(tasks=[{'id': 'w'}])\n"
+        "def in_worker(task, episode):\n"
+        "    critic = episode.openai(agent='critic', train=False)\n"
+        "    critic.chat.completions.create(model='agentjet-tiny', messages=ASK, max_tokens=2)\n"
+        "    episode.openai().chat.completions.create(model='agentjet-tiny', messages=ASK, max_tokens=2)\n"
+        "    return 1.0\n"
+    )
+    from agentjet_client.tracks import open_track
+
+    with SwarmClient(live_server.url) as client:
+        config = RunConfig(episodes=2, group_size=2, concurrency=2, seed=0)
+        report = asyncio.run(Runner(client, in_process, config).run())
+        assert report.accepted == 2 and seen["critic"] == 1
+        track = open_track(code, concurrency=2, watch=False)
+        assert track.workers is not None  # a sync agent: its episodes run in worker processes
+        try:
+            worker_report = asyncio.run(Runner(client, [track], config).run())
+        finally:
+            track.workers.close()
+    assert worker_report.accepted == 2 and worker_report.failed == 0
+    listed = httpx2.get(f"{live_server.url}/v1/trajectories", params={"limit": 4}, timeout=10).json()["trajectories"]
+    assert len(listed) == 4 and all(t["turns"] == 1 and t["agents"] == ["default"] for t in listed)

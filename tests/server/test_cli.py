@@ -370,3 +370,43 @@ def test_chat_template_file_replaces_the_models_template(model_dir, tmp_path):
         assert prompt == "<|im_start|>user\n[custom] hi<|im_end|>\n<|im_start|>assistant\n"
     finally:
         server.stop()
+
+
+@pytest.mark.e2e
+def test_up_serve_only_serves_refuses_pushes_and_run_says_why(model_dir, tmp_path):
+    """``up --serve-only``: a frozen model for judges and evaluation. It answers chat completions, wants no
+    episodes (admission budget 0), refuses a push with 409 and the fix, and ``run`` against it stops at
+    once with the reason."""
+    import subprocess
+    import sys
+
+    import httpx2
+
+    from tests.conftest import ServerProcess
+
+    server = ServerProcess(["--serve-only", "--state-dir", str(tmp_path / "state")], tmp_path / "server.log")
+    try:
+        status = server.status()
+        assert status["serve_only"] is True and status["admission_budget"] == 0
+        reply = httpx2.post(
+            f"{server.url}/v1/chat/completions",
+            json={"model": "agentjet-tiny", "messages": [{"role": "user", "content": "Write two as a digit."}]},
+            timeout=60,
+        )
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] is not None
+        push = httpx2.post(f"{server.url}/v1/trajectories", json={"trajectories": []}, timeout=30)
+        assert push.status_code == 409 and "--serve-only" in push.json()["error"]["message"]
+        change = httpx2.patch(f"{server.url}/v1/admin/config", json={"lr": 0.1}, timeout=30)
+        assert change.status_code == 400 and "--serve-only" in change.json()["error"]["message"]
+        client = str(Path(sys.executable).parent / "agentjet-client")
+        examples = Path(__file__).resolve().parents[2] / "examples"
+        run = subprocess.run(
+            [client, "run", "--code-dir", str(examples / "digits"), "--server", server.url, "--episodes", "16"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 2 and "only serves (started with --serve-only)" in " ".join(run.stderr.split())
+    finally:
+        server.stop()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()

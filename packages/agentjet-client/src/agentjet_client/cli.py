@@ -332,6 +332,12 @@ def _run_agent(
                 "so the server can keep their mix"
             )
         statuses = {url: wait_until_serving(client, url, say=_say) for url in client.servers}
+        for url, status in statuses.items():
+            if status.serve_only and not config.eval_only:
+                raise ValueError(
+                    f"the server at {url} only serves (started with --serve-only) and trains nothing: point run at "
+                    "a training server (a --serve-only one is for judges and evaluation: agentjet-client eval)"
+                )
         sizes = {url: status.learner.group_size for url, status in statuses.items()}
         config = config if config.eval_only else _with_group_size(config, sizes)
         for track in tracks:  # tasks that fail to load say so now, with the agent's own frames

@@ -58,9 +58,9 @@ class EpisodeHandle(Protocol):
 
     def url_for(self, agent: str) -> str: ...
 
-    def openai(self, agent: str = "default", **kwargs: Any) -> Any: ...
+    def openai(self, agent: str = "default", *, train: bool = True, **kwargs: Any) -> Any: ...
 
-    def async_openai(self, agent: str = "default", **kwargs: Any) -> Any: ...
+    def async_openai(self, agent: str = "default", *, train: bool = True, **kwargs: Any) -> Any: ...
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any: ...
 
@@ -122,17 +122,18 @@ class Episode:
         """The capture proxy's base URL for ``agent``: its calls go to the agent's server."""
         return self.context.proxy_url(self.id, check_agent_name(agent))
 
-    def _sync_http(self, agent: str) -> httpx2.Client:
-        """An HTTP client that records sampling calls as ``agent``; closed with the episode."""
-        inner = self.context.sync_transport()
-        http = httpx2.Client(
-            transport=CaptureTransport(self.recorder, agent, inner), timeout=httpx2.Timeout(600.0, connect=10.0)
-        )
+    def _sync_http(self, agent: str, record: bool = True) -> httpx2.Client:
+        """An HTTP client that records sampling calls as ``agent`` (or, without ``record``, nothing); closed
+        with the episode."""
+        transport = CaptureTransport(self.recorder, agent, self.context.sync_transport())
+        transport.record = record
+        http = httpx2.Client(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
         self._closers.append(http)
         return http
 
-    def _async_http(self, agent: str) -> httpx2.AsyncClient:
+    def _async_http(self, agent: str, record: bool = True) -> httpx2.AsyncClient:
         transport = AsyncCaptureTransport(self.recorder, agent, self.context.async_transport)
+        transport.record = record
         http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0))
         self._async_clients.append(http)
         return http
@@ -145,11 +146,13 @@ class Episode:
         kwargs.setdefault("max_retries", LLM_RETRIES)
         return sdk_client(base_url=self.context.api_base_for(agent), api_key=self.api_key, http_client=http, **kwargs)
 
-    def openai(self, agent: str = "default", **kwargs: Any) -> OpenAI:
-        """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``."""
+    def openai(self, agent: str = "default", *, train: bool = True, **kwargs: Any) -> OpenAI:
+        """An ``openai.OpenAI`` client whose chat completions are recorded as ``agent``; with
+        ``train=False`` nothing is recorded (a call to a helper model, say a critic, that is no part of what
+        the episode trains)."""
         import openai
 
-        return self._openai_sdk(openai.OpenAI, agent, self._sync_http(agent), kwargs)
+        return self._openai_sdk(openai.OpenAI, agent, self._sync_http(agent, train), kwargs)
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
         """A LangChain chat model (``ChatOpenAI``) recorded as ``agent``; ``kwargs`` go to ``ChatOpenAI``.
@@ -173,11 +176,12 @@ class Episode:
             self.context.api_base_for(agent), self.api_key, LLM_RETRIES, client_kwargs=client_kwargs, **kwargs
         )
 
-    def async_openai(self, agent: str = "default", **kwargs: Any) -> AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent``."""
+    def async_openai(self, agent: str = "default", *, train: bool = True, **kwargs: Any) -> AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` client whose chat completions are recorded as ``agent`` (with
+        ``train=False``: not recorded)."""
         import openai
 
-        return self._openai_sdk(openai.AsyncOpenAI, agent, self._async_http(agent), kwargs)
+        return self._openai_sdk(openai.AsyncOpenAI, agent, self._async_http(agent, train), kwargs)
 
     def anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
         """An ``anthropic.Anthropic`` client whose messages are recorded as ``agent``. Needs

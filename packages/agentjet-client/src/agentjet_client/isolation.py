@@ -109,12 +109,15 @@ class ProxyEpisode:
     def base_url(self) -> str:
         return self.url_for("default")
 
-    def openai(self, agent: str = "default", **kwargs: Any) -> Any:
+    def _base(self, agent: str, train: bool) -> str:
+        return self.url_for(agent) if train else f"{self._proxy_base}/untrained/{check_agent_name(agent)}/v1"
+
+    def openai(self, agent: str = "default", *, train: bool = True, **kwargs: Any) -> Any:
         import openai
 
         kwargs.setdefault("max_retries", LLM_RETRIES)
         kwargs.setdefault("http_client", _shared_http())  # a new client per episode costs ~40 ms (SSL setup)
-        return openai.OpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
+        return openai.OpenAI(base_url=self._base(agent, train), api_key=self.api_key, **kwargs)
 
     def langchain(self, agent: str = "default", **kwargs: Any) -> Any:
         from agentjet_client.adapters.langchain import chat_model
@@ -127,11 +130,11 @@ class ProxyEpisode:
 
         return chat_model(self.url_for(agent), self.api_key, LLM_RETRIES, **kwargs)
 
-    def async_openai(self, agent: str = "default", **kwargs: Any) -> Any:
+    def async_openai(self, agent: str = "default", *, train: bool = True, **kwargs: Any) -> Any:
         import openai
 
         kwargs.setdefault("max_retries", LLM_RETRIES)
-        return openai.AsyncOpenAI(base_url=self.url_for(agent), api_key=self.api_key, **kwargs)
+        return openai.AsyncOpenAI(base_url=self._base(agent, train), api_key=self.api_key, **kwargs)
 
     def anthropic(self, agent: str = "default", **kwargs: Any) -> Any:
         from agentjet_client.adapters.anthropic import client

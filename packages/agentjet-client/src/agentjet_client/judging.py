@@ -105,7 +105,9 @@ class JudgingStage:
         for trajectory, added in self.spools[self.default].waiting():
             if not self._claims(str(trajectory.metadata[WAITING].get("judge"))):
                 continue
-            key = trajectory.task_id if self.judge.group else trajectory.id
+            # an evaluation episode is judged alone: its score measures the policy, not a rank in a group
+            alone = not self.judge.group or trajectory.purpose == "eval"
+            key = trajectory.id if alone else trajectory.task_id
             groups.setdefault(key, []).append((trajectory, added))
         now, ready = time.time(), []
         for key, members in groups.items():
@@ -113,7 +115,7 @@ class JudgingStage:
                 continue
             size = members[0][0].metadata[WAITING].get("group_size", 1)
             oldest = min(added for _, added in members)
-            if len(members) >= size or not self.judge.group or now - oldest > self.judge.group_timeout:
+            if len(members) >= size or key == members[0][0].id or now - oldest > self.judge.group_timeout:
                 ready.append((key, sorted((t for t, _ in members), key=lambda t: t.id)))
         return ready
 

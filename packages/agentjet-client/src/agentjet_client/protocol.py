@@ -805,6 +805,7 @@ class ServerStatus(_Strict):
     tool_calls: dict[str, ToolCallInfo] = Field(
         default_factory=dict, description="per agent: answers to requests with tools, and malformed calls among them"
     )
+    serve_only: bool = Field(default=False, description="started with --serve-only: serves, never trains")
 
     def budget_for(self, tag: str | None) -> int:
         """Episodes of task ``tag`` a runner may start now: the tag's own budget under ``--mix``,

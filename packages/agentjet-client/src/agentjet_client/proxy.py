@@ -2,7 +2,8 @@
 
 ``http://127.0.0.1:PORT/episodes/<episode id>/<agent>/v1`` forwards every request to the ``/v1``
 of the agent's server (``SwarmClient.server_for``) and records its sampling calls (chat
-completions, Responses, Messages, text completions) into that episode as that agent. An
+completions, Responses, Messages, text completions) into that episode as that agent;
+``http://127.0.0.1:PORT/untrained/<agent>/v1`` forwards the same way and records nothing. An
 Anthropic SDK takes ``.../episodes/<id>/<agent>`` as its base URL (it adds the ``/v1``). It runs on its
 own thread and event loop, started on first use by ``SwarmClient``.
 """
@@ -69,6 +70,7 @@ class CaptureProxy:
         self.app = Starlette(
             routes=[
                 Route("/episodes/{episode}/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"]),
+                Route("/untrained/{agent}/v1/{path:path}", self._forward, methods=["GET", "POST"]),
                 Route("/episodes/{episode}/turn_reward", self._turn_reward, methods=["POST"]),
             ],
             lifespan=self._lifespan,
@@ -131,10 +133,12 @@ class CaptureProxy:
         return JSONResponse({"ok": True})
 
     async def _forward(self, request: Request) -> Response:
-        episode = request.path_params["episode"]
+        """Forward to the agent's server; under ``/episodes/{id}/...`` record the call into that episode,
+        under ``/untrained/...`` (``episode.openai(train=False)`` in a worker) record nothing."""
+        episode = request.path_params.get("episode")
         agent = request.path_params["agent"]
-        recorder = self.lookup(episode)
-        if recorder is None:
+        recorder = self.lookup(episode) if episode is not None else None
+        if recorder is None and episode is not None:
             return _error(404, f"episode '{episode}' is not open in this client; use the base_url of a live episode")
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -144,11 +148,11 @@ class CaptureProxy:
             headers["authorization"] = request.headers["authorization"]
         server = self.upstream(agent)
         url = f"{server}/v1/{request.path_params['path']}"
-        api = api_of(request.method, url)
+        api = api_of(request.method, url) if recorder is not None else None
         chat = chat_form(api, parse_request_body(body)) if api is not None else None
-        capture = api is not None and chat is not None
+        capture = recorder is not None and api is not None and chat is not None
         started = time.time()
-        sent = with_claim(body, recorder.extension(agent, chat)) if chat is not None else body
+        sent = with_claim(body, recorder.extension(agent, chat)) if recorder is not None and chat is not None else body
         headers.pop("content-length", None)
         upstream_request = self._http().build_request(
             request.method, url, content=sent, headers=headers, params=request.query_params
@@ -161,11 +165,15 @@ class CaptureProxy:
             k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}
         }
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
-            relay = self._relay(upstream, agent, recorder, chat, started, api) if capture else self._pass(upstream)
+            relay = (
+                self._relay(upstream, agent, recorder, chat, started, api)
+                if capture and recorder is not None
+                else self._pass(upstream)
+            )
             return StreamingResponse(relay, status_code=200, headers=out_headers)
         data = await upstream.aread()
         await upstream.aclose()
-        if capture and upstream.status_code == 200:
+        if capture and recorder is not None and upstream.status_code == 200:
             try:
                 parsed: Any = json.loads(data)
             except ValueError:

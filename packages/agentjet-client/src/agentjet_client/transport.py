@@ -108,12 +108,15 @@ class _Capture:
     def __init__(self, recorder: EpisodeRecorder, agent: str) -> None:
         self.recorder = recorder
         self.agent = agent
+        self.record = True  # False: pass every request on, recording nothing (``episode.openai(train=False)``)
 
     def _on_stream_end(self, body: dict[str, Any], started: float, api: str) -> Any:
         return lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started, api)
 
     def _call(self, request: httpx2.Request, raw: bytes) -> tuple[str, dict[str, Any]] | None:
         """The API a request samples from and the chat request it means; None for anything else."""
+        if not self.record:
+            return None
         api = api_of(request.method, request.url.path)
         chat = chat_form(api, parse_request_body(raw)) if api is not None else None
         return (api, chat) if api is not None and chat is not None else None

@@ -63,6 +63,8 @@ class Admission:
     def budget(self) -> int:
         """Episodes runners may start now: one admission window less what waits in the buffer."""
         s = self.settings
+        if s.serve_only:  # nothing is trained here: no episode is wanted
+            return 0
         target = s.batch_groups * s.group_size * s.admission_batches
         return max(0, target - self.buffer.buffered)
 

@@ -149,7 +149,8 @@ class Controller:
 
     def apply(self, settings: ServerSettings) -> None:
         """Hand ``settings``' live values to the parts that use them (also at start, after a resume)."""
-        self.loop.reconfigure(learner_config(settings, self.loop.learner.config))
+        if self.loop.learner is not None:  # --serve-only: no learner to configure
+            self.loop.reconfigure(learner_config(settings, self.loop.learner.config))
         self.loop.checkpoint_every = settings.checkpoint_every
         self.store.max_staleness = settings.max_staleness
         self.loop.max_staleness = settings.max_staleness
@@ -159,6 +160,10 @@ class Controller:
 
     def change(self, changes: Mapping[str, Any]) -> AdminConfig:
         current = self._get()
+        if self.loop.learner is None:
+            raise InvalidRequestError(
+                "this server runs with --serve-only: it trains nothing, there is nothing to change"
+            )
         updated = check_changes(current, changes)
         if updated.kl_coef > 0 and self.loop.learner.reference is None:
             raise InvalidRequestError(
@@ -208,7 +213,7 @@ class Controller:
 
     def _record(self, previous: dict[str, Any], changed: dict[str, Any], live: LiveConfiguration) -> None:
         """Durable first (StateError: nothing applied), then in memory and in the history."""
-        change = ConfigChange(at=time.time(), step=self.loop.learner.steps, changes=changed, previous=previous)
+        change = ConfigChange(at=time.time(), step=self.loop.live[1], changes=changed, previous=previous)
         self.store.log_change(Configured(change.model_dump(mode="json"), dict(live.changed), live.paused))
         self.live = live
         self.changes.append(change)

@@ -74,6 +74,13 @@ class NotFoundError(RequestError):
     error_type = "not_found_error"
 
 
+class ConflictError(RequestError):
+    """The request is fine, and this server is not the one for it (say, a push to a --serve-only server)."""
+
+    status_code = 409
+    error_type = "conflict_error"
+
+
 class RequestTimeoutError(RequestError):
     status_code = 408
 

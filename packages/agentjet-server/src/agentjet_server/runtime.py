@@ -25,7 +25,7 @@ from agentjet_server.admission import Admission
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.control import Controller, learner_config, public_settings
 from agentjet_server.engine.base import Engine
-from agentjet_server.errors import ConfigError
+from agentjet_server.errors import ConfigError, ConflictError
 from agentjet_server.ingest.signing import SampleSigner
 from agentjet_server.ingest.store import TrajectoryStore
 from agentjet_server.ingest.wal import TrajectoryLog
@@ -130,7 +130,7 @@ class SwarmRuntime:
         self,
         engine: Engine,
         settings: ServerSettings,
-        learner: Learner,
+        learner: Learner | None,
         vocab_size: int,
         state: StateDir | None = None,
         model_path: Path | None = None,
@@ -242,42 +242,8 @@ class SwarmRuntime:
     ) -> SwarmRuntime:
         """Open (or take) the state dir, restore the live configuration an earlier run was given
         through the admin API, build the learner (from the newest checkpoint when resuming),
-        replay the log into the buffer and start training."""
-        state = state or StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
-        log: TrajectoryLog | None = None
-        try:
-            log = TrajectoryLog(state.log_dir)
-            live = LiveConfiguration({})
-            if state.resuming:
-                live = restored_configuration(state, log)
-                if live.changed:
-                    logger.warning(
-                        "restoring settings changed through the admin API before the restart: %s",
-                        ", ".join(f"{k}={v}" for k, v in live.changed.items()),
-                    )
-                    settings = settings.model_copy(update=live.changed)
-                if live.paused:
-                    logger.warning("learning stays paused, as the admin API left it (agentjet-server admin resume)")
-            checkpoint = state.resumed
-            trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
-            learner = build_learner(settings, model_path, ctx, resume_from=trainer_state)
-            if checkpoint is not None and engine.version != checkpoint.meta.version:
-                # an engine built from the original model: give it the checkpoint's weights and version
-                assert trainer_state is not None
-                if engine.serves_adapters:  # the base model, and the trained adapter
-                    engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)
-                else:
-                    engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
-            model: Any = learner.model
-            vocab = int(model.config.vocab_size)
-            runtime = cls(engine, settings, learner, vocab, state, Path(model_path), live, log)
-        except BaseException:
-            if log is not None:
-                log.close()
-            state.close()
-            raise
-        runtime.loop.start()
-        return runtime
+        replay the log into the buffer and start training (``create_runtime``)."""
+        return create_runtime(engine, settings, model_path, ctx, state)
 
     def _set_settings(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -318,6 +284,8 @@ class SwarmRuntime:
         return self.loop.version
 
     def ingest(self, batch: TrajectoryBatch) -> TrajectoryBatchResult:
+        if self.settings.serve_only:  # the API refuses the push first; this guards other callers
+            raise ConflictError("this server runs with --serve-only and trains nothing")
         results = self.store.admit_batch(batch.trajectories, self.version)
         now = time.time()
         for trajectory, result in zip(batch.trajectories, results, strict=True):
@@ -342,6 +310,7 @@ class SwarmRuntime:
             replicas=[ReplicaInfo(**r) for r in self.engine.replica_status()],
             run_id=self.run_id,
             tool_calls=self.telemetry.tool_calls.status(),
+            serve_only=self.settings.serve_only,
         )
 
     def close(self, checkpoint: bool = True) -> None:
@@ -368,3 +337,54 @@ class SwarmRuntime:
             self.log.close()
         if self.state is not None:
             self.state.close()
+
+
+def create_runtime(
+    engine: Engine,
+    settings: ServerSettings,
+    model_path: str,
+    ctx: DistContext | None = None,
+    state: StateDir | None = None,
+) -> SwarmRuntime:
+    """``SwarmRuntime.create``; with ``--serve-only`` no learner and no training loop."""
+    state = state or StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+    log: TrajectoryLog | None = None
+    try:
+        log = TrajectoryLog(state.log_dir)
+        live = LiveConfiguration({})
+        if state.resuming:
+            live = restored_configuration(state, log)
+            if live.changed:
+                logger.warning(
+                    "restoring settings changed through the admin API before the restart: %s",
+                    ", ".join(f"{k}={v}" for k, v in live.changed.items()),
+                )
+                settings = settings.model_copy(update=live.changed)
+            if live.paused:
+                logger.warning("learning stays paused, as the admin API left it (agentjet-server admin resume)")
+        checkpoint = state.resumed
+        trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
+        learner = None if settings.serve_only else build_learner(settings, model_path, ctx, resume_from=trainer_state)
+        if checkpoint is not None and engine.version != checkpoint.meta.version:
+            # an engine built from the original model: give it the checkpoint's weights and version
+            assert trainer_state is not None
+            if engine.serves_adapters:  # the base model, and the trained adapter
+                engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)
+            else:
+                engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
+        if learner is not None:
+            model: Any = learner.model
+            vocab = int(model.config.vocab_size)
+        else:  # --serve-only: a frozen model, served as it is (or as its newest checkpoint)
+            from transformers import AutoConfig
+
+            vocab = int(AutoConfig.from_pretrained(model_path).vocab_size)
+            logger.warning("serving only (--serve-only): pushed trajectories are refused and nothing is trained")
+        runtime = SwarmRuntime(engine, settings, learner, vocab, state, Path(model_path), live, log)
+    except BaseException:
+        if log is not None:
+            log.close()
+        state.close()
+        raise
+    runtime.loop.start()  # --serve-only: no loop to start
+    return runtime

@@ -73,6 +73,11 @@ class ServingOptions(OptionGroup):
         description="seconds a client may leave a streamed answer unread before it is dropped",
         json_schema_extra={"flag": "write-timeout"},
     )
+    serve_only: bool = Field(
+        default=False,
+        description="serve the model and never learn: no learner copy is built, pushed trajectories are "
+        "refused (a frozen judge or reference model)",
+    )
 
 
 class LimitOptions(OptionGroup):

@@ -14,7 +14,7 @@ from starlette.routing import Route
 from agentjet_client.protocol import Health, TrajectoryBatch
 from agentjet_server.api.auth import authorize
 from agentjet_server.api.context import api_of, int_param, runtime_of
-from agentjet_server.errors import NotFoundError, StateError
+from agentjet_server.errors import ConflictError, NotFoundError, StateError
 from agentjet_server.ingest.bodies import read_model
 from agentjet_server.observe.inspection import find_trajectory, trajectory_view
 
@@ -31,6 +31,11 @@ async def status(request: Request) -> Response:
 async def push(request: Request) -> Response:
     authorize(request)
     api = api_of(request)
+    if api.settings.serve_only:
+        raise ConflictError(
+            "this server runs with --serve-only: it serves its model and trains nothing; push trajectories "
+            "to a training server (agentjet-server up without --serve-only)"
+        )
     limit, timeout = api.settings.max_body_bytes, api.settings.body_timeout_s
     batch = await read_model(request, TrajectoryBatch, limit, timeout, api.gate, api.large)
     # the answer waits for the log's fsync; a thread keeps that off the event loop

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 class TrainingLoop:
     def __init__(
         self,
-        learner: Learner,
+        learner: Learner | None,
         buffer: GroupBuffer,
         engine: Engine,
         *,
@@ -55,7 +55,7 @@ class TrainingLoop:
         self.engine = engine
         # (policy version, learner step) of the weights served, replaced as one value: a reader never sees a
         # step whose weights are not live yet (the learner counts a step before its weights are pushed)
-        self.live = (version, learner.steps)
+        self.live = (version, learner.steps if learner is not None else 0)
         self.last: StepStats | None = None
         self.skipped_batches = 0
         self.error: str | None = None
@@ -77,7 +77,7 @@ class TrainingLoop:
         self._pending_config: LearnerConfig | None = None
         self._checkpoint_requests: list[Future[Any]] = []
         self._requests_lock = threading.Lock()
-        self.saved_step = learner.steps
+        self.saved_step = learner.steps if learner is not None else 0
         self._final_checkpoint = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentjet-learner", daemon=True)
@@ -86,8 +86,14 @@ class TrainingLoop:
     def version(self) -> int:
         return self.live[0]
 
+    @property
+    def trainer(self) -> Learner:  # a --serve-only server has none, and never starts this loop
+        assert self.learner is not None, "a --serve-only server has no learner"
+        return self.learner
+
     def start(self) -> None:
-        self._thread.start()
+        if self.learner is not None:  # --serve-only: nothing to train
+            self._thread.start()
 
     def close(self, checkpoint: bool = True) -> None:
         """Stop after the step in progress, then (with ``checkpoint``) save one last checkpoint."""
@@ -100,9 +106,8 @@ class TrainingLoop:
                 logger.error("the learner did not stop within 10 minutes; giving up on it")
 
     def checkpoint(self) -> Any:
-        """Save a checkpoint now (call from the learner thread: under torchrun it is collective);
-        returns what ``save`` returned (the checkpoint's path)."""
-        if self._save is None:
+        """Save a checkpoint now (from the learner thread: collective under torchrun); its path."""
+        if self._save is None or self.learner is None:
             return None
         if self.learner.ctx.enabled:
             distributed.broadcast(self.learner.ctx, distributed.CHECKPOINT)
@@ -112,8 +117,7 @@ class TrainingLoop:
         return saved
 
     def request_checkpoint(self) -> Future[Any]:
-        """A checkpoint written by the learner thread after the step in progress (or at once when
-        idle); the future holds what ``save`` returned, or its exception."""
+        """A checkpoint written by the learner thread after the step in progress (or at once when idle)."""
         future: Future[Any] = Future()
         if self._save is None:
             future.set_exception(StateError("this server has no state dir to write checkpoints to"))
@@ -132,11 +136,11 @@ class TrainingLoop:
         with self._requests_lock:
             config, self._pending_config = self._pending_config, None
             requests, self._checkpoint_requests = self._checkpoint_requests, []
-        if config is not None and config != self.learner.config:
-            if self.learner.ctx.enabled:
-                distributed.broadcast(self.learner.ctx, distributed.Reconfigure(config))
-            logger.info("learner settings changed: %s", _differences(self.learner.config, config))
-            self.learner.reconfigure(config)
+        if config is not None and config != self.trainer.config:
+            if self.trainer.ctx.enabled:
+                distributed.broadcast(self.trainer.ctx, distributed.Reconfigure(config))
+            logger.info("learner settings changed: %s", _differences(self.trainer.config, config))
+            self.trainer.reconfigure(config)
         if requests:
             self._answer(requests)
 
@@ -152,7 +156,7 @@ class TrainingLoop:
                 future.set_result(saved)
 
     def _run(self) -> None:
-        ctx = self.learner.ctx
+        ctx = self.trainer.ctx
         last_sent = time.monotonic()
         while not self._stop.is_set():
             self._carry_out_requests()
@@ -178,13 +182,13 @@ class TrainingLoop:
                 self.error = f"{type(exc).__name__}: {exc}"
                 self.buffer.commit()
                 continue
-            if self.checkpoint_every and self.learner.steps - self.saved_step >= self.checkpoint_every:
+            if self.checkpoint_every and self.trainer.steps - self.saved_step >= self.checkpoint_every:
                 self._try_checkpoint()
         with self._requests_lock:
             requests, self._checkpoint_requests = self._checkpoint_requests, []
         if requests:  # asked for while stopping: that checkpoint is the last one
             self._answer(requests)
-        elif self._final_checkpoint and self.learner.steps != self.saved_step:
+        elif self._final_checkpoint and self.trainer.steps != self.saved_step:
             self._try_checkpoint()
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
@@ -199,11 +203,11 @@ class TrainingLoop:
                 self._on_version(version)
             except StateError as exc:
                 if not waited:
-                    logger.error("learner waits for the state dir before step %d: %s", self.learner.steps + 1, exc)
+                    logger.error("learner waits for the state dir before step %d: %s", self.trainer.steps + 1, exc)
                 self.error = f"waiting for the state dir: {exc}"
                 waited = True
-                if self.learner.ctx.enabled:
-                    distributed.broadcast(self.learner.ctx, distributed.IDLE)  # the other ranks wait too
+                if self.trainer.ctx.enabled:
+                    distributed.broadcast(self.trainer.ctx, distributed.IDLE)  # the other ranks wait too
                 if self._stop.wait(delay):
                     return False
                 delay = min(delay * 2, 30.0)
@@ -226,7 +230,7 @@ class TrainingLoop:
                 self.error = None
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
-        config = self.learner.config
+        config = self.trainer.config
         staleness: dict[str, Any] = {"version": self.version, "max_staleness": self.max_staleness}
         staleness["stale_policy"] = self.stale_policy
         batch = build_batch(groups, keep_flat=config.entropy_coef > 0, algorithm=config.algorithm, **staleness)
@@ -249,36 +253,36 @@ class TrainingLoop:
         slept = sleep_engine(self.engine)
         new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
         try:
-            if self.learner.ctx.enabled:
-                distributed.broadcast(self.learner.ctx, batch)
-            stats = self.learner.step(batch)
-            self.learner.release_gradients()  # between steps that memory serves (or wakes) the engine
-            if slept is not None and self.learner.device.type == "cuda":
+            if self.trainer.ctx.enabled:
+                distributed.broadcast(self.trainer.ctx, batch)
+            stats = self.trainer.step(batch)
+            self.trainer.release_gradients()  # between steps that memory serves (or wakes) the engine
+            if slept is not None and self.trainer.device.type == "cuda":
                 import torch
 
                 torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
             started = time.perf_counter()
             if self.engine.serves_adapters:  # vLLM serving the LoRA adapter: move it alone
-                self.engine.update_adapter(self.learner.adapter_weights(), new_version)
+                self.engine.update_adapter(self.trainer.adapter_weights(), new_version)
             else:
-                self.engine.update_weights(self.learner.full_state_dict(), new_version)  # wakes a sleeping one
+                self.engine.update_weights(self.trainer.full_state_dict(), new_version)  # wakes a sleeping one
             update_seconds = time.perf_counter() - started
         except BaseException:
             if slept is not None:  # serve on with the weights it had
                 wake_engine(self.engine)
             raise
-        self.live = (new_version, self.learner.steps)
+        self.live = (new_version, self.trainer.steps)
         self.last = stats
         self.buffer.commit()
         self._on_trained(batch.trajectories)
         record = step_record(
-            stats, batch, new_version, self.learner.steps, lag, update_seconds, slept, by_tag, by_agent
+            stats, batch, new_version, self.trainer.steps, lag, update_seconds, slept, by_tag, by_agent
         )
         try:
             self._on_step(record, lag)
         except Exception:  # figures must never stop training
             logger.exception("recording the step's metrics failed")
-        log_step(stats, self.learner.steps, new_version, batch.call_tokens)
+        log_step(stats, self.trainer.steps, new_version, batch.call_tokens)
         return stats
 
 

@@ -122,7 +122,7 @@ class Recovery:
             segment = self.log.rotate()
             trained = self.store.trained
         meta = CheckpointMeta(
-            step=loop.learner.steps,
+            step=loop.trainer.steps,
             version=loop.version,
             next_lsn=next_lsn,
             buffer=snapshot,
@@ -134,7 +134,7 @@ class Recovery:
             paused=live.paused,
         )
         started = time.perf_counter()
-        path = self.state.write(meta, trainer_state, loop.learner.model, self.model_path, keep=self.keep_checkpoints)
+        path = self.state.write(meta, trainer_state, loop.trainer.model, self.model_path, keep=self.keep_checkpoints)
         self.last_checkpoint_step, self.last_checkpoint_path = meta.step, path
         keep_from = min([next_lsn, *snapshot.lsns()])
         # older segments: no writer touches them
