@@ -97,6 +97,13 @@ def run(
     no_shuffle: Annotated[
         bool, typer.Option("--no-shuffle", help="play the tasks in their order (by default each pass is shuffled)")
     ] = False,
+    dynamic_sampling: Annotated[
+        bool,
+        typer.Option(
+            "--dynamic-sampling",
+            help="start fewer groups of tasks whose last groups all scored the same (no gradient in them)",
+        ),
+    ] = False,
     spool_dir: Annotated[
         Path | None, typer.Option(help="durable outbox for finished trajectories (default: user data dir)")
     ] = None,
@@ -171,6 +178,7 @@ def run(
         epochs=epochs,
         repeats=repeats,
         shuffle=not no_shuffle,
+        dynamic_sampling=dynamic_sampling,
     )
     options = task_options(tasks, split, eval_tasks)
     _run_agent(
@@ -464,6 +472,13 @@ def _summary(report: RunReport, config: RunConfig) -> None:
         )
     for note in report.notes:
         console.print(escape(note))
+    rates = report.tasks
+    if rates.tasks and not config.eval_only:
+        skipped = sum(rates.skipped.values())
+        console.print(
+            f"tasks: {len(rates.tasks)} played, {rates.tied_share:.0%} of their finished groups had equal rewards"
+            + (f", {skipped} groups of tasks always or never solved passed over" if skipped else "")
+        )
     judged = report.judging
     if judged:
         console.print(

@@ -197,3 +197,9 @@ def judging_stages(
         JudgingStage(judge, spools, default, report, released, claims=claims(mark, i == 0))
         for i, (mark, judge) in enumerate(unique.items())
     ]
+
+
+def wake_all(stages: list[JudgingStage]) -> None:
+    """An episode was spooled to wait for its judge: every stage looks."""
+    for stage in stages:
+        stage.wake()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentjet_client.protocol import Trajectory
+from agentjet_client.sampling import TaskRates
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RunReport:
     stopped: str | None = None  # why the run stopped before its end (its episodes kept failing)
     notes: list[str] = field(default_factory=list)  # what the run tells its user at the end (a continued order)
     judging: Counter[str] = field(default_factory=Counter)  # judge calls, cached, errors, tokens, milliseconds
+    tasks: TaskRates = field(default_factory=TaskRates)  # per task: groups, tied groups, rewards (``sampling``)
 
     def mean(self, lo: float, hi: float, agent: str | None = None) -> float:
         """Mean reward over the fraction ``[lo, hi)`` of finished episodes, in finishing order (of
@@ -82,9 +84,16 @@ class RunReport:
             self.turns_by_agent.update(t.agent for t in trajectory.turns)
         if complete and rewarded:
             self.record_reward(trajectory, reward, agent_rewards, tag, evaluation)
+        elif not complete and evaluation is None:
+            self._observe(trajectory, None)
         if not complete:
             self.failed += 1
             self.failure_reasons[trajectory.error or "unknown"] += 1
+
+    def _observe(self, trajectory: Trajectory, reward: float | None) -> None:
+        group = _group_of(trajectory)
+        if group is not None:
+            self.tasks.observe(trajectory.task_id, group[0], reward, group[1])
 
     def record_reward(
         self,
@@ -98,11 +107,19 @@ class RunReport:
         if evaluation is not None:
             self.eval_rewards.setdefault(evaluation, []).append(reward)
             return
+        self._observe(trajectory, reward)
         self.rewards.append(reward)
         self.tag_rewards.setdefault(tag or "", []).append(reward)
         self.rewards_by_version.setdefault(trajectory.code_version or "-", []).append(reward)
         for name, value in (agent_rewards or {}).items():
             self.agent_rewards.setdefault(name, []).append(value)
+
+
+def _group_of(trajectory: Trajectory) -> tuple[str, int] | None:
+    """The task id and group size a training trajectory's metadata names (None: not a runner's episode)."""
+    meta = trajectory.metadata
+    task, size = meta.get("task"), meta.get("group_size")
+    return (str(task), int(size)) if task is not None and isinstance(size, int) else None
 
 
 def coerce_reward(value: Any) -> tuple[float, dict[str, float] | None]:

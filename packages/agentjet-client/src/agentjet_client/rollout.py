@@ -165,6 +165,8 @@ class Rollouts:
             error: str | None = None
             reward, agent_rewards = 0.0, None
             metadata: dict[str, Any] = {"task": task_id}
+            if evaluation is None:
+                metadata["group_size"] = group_size  # per-task figures count the group once all are in
             failure: Failure | None = None
             judge = track.judge
             try:

@@ -25,6 +25,7 @@ of each batch, and the rollouts wait for each step. Meant for one client per ser
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -38,11 +39,12 @@ from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
 from agentjet_client.failures import StopRule
 from agentjet_client.isolation import WorkerPool
-from agentjet_client.judging import judging_stages
+from agentjet_client.judging import judging_stages, wake_all
 from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import ClientReport
 from agentjet_client.report import RunReport
 from agentjet_client.rollout import Rollouts
+from agentjet_client.sampling import TaskRates
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
 from agentjet_client.taskorder import GroupStarts
 from agentjet_client.tracks import RemoteAgent, Track
@@ -72,6 +74,7 @@ class RunConfig:
     epochs: int = 0  # passes over the tasks before the run ends (0 = no end but ``episodes``)
     repeats: int = 1  # groups of each task per epoch
     shuffle: bool = True  # each epoch in a seeded random order (else the source's order)
+    dynamic_sampling: bool = False  # pass over tasks whose recent groups were all tied (``sampling``)
 
 
 class Runner:
@@ -103,7 +106,7 @@ class Runner:
             if not self.tracks:
                 raise ValueError("a run needs at least one agent")
         self.config = config
-        self.report = RunReport()
+        self.report = RunReport(tasks=TaskRates(seed=config.seed))
         # one spool and sender per server: ``spool`` is the default server's, ``spools`` any server's
         given = {**({client.server_url: spool} if spool is not None else {}), **(spools or {})}
         self.senders = {
@@ -149,15 +152,11 @@ class Runner:
         judges = [t.judge for t in self.tracks if t.judge is not None]
         spools = {server: sender.spool for server, sender in self.senders.items()}
         self.judging = judging_stages(judges, spools, client.server_url, self.report, self._wake_senders)
-        self.rollouts.on_waiting = self._wake_judges
+        self.rollouts.on_waiting = functools.partial(wake_all, self.judging)
 
     def _wake_senders(self) -> None:
         for sender in self.senders.values():
             sender.wake()
-
-    def _wake_judges(self) -> None:
-        for stage in self.judging:
-            stage.wake()
 
     def stop(self) -> None:
         self._stop.set()
@@ -245,6 +244,7 @@ class Runner:
             epochs=config.epochs,
             repeats=config.repeats,
             shuffle=config.shuffle,
+            dynamic=config.dynamic_sampling,
             pause=(config.poll_interval, config.backoff_max),
         )
         ended: set[int] = set()  # the tracks whose order is done (``epochs``)

@@ -344,6 +344,11 @@ class Spool:
             )
             db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
 
+    def pass_over(self, track: str, position: int) -> None:
+        """Note that ``position`` of ``track``'s order was passed over (dynamic sampling): no group there."""
+        with self._lock, self._write() as db:
+            db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
+
     def open_groups(self, track: str) -> list[tuple[int, str, str, int]]:
         """``(position, group id, task id, episodes missing)`` of ``track``'s groups an earlier run started
         and did not spool in full, oldest first."""

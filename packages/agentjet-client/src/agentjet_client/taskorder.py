@@ -150,6 +150,11 @@ class TaskOrder:
         self.position += 1
         return planned
 
+    def passed_over(self, planned: Planned) -> None:
+        """Note in the spool that ``planned`` (a new group) is not played (dynamic sampling)."""
+        if self.spool is not None and planned.group_id is None:
+            self.spool.pass_over(self.track, planned.position)
+
     def opened(self, planned: Planned, group_id: str, size: int) -> None:
         """Note in the spool that ``planned`` (a new group) starts as ``group_id`` with ``size`` episodes."""
         if self.spool is not None and planned.group_id is None:
@@ -173,9 +178,11 @@ class GroupStarts:
         epochs: int,
         repeats: int,
         shuffle: bool,
+        dynamic: bool = False,
         pause: tuple[float, float] = (0.2, 30.0),
     ) -> None:
         self.tracks, self.rollouts, self.report, self._stopped, self._pause = tracks, rollouts, report, stopped, pause
+        self.dynamic = dynamic  # pass over tasks whose recent groups were all tied (``sampling``)
         self.orders = [
             TaskOrder(
                 track.load_tasks,
@@ -197,6 +204,11 @@ class GroupStarts:
         planned = await self._spool_write(order.next)  # reads tasks (another interpreter may load them)
         if first and order.continued is not None:
             self.report.notes.append(order.continued + (f" ({track.agent.name})" if len(self.tracks) > 1 else ""))
+        while self.dynamic and planned is not None and planned.group_id is None:
+            if not self.report.tasks.skip(planned.task_id):
+                break
+            await self._spool_write(order.passed_over, planned)
+            planned = await self._spool_write(order.next)
         if planned is None or self._stopped():
             return False
         group_id = planned.group_id or self.rollouts.group_id(planned.task_id, label)
