@@ -96,6 +96,13 @@ def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_tok
             [sum(rewards[max(0, i - 9) : i + 1]) / len(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
         )
         assert page.inner_text("#version") == f"policy v{server.status()['policy_version']}"
+        # the task table: each task's accepted training episodes, as /v1/status counts them
+        rates = {t["task"]: t for t in server.status()["tasks"]}
+        assert set(rates) == {"digit-3", "digit-8"} and sum(t["groups"] for t in rates.values()) >= 12
+        shown = page.eval_on_selector_all(
+            "#tasks tr", "rs => rs.slice(1).map(r => [...r.cells].map(c => c.textContent))"
+        )
+        assert {row[0]: int(row[1]) for row in shown} == {task: t["episodes"] for task, t in rates.items()}
 
         # the trajectory browser: filtered by reward and sorted by a column
         listed = httpx2.get(server.url + "/v1/trajectories?limit=200").json()["trajectories"]

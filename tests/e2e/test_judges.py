@@ -4,6 +4,7 @@ server's log: every episode arrived (0 lost) with the judge's reward, no judge c
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,7 @@ def test_a_group_judge_killed_mid_run_loses_nothing_and_never_enters_a_trained_t
         assert run.returncode == 0, out
         status = server.wait_trained()
         records = list(read_records(state / "log"))
+        history = [json.loads(line) for line in (state / "metrics.jsonl").read_text().splitlines()]
     finally:
         if run is not None and run.poll() is None:
             run.kill()
@@ -70,4 +72,10 @@ def test_a_group_judge_killed_mid_run_loses_nothing_and_never_enters_a_trained_t
         assert all("candidate" not in str(m).lower() for t in trajectory.turns for m in t.request_messages)
     groups = {t.task_id for t in trajectories}
     assert len(groups) == EPISODES // GROUP
+    # per task on the server: every group counted, and the judge's component plotted per step
+    rates = {t["task"]: t for t in status["tasks"]}
+    assert set(rates) == {"word-3", "word-8"} and sum(t["groups"] for t in rates.values()) == EPISODES // GROUP
+    assert sum(t["episodes"] for t in rates.values()) == EPISODES
+    steps = [line for line in history if line["kind"] == "step"]
+    assert steps and all(set(line["reward_components"]) == {"judge"} for line in steps)
     print(f"judged run: {EPISODES} accepted, judge calls {judged_before} before the kill; {summary[-300:]}")

@@ -784,6 +784,18 @@ class ReplicaInfo(_Strict):
         )
 
 
+class TaskRate(_Strict):
+    """Per task (``/v1/status`` ``tasks``): accepted training episodes, their mean reward, the share solved
+    (reward at least 1), and its finished groups, of which how many had all rewards equal."""
+
+    task: str
+    episodes: int = 0
+    mean_reward: float = 0.0
+    solved: float = 0.0
+    groups: int = 0
+    tied_groups: int = 0
+
+
 class ServerStatus(_Strict):
     """``GET /v1/status``: what the server is doing, and how many episodes it wants now."""
 
@@ -806,6 +818,7 @@ class ServerStatus(_Strict):
         default_factory=dict, description="per agent: answers to requests with tools, and malformed calls among them"
     )
     serve_only: bool = Field(default=False, description="started with --serve-only: serves, never trains")
+    tasks: list[TaskRate] = Field(default_factory=list, description="per task, the most recently trained first")
 
     def budget_for(self, tag: str | None) -> int:
         """Episodes of task ``tag`` a runner may start now: the tag's own budget under ``--mix``,

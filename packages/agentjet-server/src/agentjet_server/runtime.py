@@ -311,6 +311,7 @@ class SwarmRuntime:
             run_id=self.run_id,
             tool_calls=self.telemetry.tool_calls.status(),
             serve_only=self.settings.serve_only,
+            tasks=self.telemetry.tasks.status(),
         )
 
     def close(self, checkpoint: bool = True) -> None:

@@ -245,8 +245,8 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
-        by_tag, by_agent, lag = batch_figures(groups, batch.included, self.version)
-        self.trained_lag.update(lag)
+        figures = batch_figures(groups, batch.included, self.version)
+        self.trained_lag.update(figures.lag)
         batch.included = []  # the other ranks need the sequences only
         # asleep before the other ranks have the batch: none of them starts its step on a device a
         # sleeping engine replica has not freed yet
@@ -275,11 +275,9 @@ class TrainingLoop:
         self.last = stats
         self.buffer.commit()
         self._on_trained(batch.trajectories)
-        record = step_record(
-            stats, batch, new_version, self.trainer.steps, lag, update_seconds, slept, by_tag, by_agent
-        )
+        record = step_record(stats, batch, new_version, self.trainer.steps, update_seconds, slept, figures)
         try:
-            self._on_step(record, lag)
+            self._on_step(record, figures.lag)
         except Exception:  # figures must never stop training
             logger.exception("recording the step's metrics failed")
         log_step(stats, self.trainer.steps, new_version, batch.call_tokens)

@@ -28,9 +28,10 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentjet_client.protocol import ClientInfo, ClientReport, TagInfo, Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_server.observe.tasks import TaskTable
 from agentjet_server.observe.tool_calls import ToolCallHealth
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class StepRecord:
     entropy: float | None = None
     reward_by_tag: dict[str, float] = field(default_factory=dict)
     reward_by_agent: dict[str, float] = field(default_factory=dict)
+    reward_components: dict[str, float] = field(default_factory=dict)  # mean of each, over the batch
     lag_mean: float | None = None
     lag_max: int | None = None
     # the off-policy correction and the regularisers (None where the objective has none)
@@ -141,14 +143,22 @@ class StepRecord:
     engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
 
 
-def batch_figures(
-    groups: Iterable[Iterable[Trajectory]], trained: Iterable[Trajectory], version: int
-) -> tuple[dict[str, float], dict[str, float], Counter[int]]:
-    """Mean reward per task tag and per agent of a batch's complete episodes, and how many of the
-    tokens it trains (every sampled token of the ``trained`` episodes) lag ``version`` by how many
-    versions."""
+class BatchFigures(NamedTuple):
+    """A batch's mean reward per task tag, per agent and per reward component (``reward_components`` of its
+    episodes' metadata: a rubric's functions, a judge) over its complete episodes, and how many of the
+    tokens it trains lag the version by how many versions."""
+
+    by_tag: dict[str, float]
+    by_agent: dict[str, float]
+    lag: Counter[int]
+    by_component: dict[str, float]
+
+
+def batch_figures(groups: Iterable[Iterable[Trajectory]], trained: Iterable[Trajectory], version: int) -> BatchFigures:
+    """The ``BatchFigures`` of a batch (``trained``: the episodes whose every sampled token it trains)."""
     tags: dict[str, Mean] = {}
     agents: dict[str, Mean] = {}
+    components: dict[str, Mean] = {}
     lag: Counter[int] = Counter()
     for group in groups:
         for trajectory in group:
@@ -157,17 +167,32 @@ def batch_figures(
             tags.setdefault(trajectory.task_tag or "", Mean()).add(trajectory.reward)
             for agent, reward in _agent_rewards(trajectory).items():
                 agents.setdefault(agent, Mean()).add(reward)
+            for name, score in _components(trajectory).items():
+                if len(components) < MAX_LABELS or name in components:
+                    components.setdefault(name, Mean()).add(score)
     for trajectory in trained:
         for turn in trajectory.turns:
             if turn.completion_versions:
                 lag.update(max(0, version - v) for v in turn.completion_versions)
             else:
                 lag[max(0, version - turn.policy_version)] += len(turn.completion_token_ids)
-    return (
-        {k: m.mean for k, m in tags.items() if m.mean is not None},
-        {k: m.mean for k, m in agents.items() if m.mean is not None},
-        lag,
-    )
+
+    def means(table: dict[str, Mean]) -> dict[str, float]:
+        return {k: m.mean for k, m in table.items() if m.mean is not None}
+
+    return BatchFigures(means(tags), means(agents), lag, means(components))
+
+
+def _components(trajectory: Trajectory) -> dict[str, float]:
+    """The reward components the client recorded (numbers only; anything else in the metadata is ignored)."""
+    found = trajectory.metadata.get("reward_components")
+    if not isinstance(found, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in found.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def _agent_rewards(trajectory: Trajectory) -> dict[str, float]:
@@ -326,6 +351,7 @@ class Telemetry:
     rewards_by_agent: dict[tuple[str, str], Mean] = field(default_factory=dict)
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     tool_calls: ToolCallHealth = field(default_factory=ToolCallHealth)
+    tasks: TaskTable = field(default_factory=TaskTable)
     _learner_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rate: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
@@ -347,6 +373,7 @@ class Telemetry:
                     )
                 if result.status != "accepted":
                     continue
+                self.tasks.record(trajectory)
                 purpose = trajectory.purpose
                 _slot(self.rewards_by_tag, (purpose, trajectory.task_tag or "")).add(trajectory.reward)
                 for agent, reward in _agent_rewards(trajectory).items():
@@ -516,14 +543,13 @@ def step_record(
     batch: Any,
     version: int,
     step: int,
-    lag: Counter[int],
     update_seconds: float,
     slept: float | None,
-    by_tag: dict[str, float],
-    by_agent: dict[str, float],
+    figures: BatchFigures,
 ) -> StepRecord:
     """The figures of one learner step (``stats``: the learner's ``StepStats``; ``batch``: the batch it
     trained), for the history, ``/metrics`` and the dashboard."""
+    lag = figures.lag
     lagged = sum(lag.values())
     extra = stats.extra
     return StepRecord(
@@ -541,8 +567,9 @@ def step_record(
         approx_kl=extra.get("approx_kl"),
         clip_fraction=extra.get("clip_fraction"),
         entropy=extra.get("entropy"),
-        reward_by_tag=by_tag,
-        reward_by_agent=by_agent,
+        reward_by_tag=figures.by_tag,
+        reward_by_agent=figures.by_agent,
+        reward_components=figures.by_component,
         lag_mean=sum(k * n for k, n in lag.items()) / lagged if lagged else None,
         lag_max=max(lag) if lag else None,
         is_weight_mean=extra.get("is_weight_mean"),
