@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import time
@@ -49,11 +50,13 @@ def score(rule: str, task: str, candidate: str, longest: int) -> float:
     return 0.2 if len(answer) == 1 and answer.isdigit() else 0.0
 
 
-def make_app(rule: str) -> Starlette:
+def make_app(rule: str, latency: float = 0.0) -> Starlette:
     served = {"calls": 0}
 
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
+        if latency:  # what a judge model's answer takes (for benchmarks)
+            await asyncio.sleep(latency)
         user = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
         task, candidates = candidates_of(user if isinstance(user, str) else json.dumps(user))
         if not candidates:
@@ -89,8 +92,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--rule", choices=["digits", "length"], default="digits")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each answer takes (as a model's would)")
     args = parser.parse_args()
-    uvicorn.run(make_app(args.rule), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(make_app(args.rule, args.latency), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ class Judge:
         temperature: float = 0.0,
         show_task: Callable[[Any], str] = show,
         group_timeout: float = 600.0,
+        cache: bool = True,
     ) -> None:
         if concurrency < 1 or retries < 0 or timeout <= 0:
             raise ValueError("a judge needs concurrency >= 1, retries >= 0 and a timeout above 0")
@@ -116,6 +117,7 @@ class Judge:
         self.max_tokens, self.temperature = max_tokens, temperature
         self.show_task = show_task
         self.group_timeout = group_timeout  # a group still incomplete after this long is judged as it is
+        self.cache = cache  # False: every judging calls (a judge that samples, or to measure its cost)
         self._client: Any = None
         self._gate: asyncio.Semaphore | None = None
 

@@ -122,6 +122,8 @@ class JudgingStage:
     async def _judge(self, key: str, members: list[Trajectory]) -> None:
         try:
             scores = await self._scores(members)
+            self._retry_at.pop(key, None)
+            await asyncio.to_thread(self._release, members, scores)
         except JudgeError as exc:
             self.report.judging["errors"] += 1
             _, pause = self._retry_at.get(key, (0.0, self._retry[0]))
@@ -129,9 +131,7 @@ class JudgingStage:
             logger.warning("%s; the episodes wait in the spool and are judged again in %.0fs", exc, pause)
             return
         finally:
-            self._busy.discard(key)
-        self._retry_at.pop(key, None)
-        await asyncio.to_thread(self._release, members, scores)
+            self._busy.discard(key)  # after the release: never judged twice
         self._released()
 
     async def _scores(self, members: list[Trajectory]) -> dict[str, tuple[float, dict[str, Any]]]:
@@ -142,7 +142,7 @@ class JudgingStage:
         task = complete[0].metadata[WAITING]["task"]
         results = [m.metadata[WAITING]["result"] for m in complete]
         cache_key = self.judge.key(task, results)
-        kept = await asyncio.to_thread(self.spools[self.default].judged, cache_key)
+        kept = await asyncio.to_thread(self.spools[self.default].judged, cache_key) if self.judge.cache else None
         if kept is not None:
             verdict, cached = Verdict(**json.loads(kept)), True
             self.report.judging["cached"] += 1
