@@ -43,6 +43,7 @@ class SwarmAgent:
     eval_tasks: EvalSource | None = None
     split: str | None = None
     reward: Any = None  # a reward stage: a function, a ``Rubric``, a ``Judge`` (the function returns its result)
+    home_dir: Path | None = None  # where relative task paths are read (default: the function's file's directory)
 
     @property
     def rubric(self) -> Rubric | None:
@@ -61,6 +62,8 @@ class SwarmAgent:
     @property
     def home(self) -> Path | None:
         """The directory of the file that defines the agent: relative task paths are read from there."""
+        if self.home_dir is not None:
+            return self.home_dir
         try:
             return Path(inspect.getfile(self.fn)).resolve().parent
         except (TypeError, OSError):
