@@ -330,40 +330,50 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-class RulesJudge:
-    """The example's stand-in judge endpoint (``examples/judged/rules_judge.py``) as a real process on a
-    free port: an OpenAI-compatible chat server that stands in for a remote judge model."""
+class ExampleService:
+    """A service an example talks to (a judge endpoint, an environment server), as a real process on a free
+    port: ``python SCRIPT --port P ARGS...``; up once ``probe`` answers any HTTP status."""
 
-    def __init__(self, rule: str = "digits", port: int | None = None) -> None:
+    def __init__(self, script: Path, *args: str, port: int | None = None, probe: str = "/") -> None:
         import subprocess
         import sys
 
-        self.rule, self.port = rule, port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        script = Path(__file__).resolve().parent.parent / "examples" / "judged" / "rules_judge.py"
+        import httpx2
+
+        self.port = port or free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), "--port", str(self.port), "--rule", rule],
+            [sys.executable, str(script), "--port", str(self.port), *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while True:
             try:
-                self.calls()
+                httpx2.get(self.base + probe, timeout=5)
                 return
-            except OSError:
-                assert self.proc.poll() is None, "the rules judge exited at start"
-                assert time.monotonic() < deadline, "the rules judge did not start in 60 s"
+            except httpx2.TransportError:
+                assert self.proc.poll() is None, f"{script.name} exited at start"
+                assert time.monotonic() < deadline, f"{script.name} did not start in 90 s"
                 time.sleep(0.1)
-
-    def calls(self) -> int:
-        import httpx2
-
-        try:
-            return int(httpx2.get(f"http://127.0.0.1:{self.port}/calls", timeout=5).json()["calls"])
-        except httpx2.TransportError as exc:
-            raise OSError(str(exc)) from exc
 
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+
+class RulesJudge(ExampleService):
+    """The judged example's stand-in judge endpoint (``examples/judged/rules_judge.py``): an
+    OpenAI-compatible chat server that stands in for a remote judge model."""
+
+    def __init__(self, rule: str = "digits", port: int | None = None) -> None:
+        super().__init__(EXAMPLES_DIR / "judged" / "rules_judge.py", "--rule", rule, port=port, probe="/calls")
+        self.url = f"{self.base}/v1"
+
+    def calls(self) -> int:
+        import httpx2
+
+        return int(httpx2.get(f"{self.base}/calls", timeout=5).json()["calls"])

@@ -19,7 +19,7 @@ from agentjet_server.ingest.wal import Accepted, read_records
 from agentjet_server.serving.chat_format import parse_tool_calls
 from agentjet_server.serving.continuation import same_answer
 from agentjet_server.serving.parsing import Parsed
-from tests.conftest import RulesJudge, ServerProcess
+from tests.conftest import ExampleService, RulesJudge, ServerProcess
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").iterdir() if (p / "agent.py").exists())
@@ -83,8 +83,14 @@ def test_example_runs_and_does_not_drift(example, tmp_path, request):
         pytest.skip("the JavaScript example needs Node.js 18+ (node) on PATH")
     if example.name == "curl_shell" and not (shutil.which("curl") and shutil.which("jq")):
         pytest.skip("the shell example needs curl and jq on PATH")
-    judge = RulesJudge("digits") if example.name == "judged" else None  # stands in for a judge model
-    request.addfinalizer(lambda: judge.stop() if judge is not None else None)
+    service, service_env = None, {}
+    if example.name == "judged":  # a judge endpoint standing in for a judge model
+        service = RulesJudge("digits")
+        service_env = {"AGENTJET_JUDGE_URL": service.url}
+    elif example.name == "openenv_echo":  # the example's environment, served by OpenEnv's own server
+        service = ExampleService(example / "echo_env.py", probe="/health")
+        service_env = {"AGENTJET_OPENENV_URL": service.base}
+    request.addfinalizer(lambda: service.stop() if service is not None else None)
     state = tmp_path / "state"
     episodes = EPISODES
     tools = example.name in USES_TOOLS
@@ -96,7 +102,7 @@ def test_example_runs_and_does_not_drift(example, tmp_path, request):
         exe = str(Path(sys.executable).parent / "agentjet-client")
         command = [exe, "run", "--code-dir", str(example), "--server", server.url, "--episodes", str(episodes)]
         command += ["--group-size", "8", "--seed", "0"]
-        env = {**os.environ, "AGENTJET_DIGITS": "3,8", **({"AGENTJET_JUDGE_URL": judge.url} if judge else {})}
+        env = {**os.environ, "AGENTJET_DIGITS": "3,8", **service_env}
         run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         status = server.wait_trained()  # the learner takes the last batches after the client is done
