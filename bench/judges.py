@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import httpx2
-from _server import served
 
+from _server import served
 from agentjet_client import GroupJudge, Judge, RunConfig, Runner, SwarmClient, swarm_agent
 
 ROOT = Path(__file__).resolve().parents[1]
