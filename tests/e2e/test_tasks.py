@@ -102,3 +102,31 @@ def test_a_task_file_with_a_held_out_part_trains_each_task_its_epochs_through_a_
     assert any(len(ids) == 2 for ids in clients.values()), "no group was cut by the kill"  # the case tested
     assert evaluated and {t["task_id"].split("@", 1)[0].removeprefix("eval:") for t in evaluated} <= held
     assert not held & set(per_task)
+
+
+def test_run_env_plays_an_openenv_environment_without_a_code_dir(model_dir, tmp_path):
+    """``run --env openenv:URL --tasks FILE --epochs 1``: the environment's agent with the file's tasks (reset
+    arguments per task), each played once in groups, trained; a malformed --env says what it takes."""
+    from tests.conftest import EXAMPLES_DIR, ExampleService
+
+    rows = [{"id": f"echo-{w}", "reset": {"word": w}} for w in ("three", "eight")]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = ExampleService(EXAMPLES_DIR / "openenv_echo" / "echo_env.py", probe="/health")
+    server = ServerProcess(["--batch-groups", "1", "--group-size", "4"], tmp_path / "server.log")
+    try:
+        exe = str(Path(sys.executable).parent / "agentjet-client")
+        command = [exe, "run", "--env", f"openenv:{env.base}", "--server", server.url, "--tasks", "tasks.jsonl"]
+        command += ["--epochs", "2", "--spool-dir", str(tmp_path / "spool")]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        status = server.wait_trained()
+        bad = subprocess.run([exe, "run", "--env", "nothing", "--server", server.url], capture_output=True, text=True)
+        neither = subprocess.run([exe, "run", "--server", server.url], capture_output=True, text=True)
+    finally:
+        server.stop()
+        env.stop()
+    assert "done: 16 episodes" in " ".join(done.stdout.split())  # 2 tasks x 2 epochs x groups of 4
+    assert status["trajectories"]["accepted"] == 16 and status["trajectories"]["verified_turns"] == 32
+    assert {t["task"] for t in status["tasks"]} == {"echo-three", "echo-eight"}
+    assert bad.returncode == 2 and "give gymnasium:ENV_ID or openenv:URL" in " ".join(bad.stderr.split())
+    assert neither.returncode == 2 and "give --code-dir (your agent) or --env" in " ".join(neither.stderr.split())

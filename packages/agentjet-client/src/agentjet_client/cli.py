@@ -49,13 +49,21 @@ def _logging(log_level: str, console: Console) -> None:
 @app.command()
 def run(
     code_dir: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Option(
             metavar="<dir>",
             help="directory with agent.py defining one @swarm_agent (repeatable: several task families in one "
             "run; an agentjet.toml there may name its own python interpreter)",
         ),
-    ],
+    ] = None,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<kind:where>",
+            help="instead of a code dir, an environment you have: gymnasium:ENV_ID (or gymnasium:module:ENV_ID) "
+            "or openenv:URL; its tasks from --tasks (default: seeds 0-99)",
+        ),
+    ] = None,
     server: Annotated[
         list[str] | None,
         typer.Option(
@@ -180,9 +188,21 @@ def run(
         shuffle=not no_shuffle,
         dynamic_sampling=dynamic_sampling,
     )
+    if bool(code_dir) == (env is not None):
+        _fail("give --code-dir (your agent) or --env (an environment you have), one of them")
     options = task_options(tasks, split, eval_tasks)
     _run_agent(
-        code_dir, server or [], api_key, config, spool_dir, spool_max, not no_watch, not no_isolate, log_level, options
+        code_dir or [],
+        server or [],
+        api_key,
+        config,
+        spool_dir,
+        spool_max,
+        not no_watch,
+        not no_isolate,
+        log_level,
+        options,
+        env,
     )
 
 
@@ -308,6 +328,7 @@ def _run_agent(
     isolate: bool,
     log_level: str,
     options: dict[str, Any] | None = None,
+    env: str | None = None,
 ) -> None:
     _logging(log_level, console)
     from agentjet_client.client import SwarmClient, wait_until_serving
@@ -326,6 +347,10 @@ def _run_agent(
         if config.sync and len(client.servers) > 1:
             raise ValueError("--sync drives one server; leave out the NAME=URL servers")
         tracks = [open_track(d, concurrency=config.concurrency, isolate=isolate, watch=watch) for d in code_dirs]
+        if env is not None:
+            from agentjet_client.envs import env_track
+
+            tracks.append(env_track(env))
         if options:
             if len(tracks) > 1:
                 raise ValueError("--tasks, --split and --eval-tasks give one code dir's tasks; give one --code-dir")
