@@ -43,9 +43,12 @@ class VLLMOpenAIServer:
         if reasoning_parser:
             args += ["--reasoning-parser", reasoning_parser]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        self._log = log.open("a")
+        self._log, self._log_path = log.open("a"), log
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        wait_healthy(self.proc, self.url + "/health", log, 300, poll=0.5)
+
+    def wait(self) -> None:
+        """Until it serves (it starts in the background: the other server starts meanwhile)."""
+        wait_healthy(self.proc, self.url + "/health", self._log_path, 300, poll=0.5)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -72,11 +75,18 @@ def pair(request, tmp_path_factory):
         flags += ["--tool-call-parser", family.tool_parser]
     if family.reasoning_parser:
         flags += ["--reasoning-parser", family.reasoning_parser]
-    ours = ServerProcess(flags, root / "ours.log")
+    # vLLM's server starts first and boots while ours starts (two cores: half the wait)
+    theirs = VLLMOpenAIServer(model, root / "vllm.log", family.tool_parser, family.reasoning_parser)
     try:
-        theirs = VLLMOpenAIServer(model, root / "vllm.log", family.tool_parser, family.reasoning_parser)
+        ours = ServerProcess(flags, root / "ours.log")
+    except BaseException:
+        theirs.stop()
+        raise
+    try:
+        theirs.wait()
     except BaseException:
         ours.stop()
+        theirs.stop()
         raise
     yield family, ours, theirs
     theirs.stop()
