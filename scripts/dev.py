@@ -75,7 +75,8 @@ def _pip_settings() -> list[str]:
                 continue  # pip warns and goes on; uv stops at an index that is not there
             if name in ("find-links", "extra-index-url", "index-url", "constraint") and f"--{name}={item}" not in flags:
                 flags.append(f"--{name}={item}")
-    return flags
+    # pip takes the best version from all its indexes; uv by default only from the first that has a package
+    return [*flags, "--index-strategy=unsafe-best-match"] if flags else flags
 
 
 def _installer(bin_dir: Path) -> list[str]:
