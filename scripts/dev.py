@@ -98,7 +98,10 @@ def _install(bin_dir: Path, command: list[str]) -> None:
         return
     verb, rest = command[0], [a for a in command[1:] if a not in ("-y", "--progress-bar", "on")]
     target = ["--python", str(bin_dir / "python")]
-    sh(*installer, verb, *target, *(_pip_settings() if verb == "install" else []), *rest)
+    # bytecode compiled at install, as pip does: processes started with -B (multiprocessing's forkserver)
+    # would otherwise compile torch's sources at every start
+    settings = [*_pip_settings(), "--compile-bytecode"] if verb == "install" else []
+    sh(*installer, verb, *target, *settings, *rest)
 
 
 def _layer(bin_dir: Path, stamp: Path, commands: list[list[str]]) -> None:
