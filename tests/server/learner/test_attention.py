@@ -8,12 +8,13 @@ repeated path is registered here under its own name to compare the two on the sa
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 import torch
 
-from agentjet_server.learner.attention import NAME, learner_sdpa, register, repeated_kv_sdpa
+from agentjet_server.learner.attention import NAME, learner_sdpa, register
 from agentjet_server.learner.batch import Sequence
 from agentjet_server.learner.packing import pack
 from agentjet_server.learner.trainer import Learner, LearnerConfig
@@ -63,7 +64,7 @@ def test_repeated_heads_change_no_logprob_or_gradient(model_dir, mode):
             idx = torch.tensor(seq.positions)
             alone.append(logp[idx - 1].gather(-1, torch.tensor(seq.tokens)[idx].unsqueeze(-1)).squeeze(-1))
     assert float((want.sort().values - torch.cat(alone).sort().values).abs().max()) <= 1e-5
-    register("repeated_kv_sdpa", repeated_kv_sdpa)
+    register("repeated_kv_sdpa", functools.partial(learner_sdpa, repeat_heads=True))
     calls = []
     handle = torch.nn.functional.scaled_dot_product_attention
 

@@ -12,7 +12,7 @@ import torch
 from agentjet_client.protocol import Trajectory, TrajectoryBatch, Turn
 from agentjet_server.engine.base import EngineOptions
 from agentjet_server.engine.hf import TransformersEngine
-from agentjet_server.runtime import SwarmRuntime
+from agentjet_server.runtime import SwarmRuntime, create_runtime
 from agentjet_server.settings import ServerSettings
 
 K = 3
@@ -44,7 +44,7 @@ def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
     options: dict[str, object] = {"group_size": GROUP, "batch_groups": GROUPS, "max_staleness": 1000, "lr": 1e-2}
     settings = ServerSettings(state_dir=state_dir, **{**options, **extra})  # type: ignore[arg-type]
     engine = TransformersEngine(model_dir, EngineOptions(model_name="agentjet-tiny"))
-    return SwarmRuntime.create(engine, settings, str(model_dir))
+    return create_runtime(engine, settings, str(model_dir))
 
 
 def critic(rt: SwarmRuntime) -> dict[str, torch.Tensor]:

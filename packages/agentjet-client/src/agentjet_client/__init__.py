@@ -8,7 +8,8 @@ from agentjet_client.errors import AgentJetError, AgentLoadError, RejectedReques
 from agentjet_client.judges import GroupJudge, Judge, JudgeError
 from agentjet_client.report import RunReport
 from agentjet_client.rewards import Rubric
-from agentjet_client.runner import RunConfig, Runner
+from agentjet_client.runconfig import RunConfig
+from agentjet_client.runner import Runner
 from agentjet_client.spool import Spool, SpoolError
 from agentjet_client.version import __version__ as __version__
 

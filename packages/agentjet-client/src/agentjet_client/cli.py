@@ -17,7 +17,7 @@ from rich.markup import escape
 from agentjet_client.errors import AgentJetError
 from agentjet_client.report import RunReport
 from agentjet_client.research.cli import app as research_app
-from agentjet_client.runner import RunConfig
+from agentjet_client.runconfig import RunConfig
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories."

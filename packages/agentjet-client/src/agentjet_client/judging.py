@@ -180,7 +180,7 @@ class JudgingStage:
         for member in members:
             if member.id in scores:
                 evaluation = member.metadata[WAITING].get("evaluation")
-                self.report.record_reward(member, scores[member.id][0], None, member.task_tag, evaluation)
+                self.report.record_reward(member.model_copy(update={"reward": scores[member.id][0]}), evaluation)
 
 
 def judging_stages(

@@ -63,15 +63,7 @@ class RunReport:
         part = self.rewards[-window:]
         return sum(part) / len(part) if part else math.nan
 
-    def record_episode(
-        self,
-        trajectory: Trajectory,
-        reward: float,
-        agent_rewards: dict[str, float] | None,
-        tag: str | None,
-        evaluation: int | None = None,
-        rewarded: bool = True,
-    ) -> None:
+    def record_episode(self, trajectory: Trajectory, evaluation: int | None = None, rewarded: bool = True) -> None:
         """Count a finished episode: an evaluation episode (``evaluation``: the policy version its round
         started at) apart from training ones, whose rewards count only when the episode completed (and
         only once it has its reward: a judged one's is recorded by ``record_reward``)."""
@@ -83,7 +75,7 @@ class RunReport:
             self.code_versions[trajectory.code_version or "-"] += 1
             self.turns_by_agent.update(t.agent for t in trajectory.turns)
         if complete and rewarded:
-            self.record_reward(trajectory, reward, agent_rewards, tag, evaluation)
+            self.record_reward(trajectory, evaluation)
         elif not complete and evaluation is None:
             self._observe(trajectory, None)
         if not complete:
@@ -95,23 +87,17 @@ class RunReport:
         if group is not None:
             self.tasks.observe(trajectory.task_id, group[0], reward, group[1])
 
-    def record_reward(
-        self,
-        trajectory: Trajectory,
-        reward: float,
-        agent_rewards: dict[str, float] | None,
-        tag: str | None,
-        evaluation: int | None = None,
-    ) -> None:
-        """The reward of a complete episode."""
+    def record_reward(self, trajectory: Trajectory, evaluation: int | None = None) -> None:
+        """The reward of a complete episode (its ``reward``, ``agent_rewards`` and ``task_tag``)."""
+        reward = trajectory.reward
         if evaluation is not None:
             self.eval_rewards.setdefault(evaluation, []).append(reward)
             return
         self._observe(trajectory, reward)
         self.rewards.append(reward)
-        self.tag_rewards.setdefault(tag or "", []).append(reward)
+        self.tag_rewards.setdefault(trajectory.task_tag or "", []).append(reward)
         self.rewards_by_version.setdefault(trajectory.code_version or "-", []).append(reward)
-        for name, value in (agent_rewards or {}).items():
+        for name, value in (trajectory.agent_rewards or {}).items():
             self.agent_rewards.setdefault(name, []).append(value)
 
 

@@ -28,6 +28,7 @@ from agentjet_client.judging import waiting_for
 from agentjet_client.protocol import TrajectoryStatus
 from agentjet_client.report import RunReport, coerce_reward
 from agentjet_client.rewards import Scored
+from agentjet_client.runconfig import RunConfig
 from agentjet_client.spool import WAITING
 from agentjet_client.tracks import Track
 
@@ -44,11 +45,8 @@ class Rollouts:
         senders: dict[str, Sender],
         report: RunReport,
         executor: Executor,
+        config: RunConfig,
         *,
-        concurrency: int,
-        timeout: float,
-        eval_every: int = 0,
-        eval_episodes: int = 0,
         on_progress: Callable[[RunReport], None] | None = None,
         stop_rule: StopRule | None = None,
         on_stop: Callable[[str], None] | None = None,
@@ -58,10 +56,10 @@ class Rollouts:
         self._stop_rule, self._on_stop = stop_rule, on_stop or (lambda reason: None)
         self.running: set[asyncio.Task[None]] = set()
         self.last_eval: int | None = None  # the policy version of the last evaluation round
-        self._sem = asyncio.Semaphore(concurrency)
+        self._sem = asyncio.Semaphore(config.concurrency)
         self._executor = executor
-        self._timeout = timeout
-        self._eval_every, self._eval_episodes = eval_every, eval_episodes
+        self._timeout = config.timeout
+        self._eval_every, self._eval_episodes = config.eval_every, config.eval_episodes
         self._eval_rounds = 0
         self._on_progress = on_progress or (lambda report: None)
         self._failure: asyncio.Future[None] | None = None
@@ -199,7 +197,7 @@ class Rollouts:
                 metadata=metadata,
             )
             rewarded = WAITING not in metadata  # a judged one's reward is recorded when the judge gives it
-            self.report.record_episode(trajectory, reward, agent_rewards, track.tag, evaluation, rewarded)
+            self.report.record_episode(trajectory, evaluation, rewarded)
             if not rewarded:
                 self.on_waiting()
             if evaluation is None and self._stop_rule is not None:

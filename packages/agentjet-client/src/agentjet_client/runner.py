@@ -31,7 +31,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from agentjet_client.admission import Admission
 from agentjet_client.agent import SwarmAgent
@@ -44,37 +43,13 @@ from agentjet_client.loader import CodeWatcher
 from agentjet_client.protocol import ClientReport
 from agentjet_client.report import RunReport
 from agentjet_client.rollout import Rollouts
+from agentjet_client.runconfig import RunConfig
 from agentjet_client.sampling import TaskRates
 from agentjet_client.spool import Spool, default_spool_dir, spool_key
 from agentjet_client.taskorder import GroupStarts
 from agentjet_client.tracks import RemoteAgent, Track
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    episodes: int = 0  # 0 = run until stopped
-    group_size: int = 8
-    concurrency: int = 16
-    timeout: float = 300.0
-    admission: bool = True
-    poll_interval: float = 0.2
-    seed: int | None = None
-    send_batch: int = 256
-    backoff_max: float = 30.0  # seconds between resends while the server does not answer
-    watch_interval: float = 1.0  # seconds between looks at the code dir (with a watcher)
-    eval_every: int = 0  # policy versions between evaluation rounds (0 = none; also one at the start)
-    eval_episodes: int = 0  # episodes per evaluation round, over the agent's eval_tasks in order
-    eval_only: bool = False  # one evaluation round, no training episodes (``agentjet-client eval``)
-    sync: bool = False  # one batch at a time: roll out, wait for the step, repeat (see the module docstring)
-    # stop above this share of failed episodes (None: ``StopRule``'s default; 1.0, for library use: never)
-    max_failure_rate: float | None = 1.0
-    follow_group_size: bool = False  # new groups take the server's group size when an admin changes it
-    epochs: int = 0  # passes over the tasks before the run ends (0 = no end but ``episodes``)
-    repeats: int = 1  # groups of each task per epoch
-    shuffle: bool = True  # each epoch in a seeded random order (else the source's order)
-    dynamic_sampling: bool = False  # pass over tasks whose recent groups were all tied (``sampling``)
 
 
 class Runner:
@@ -140,10 +115,7 @@ class Runner:
             self.senders,
             self.report,
             self._executor,
-            concurrency=config.concurrency,
-            timeout=config.timeout,
-            eval_every=config.eval_every,
-            eval_episodes=config.eval_episodes,
+            config,
             on_progress=on_progress,
             stop_rule=StopRule(config.group_size, config.episodes, config.max_failure_rate),
             on_stop=self._stop_failing,
@@ -240,12 +212,7 @@ class Runner:
             self.report,
             self.spool,
             self._stop_requested,
-            seed=config.seed,
-            epochs=config.epochs,
-            repeats=config.repeats,
-            shuffle=config.shuffle,
-            dynamic=config.dynamic_sampling,
-            pause=(config.poll_interval, config.backoff_max),
+            config,
         )
         ended: set[int] = set()  # the tracks whose order is done (``epochs``)
         groups = 0

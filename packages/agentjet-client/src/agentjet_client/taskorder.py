@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from agentjet_client.report import RunReport
 from agentjet_client.rollout import Rollouts
+from agentjet_client.runconfig import RunConfig
 from agentjet_client.spool import Spool, SpoolError
 from agentjet_client.tasksource import Task
 from agentjet_client.tracks import Track
@@ -173,25 +174,20 @@ class GroupStarts:
         report: RunReport,
         spool: Spool | None,
         stopped: Callable[[], bool],
-        *,
-        seed: int | None,
-        epochs: int,
-        repeats: int,
-        shuffle: bool,
-        dynamic: bool = False,
-        pause: tuple[float, float] = (0.2, 30.0),
+        config: RunConfig,
     ) -> None:
-        self.tracks, self.rollouts, self.report, self._stopped, self._pause = tracks, rollouts, report, stopped, pause
-        self.dynamic = dynamic  # pass over tasks whose recent groups were all tied (``sampling``)
+        self.tracks, self.rollouts, self.report, self._stopped = tracks, rollouts, report, stopped
+        self._pause = (config.poll_interval, config.backoff_max)
+        self.dynamic = config.dynamic_sampling  # pass over tasks whose recent groups were all tied (``sampling``)
         self.orders = [
             TaskOrder(
                 track.load_tasks,
                 f"{index}:{track.agent.name}",
                 spool=spool,
-                seed=None if seed is None else seed + index,
-                epochs=epochs,
-                repeats=repeats,
-                shuffle=shuffle,
+                seed=None if config.seed is None else config.seed + index,
+                epochs=config.epochs,
+                repeats=config.repeats,
+                shuffle=config.shuffle,
             )
             for index, track in enumerate(tracks)
         ]

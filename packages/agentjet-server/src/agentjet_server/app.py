@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 
 from agentjet_server.api import HANDLERS, ROUTES, Api
 from agentjet_server.engine.base import Engine
-from agentjet_server.runtime import SwarmRuntime
+from agentjet_server.runtime import SwarmRuntime, create_runtime
 from agentjet_server.settings import ServerSettings
 
 WORKER_THREADS = "agentjet-server-worker"
@@ -27,7 +27,7 @@ def create_app(
 ) -> Starlette:
     """The ASGI app. ``runtime`` defaults to a new one over ``engine`` (its learner starts now).
     ``on_stop`` ends the process's HTTP server (``POST /v1/admin/stop``); without it, stop is refused."""
-    rt = runtime or SwarmRuntime.create(engine, settings, model_path or str(engine.model_path))
+    rt = runtime or create_runtime(engine, settings, model_path or str(engine.model_path))
     api = Api(rt, settings, on_stop)
 
     @asynccontextmanager

@@ -351,7 +351,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> 
     from agentjet_server.control import learner_config
     from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
-    from agentjet_server.runtime import SwarmRuntime
+    from agentjet_server.runtime import create_runtime
     from agentjet_server.state.checkpoint import StateDir
 
     starting.phase(f"opening its state dir {settings.state_dir}")
@@ -433,7 +433,7 @@ def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> 
         else:
             engine = create_engine(settings.engine, engine_path, **options)
         starting.phase("loading the learner's copy of the model" + (" and its checkpoint" if checkpoint else ""))
-        runtime = SwarmRuntime.create(engine, settings, str(path), ctx, state=state)
+        runtime = create_runtime(engine, settings, str(path), ctx, state=state)
     except BaseException:
         state.close()
         raise

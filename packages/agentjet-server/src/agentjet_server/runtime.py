@@ -1,7 +1,7 @@
 """The server's moving parts wired together: engine, chat service, ingestion, learner loop.
 
 ``SwarmRuntime`` owns what lives for the whole process; routes (``app``) only translate HTTP to
-calls on it. Build it with ``SwarmRuntime.create(engine, settings)``.
+calls on it. Build it with ``create_runtime(engine, settings, model_path)``.
 """
 
 from __future__ import annotations
@@ -231,20 +231,6 @@ class SwarmRuntime:
         if self._ticker is not None:
             self._ticker.start()
 
-    @classmethod
-    def create(
-        cls,
-        engine: Engine,
-        settings: ServerSettings,
-        model_path: str,
-        ctx: DistContext | None = None,
-        state: StateDir | None = None,
-    ) -> SwarmRuntime:
-        """Open (or take) the state dir, restore the live configuration an earlier run was given
-        through the admin API, build the learner (from the newest checkpoint when resuming),
-        replay the log into the buffer and start training (``create_runtime``)."""
-        return create_runtime(engine, settings, model_path, ctx, state)
-
     def _set_settings(self, settings: ServerSettings) -> None:
         self.settings = settings
 
@@ -347,7 +333,9 @@ def create_runtime(
     ctx: DistContext | None = None,
     state: StateDir | None = None,
 ) -> SwarmRuntime:
-    """``SwarmRuntime.create``; with ``--serve-only`` no learner and no training loop."""
+    """Open (or take) the state dir, restore the live configuration an earlier run was given through the
+    admin API, build the learner (from the newest checkpoint when resuming), replay the log into the
+    buffer and start training; with ``--serve-only`` no learner and no training loop."""
     state = state or StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
     log: TrajectoryLog | None = None
     try:

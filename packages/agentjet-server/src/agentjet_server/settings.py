@@ -6,7 +6,7 @@ import ipaddress
 import math
 import os
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,6 +38,13 @@ def collect_keys(given: list[str], files: list[Path], env_var: str) -> list[str]
     return list(dict.fromkeys(keys))
 
 
+def setting(default: Any, description: str, *, live: str | None = None, flag: str | None = None, **bounds: Any) -> Any:
+    """A setting's field: its default, its ``up --help`` text, and optionally what changing it on a running
+    server does (``live``: it is then an admin API live setting) and a flag name other than its own."""
+    extra: dict[str, Any] = {key: value for key, value in (("live", live), ("flag", flag)) if value is not None}
+    return Field(default=default, description=description, json_schema_extra=extra or None, **bounds)
+
+
 class OptionGroup(BaseModel):
     """A group of settings, listed under its own ``panel`` in ``agentjet-server up --help``."""
 
@@ -50,32 +57,21 @@ class ServingOptions(OptionGroup):
 
     panel: ClassVar[str] = "Serving"
 
-    host: str = Field(default="127.0.0.1", description="interface to listen on")
-    port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
-    max_connections: int | None = Field(
-        default=None, ge=1, description="connections held at once (default: what the open-file limit allows)"
+    host: str = setting("127.0.0.1", "interface to listen on")
+    port: int = setting(8000, "port to listen on", ge=0, le=65535)
+    max_connections: int | None = setting(
+        None, "connections held at once (default: what the open-file limit allows)", ge=1
     )
-    header_timeout_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="seconds a connection may take to send request headers",
-        json_schema_extra={"flag": "header-timeout"},
+    header_timeout_s: float = setting(
+        10.0, "seconds a connection may take to send request headers", flag="header-timeout", gt=0
     )
-    body_timeout_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="seconds a request body may take to arrive",
-        json_schema_extra={"flag": "body-timeout"},
+    body_timeout_s: float = setting(30.0, "seconds a request body may take to arrive", flag="body-timeout", gt=0)
+    write_timeout_s: float = setting(
+        60.0, "seconds a client may leave a streamed answer unread before it is dropped", flag="write-timeout", gt=0
     )
-    write_timeout_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="seconds a client may leave a streamed answer unread before it is dropped",
-        json_schema_extra={"flag": "write-timeout"},
-    )
-    serve_only: bool = Field(
-        default=False,
-        description="serve the model and never learn: no learner copy is built, pushed trajectories are "
+    serve_only: bool = setting(
+        False,
+        "serve the model and never learn: no learner copy is built, pushed trajectories are "
         "refused (a frozen judge or reference model)",
     )
 
@@ -85,20 +81,16 @@ class LimitOptions(OptionGroup):
 
     panel: ClassVar[str] = "Limits"
 
-    max_body_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1024, description="largest trajectory batch a push may send, in bytes"
+    max_body_bytes: int = setting(16 * 1024 * 1024, "largest trajectory batch a push may send, in bytes", ge=1024)
+    max_chat_body_bytes: int = setting(4 * 1024 * 1024, "largest inference request body, in bytes", ge=1024)
+    max_request_token_entries: int = setting(
+        1 << 20, "n x max_tokens x (1 + top_logprobs) one request may ask for", ge=1024
     )
-    max_chat_body_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, description="largest inference request body, in bytes"
-    )
-    max_request_token_entries: int = Field(
-        default=1 << 20, ge=1024, description="n x max_tokens x (1 + top_logprobs) one request may ask for"
-    )
-    default_max_tokens: int = Field(
-        default=512,
+    default_max_tokens: int = setting(
+        512,
+        "completion tokens of a request that sets no max_tokens",
+        live="the completion limit of requests that set none",
         ge=1,
-        description="completion tokens of a request that sets no max_tokens",
-        json_schema_extra={"live": "the completion limit of requests that set none"},
     )
 
 
@@ -117,10 +109,10 @@ class SecurityOptions(OptionGroup):
         description="accepted admin keys (from --admin-key, --admin-key-file and AGENTJET_ADMIN_KEYS)",
         json_schema_extra={"flag": None},
     )
-    require_signed: bool | None = Field(
-        default=None, description="train only turns this server signed (default: on whenever keys are set)"
+    require_signed: bool | None = setting(
+        None, "train only turns this server signed (default: on whenever keys are set)"
     )
-    insecure: bool = Field(default=False, description="serve a non-loopback --host without any API key")
+    insecure: bool = setting(False, "serve a non-loopback --host without any API key")
 
 
 class EngineOptions(OptionGroup):
@@ -128,56 +120,45 @@ class EngineOptions(OptionGroup):
 
     panel: ClassVar[str] = "Model and engine"
 
-    model: Path | None = Field(default=None, description="local Hugging Face model dir (default: embedded tiny model)")
-    model_name: str | None = Field(default=None, description="name served in /v1/models")
-    model_size: Literal["tiny", "small", "tools"] = Field(
-        default="tiny",
-        description="embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools (0.69M;"
+    model: Path | None = setting(None, "local Hugging Face model dir (default: embedded tiny model)")
+    model_name: str | None = setting(None, "name served in /v1/models")
+    model_size: Literal["tiny", "small", "tools"] = setting(
+        "tiny",
+        "embedded model when no --model is given: tiny (0.66M parameters), small (1.7M), or tools (0.69M;"
         " calls the tools a request lists); all three ship prebuilt",
     )
-    device: str = Field(default="cpu", description="torch device for engine and learner")
-    engine: Literal["transformers", "vllm"] = Field(
-        default="transformers", description="inference engine: transformers or vllm"
+    device: str = setting("cpu", "torch device for engine and learner")
+    engine: Literal["transformers", "vllm"] = setting("transformers", "inference engine: transformers or vllm")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", "engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16"
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto", description="engine weights: auto (fp32 CPU, bf16 GPU), float32, bfloat16"
+    engine_devices: str | None = setting(
+        None, "the engine's device, e.g. cuda:1, or one per replica: cuda:0,cuda:1 (default: --device)"
     )
-    engine_devices: str | None = Field(
-        default=None,
-        description="the engine's device, e.g. cuda:1, or one per replica: cuda:0,cuda:1 (default: --device)",
-    )
-    engine_replicas: int = Field(
-        default=1,
-        ge=1,
-        description="engine processes serving the model (each on its own device; on CPU each with its share of the "
+    engine_replicas: int = setting(
+        1,
+        "engine processes serving the model (each on its own device; on CPU each with its share of the "
         "cores); requests go to the least-loaded, an episode's calls to the one holding its prefix",
+        ge=1,
     )
-    tensor_parallel_size: int = Field(
-        default=1, ge=1, description="vLLM: devices per engine replica, for models that need several"
+    tensor_parallel_size: int = setting(1, "vLLM: devices per engine replica, for models that need several", ge=1)
+    gpu_memory_utilization: float | None = setting(
+        None, "vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)", gt=0, le=1
     )
-    gpu_memory_utilization: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)",
-    )
-    engine_sleep: bool = Field(
-        default=False,
-        description="vLLM's sleep mode: during each learner step the engine frees its KV cache and moves its weights "
+    engine_sleep: bool = setting(
+        False,
+        "vLLM's sleep mode: during each learner step the engine frees its KV cache and moves its weights "
         "to host memory; serving pauses until the new weights are in (with --engine-replicas: the "
         "replicas on a learner's device sleep, the others serve on)",
     )
-    max_batch: int = Field(default=64, ge=1, description="requests the transformers engine decodes together")
-    tool_call_parser: str | None = Field(
-        default=None,
-        description="tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)",
+    max_batch: int = setting(64, "requests the transformers engine decodes together", ge=1)
+    tool_call_parser: str | None = setting(
+        None, "tool-call format of the model family: vLLM's names (hermes, llama3_json, mistral, ...)"
     )
-    reasoning_parser: str | None = Field(
-        default=None, description="reasoning format of the model family: vLLM's names (qwen3, deepseek_r1, ...)"
+    reasoning_parser: str | None = setting(
+        None, "reasoning format of the model family: vLLM's names (qwen3, deepseek_r1, ...)"
     )
-    chat_template: Path | None = Field(
-        default=None, description="Jinja chat template file used instead of the model's own"
-    )
+    chat_template: Path | None = setting(None, "Jinja chat template file used instead of the model's own")
 
 
 class BatchOptions(OptionGroup):
@@ -185,32 +166,22 @@ class BatchOptions(OptionGroup):
 
     panel: ClassVar[str] = "Batches"
 
-    batch_groups: int = Field(
-        default=10,
-        ge=1,
-        description="complete GRPO groups per policy update",
-        json_schema_extra={"live": "GRPO groups per step, from the next batch"},
+    batch_groups: int = setting(
+        10, "complete GRPO groups per policy update", live="GRPO groups per step, from the next batch", ge=1
     )
-    group_size: int = Field(
-        default=16,
-        ge=2,
-        description="episodes per task in a GRPO group",
-        json_schema_extra={"live": "episodes per GRPO group, for groups that are still open"},
+    group_size: int = setting(
+        16, "episodes per task in a GRPO group", live="episodes per GRPO group, for groups that are still open", ge=2
     )
-    max_staleness: int = Field(
-        default=4,
+    max_staleness: int = setting(
+        4,
+        "reject trajectories more than this many versions old",
+        live="the staleness bound, for trajectories pushed from now on and batches built from now on",
         ge=0,
-        description="reject trajectories more than this many versions old",
-        json_schema_extra={
-            "live": "the staleness bound, for trajectories pushed from now on and batches built from now on"
-        },
     )
-    stale_policy: Literal["drop", "downweight"] = Field(
-        default="drop",
-        description="an episode past --max-staleness by the time it is trained: drop or downweight",
-        json_schema_extra={
-            "live": "what happens to an episode past the bound when its batch is built, from the next batch"
-        },
+    stale_policy: Literal["drop", "downweight"] = setting(
+        "drop",
+        "an episode past --max-staleness by the time it is trained: drop or downweight",
+        live="what happens to an episode past the bound when its batch is built, from the next batch",
     )
     mix: dict[str, float] = Field(
         default_factory=dict,
@@ -219,25 +190,24 @@ class BatchOptions(OptionGroup):
             "live": "the task mix (tag -> weight) admission keeps trained episodes in, from the next status poll"
         },
     )
-    admission_batches: int = Field(
-        default=2,
+    admission_batches: int = setting(
+        2,
+        "batches' worth of episodes clients may run ahead of the learner",
+        live="how many batches' worth of episodes runners are invited to start",
         ge=1,
-        description="batches' worth of episodes clients may run ahead of the learner",
-        json_schema_extra={"live": "how many batches' worth of episodes runners are invited to start"},
     )
-    max_buffered: int | None = Field(
-        default=None,
-        ge=1,
-        description="trajectories held for training before pushes get 429 (default: 4 batches' worth)",
+    max_buffered: int | None = setting(
+        None, "trajectories held for training before pushes get 429 (default: 4 batches' worth)", ge=1
     )
-    max_buffer_bytes: int = Field(
-        default=2 << 30, ge=1 << 20, description="approximate memory the training buffer may hold before pushes get 429"
+    max_buffer_bytes: int = setting(
+        2 << 30, "approximate memory the training buffer may hold before pushes get 429", ge=1 << 20
     )
-    group_timeout_s: float = Field(
-        default=600.0,
+    group_timeout_s: float = setting(
+        600.0,
+        "seconds after which an incomplete GRPO group is trained as a smaller one",
+        flag="group-timeout",
+        live="when an incomplete group is trained as a smaller one",
         gt=0,
-        description="seconds after which an incomplete GRPO group is trained as a smaller one",
-        json_schema_extra={"flag": "group-timeout", "live": "when an incomplete group is trained as a smaller one"},
     )
 
 
@@ -246,113 +216,91 @@ class LearnerOptions(OptionGroup):
 
     panel: ClassVar[str] = "Training"
 
-    algorithm: Literal["grpo", "ppo"] = Field(
-        default="grpo", description="grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)"
+    algorithm: Literal["grpo", "ppo"] = setting(
+        "grpo", "grpo (group-normalised rewards) or ppo (a critic on the policy, GAE)"
     )
-    lr: float = Field(
-        default=0.001,
-        gt=0,
-        description="AdamW learning rate",
-        json_schema_extra={"live": "the learner's learning rate, from the next step"},
-    )
-    clip_low: float = Field(
-        default=0.2,
+    lr: float = setting(0.001, "AdamW learning rate", live="the learner's learning rate, from the next step", gt=0)
+    clip_low: float = setting(
+        0.2,
+        "policy ratio clip: its lower bound is 1 - clip-low",
+        live="the lower clip of the policy ratio, from the next step",
         ge=0,
-        description="policy ratio clip: its lower bound is 1 - clip-low",
-        json_schema_extra={"live": "the lower clip of the policy ratio, from the next step"},
     )
-    clip_high: float = Field(
-        default=0.28,
+    clip_high: float = setting(
+        0.28,
+        "policy ratio clip: its upper bound is 1 + clip-high (DAPO's clip-higher)",
+        live="the upper clip of the policy ratio, from the next step",
         ge=0,
-        description="policy ratio clip: its upper bound is 1 + clip-high (DAPO's clip-higher)",
-        json_schema_extra={"live": "the upper clip of the policy ratio, from the next step"},
     )
-    max_grad_norm: float = Field(
-        default=1.0,
-        gt=0,
-        description="gradient norm clip of each optimizer step",
-        json_schema_extra={"live": "gradient clipping, from the next step"},
+    max_grad_norm: float = setting(
+        1.0, "gradient norm clip of each optimizer step", live="gradient clipping, from the next step", gt=0
     )
-    entropy_coef: float = Field(
-        default=0.0,
-        ge=0,
-        description="entropy bonus at trained tokens (0 = off)",
-        json_schema_extra={"live": "the entropy bonus, from the next step"},
+    entropy_coef: float = setting(
+        0.0, "entropy bonus at trained tokens (0 = off)", live="the entropy bonus, from the next step", ge=0
     )
-    off_policy: Literal["decoupled", "tis", "none"] = Field(
-        default="decoupled",
-        description="correction for stale turns: decoupled (AReaL), tis, or none (clip only)",
-        json_schema_extra={"live": "the off-policy correction (decoupled, tis, none), from the next step"},
+    off_policy: Literal["decoupled", "tis", "none"] = setting(
+        "decoupled",
+        "correction for stale turns: decoupled (AReaL), tis, or none (clip only)",
+        live="the off-policy correction (decoupled, tis, none), from the next step",
     )
-    is_cap: float = Field(
-        default=2.0,
+    is_cap: float = setting(
+        2.0,
+        "truncation of the importance weight (decoupled, tis)",
+        live="the importance-weight cap, from the next step",
         ge=1.0,
-        description="truncation of the importance weight (decoupled, tis)",
-        json_schema_extra={"live": "the importance-weight cap, from the next step"},
     )
-    kl_coef: float = Field(
-        default=0.0,
+    kl_coef: float = setting(
+        0.0,
+        "k3 KL penalty to the reference model (0 = off)",
+        live="the KL penalty, from the next step (only on a server started with --kl-coef above 0)",
         ge=0,
-        description="k3 KL penalty to the reference model (0 = off)",
-        json_schema_extra={
-            "live": "the KL penalty, from the next step (only on a server started with --kl-coef above 0)"
-        },
     )
-    reference: Path | None = Field(
-        default=None, description="reference model dir for --kl-coef (default: the initial weights)"
-    )
-    mini_batches: int = Field(
-        default=1,
+    reference: Path | None = setting(None, "reference model dir for --kl-coef (default: the initial weights)")
+    mini_batches: int = setting(
+        1,
+        "optimizer steps per batch, each on its share",
+        live="optimizer steps per batch, from the next step",
         ge=1,
         le=64,
-        description="optimizer steps per batch, each on its share",
-        json_schema_extra={"live": "optimizer steps per batch, from the next step"},
     )
-    gamma: float = Field(default=1.0, gt=0, le=1, description="PPO: discount per trained token")
-    lam: float = Field(
-        default=0.95, ge=0, le=1, description="PPO: GAE lambda", json_schema_extra={"flag": "gae-lambda"}
+    gamma: float = setting(1.0, "PPO: discount per trained token", gt=0, le=1)
+    lam: float = setting(0.95, "PPO: GAE lambda", flag="gae-lambda", ge=0, le=1)
+    vf_coef: float = setting(0.5, "PPO: weight of the critic's loss", ge=0)
+    advantage_norm: Literal["group", "batch"] = setting(
+        "group", "PPO: whiten advantages per group of sibling episodes (group) or over the batch"
     )
-    vf_coef: float = Field(default=0.5, ge=0, description="PPO: weight of the critic's loss")
-    advantage_norm: Literal["group", "batch"] = Field(
-        default="group", description="PPO: whiten advantages per group of sibling episodes (group) or over the batch"
+    seed: int = setting(0, "random seed of the learner")
+    learner_devices: str | None = setting(
+        None, "the learner's device; under torchrun one per local rank, comma-separated (default: --device)"
     )
-    seed: int = Field(default=0, description="random seed of the learner")
-    learner_devices: str | None = Field(
-        default=None,
-        description="the learner's device; under torchrun one per local rank, comma-separated (default: --device)",
+    learner_dtype: Literal["float32", "bfloat16"] = setting(
+        "float32", "learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)"
     )
-    learner_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="learner compute precision: float32, or bfloat16 (autocast; fp32 master weights)"
+    optimizer_dtype: Literal["float32", "bfloat16"] = setting(
+        "float32", "weights, gradients and AdamW state: float32, or bfloat16 (half the memory)"
     )
-    optimizer_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="weights, gradients and AdamW state: float32, or bfloat16 (half the memory)"
+    gradient_checkpointing: bool = setting(
+        False, "keep only each layer's input and recompute the rest in the backward pass"
     )
-    gradient_checkpointing: bool = Field(
-        default=False, description="keep only each layer's input and recompute the rest in the backward pass"
-    )
-    cpu_offload: bool = Field(
-        default=False,
-        description="FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
+    cpu_offload: bool = setting(
+        False,
+        "FSDP2 CPU offload: the learner's weights, gradients and AdamW state in host memory, the "
         "optimizer step on the CPU (slower steps, a fraction of the GPU memory)",
     )
-    lora_rank: int = Field(
-        default=0, ge=0, description="train a LoRA adapter of this rank on the frozen model (0: train every weight)"
+    lora_rank: int = setting(0, "train a LoRA adapter of this rank on the frozen model (0: train every weight)", ge=0)
+    lora_alpha: float | None = setting(
+        None, "LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)", gt=0
     )
-    lora_alpha: float | None = Field(
-        default=None, gt=0, description="LoRA: the adapter's scale is alpha / rank (default alpha: 2 x rank)"
+    lora_dropout: float = setting(0.0, "LoRA: dropout on the adapter's input", ge=0, lt=1)
+    lora_targets: str = setting(
+        "all-linear", "LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)"
     )
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA: dropout on the adapter's input")
-    lora_targets: str = Field(
-        default="all-linear", description="LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)"
+    micro_batch_tokens: int = setting(8192, "tokens per learner micro-batch (activation memory grows with it)", ge=64)
+    memory_budget_gb: float | None = setting(
+        None, "plan for this many GiB per device instead of the device's total memory", gt=0
     )
-    micro_batch_tokens: int = Field(
-        default=8192, ge=64, description="tokens per learner micro-batch (activation memory grows with it)"
-    )
-    memory_budget_gb: float | None = Field(
-        default=None, gt=0, description="plan for this many GiB per device instead of the device's total memory"
-    )
-    memory_check: bool = Field(
-        default=True, description="refuse to start when the memory plan does not fit (--no-memory-check: start anyway)"
+    memory_check: bool = setting(
+        True, "refuse to start when the memory plan does not fit (--no-memory-check: start anyway)"
     )
 
 
@@ -361,39 +309,27 @@ class StateOptions(OptionGroup):
 
     panel: ClassVar[str] = "State and metrics"
 
-    state_dir: Path = Field(
-        default=Path(".agentjet/server"), description="trajectory log and checkpoints; one server per directory"
+    state_dir: Path = setting(Path(".agentjet/server"), "trajectory log and checkpoints; one server per directory")
+    resume: bool = setting(False, "continue the run in --state-dir from its newest checkpoint, replaying the log")
+    fresh: bool = setting(False, "discard an earlier run in --state-dir and start over")
+    checkpoint_every: int = setting(
+        20, "learner steps between checkpoints (0 = on shutdown only)", live="steps between checkpoints", ge=0
     )
-    resume: bool = Field(
-        default=False, description="continue the run in --state-dir from its newest checkpoint, replaying the log"
-    )
-    fresh: bool = Field(default=False, description="discard an earlier run in --state-dir and start over")
-    checkpoint_every: int = Field(
-        default=20,
-        ge=0,
-        description="learner steps between checkpoints (0 = on shutdown only)",
-        json_schema_extra={"live": "steps between checkpoints"},
-    )
-    keep_checkpoints: int = Field(
-        default=2, ge=1, description="checkpoints kept in --state-dir (older ones are deleted)"
-    )
-    metrics: bool = Field(
-        default=True,
-        description="serve /metrics and the dashboard's history, and write metrics.jsonl in --state-dir"
+    keep_checkpoints: int = setting(2, "checkpoints kept in --state-dir (older ones are deleted)", ge=1)
+    metrics: bool = setting(
+        True,
+        "serve /metrics and the dashboard's history, and write metrics.jsonl in --state-dir"
         " (--no-metrics: none of these)",
     )
-    metrics_interval_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="seconds between metrics history lines while idle",
-        json_schema_extra={"flag": "metrics-interval"},
+    metrics_interval_s: float = setting(
+        60.0, "seconds between metrics history lines while idle", flag="metrics-interval", gt=0
     )
     log_to: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list,
         description="also log metrics to tensorboard or wandb (offline; repeatable; needs the package)",
     )
-    keep_recent_trajectories: int = Field(
-        default=200, ge=0, description="trajectory bodies kept inspectable (dashboard, inspect) after the log compacts"
+    keep_recent_trajectories: int = setting(
+        200, "trajectory bodies kept inspectable (dashboard, inspect) after the log compacts", ge=0
     )
 
 

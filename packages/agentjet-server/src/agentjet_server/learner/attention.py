@@ -31,38 +31,27 @@ class _OneGroup:
         return getattr(self._module, name)
 
 
-def repeated_kv_sdpa(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, Any]:
-    """transformers' SDPA with every query head given its own copy of its key/value head."""
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    if groups > 1:
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        return sdpa_attention_forward(_OneGroup(module), query, key, value, attention_mask, **kwargs)  # type: ignore[arg-type]
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
 def learner_sdpa(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    *,
+    repeat_heads: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Any]:
-    """SDPA, with key/value heads repeated where only the math kernel would take them grouped."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    """transformers' SDPA, with every query head given its own copy of its key/value head where only the
+    math kernel would take them grouped (``repeat_heads`` None: fp32 on CUDA outside autocast) or always
+    (``repeat_heads=True``)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    # under autocast the kernel gets bf16 or fp16 (flash takes grouped heads), whatever ``query`` is
-    if query.is_cuda and query.dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
-        return repeated_kv_sdpa(module, query, key, value, attention_mask, **kwargs)
+    if repeat_heads is None:  # under autocast the kernel gets bf16 or fp16 (flash takes grouped heads)
+        repeat_heads = query.is_cuda and query.dtype == torch.float32 and not torch.is_autocast_enabled("cuda")
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    if repeat_heads and groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        return sdpa_attention_forward(_OneGroup(module), query, key, value, attention_mask, **kwargs)  # type: ignore[arg-type]
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
