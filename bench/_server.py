@@ -27,15 +27,20 @@ def wait_until_up(url: str) -> None:
 
 
 @contextlib.contextmanager
-def served(model_dir: Path, *extra: str) -> Iterator[str]:
+def served(model_dir: Path, *extra: str, sources: Path | None = None) -> Iterator[str]:
+    """``sources``: a checkout whose packages' code the server runs instead of the installed one."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [str(Path(sys.executable).parent / "agentjet-server"), "up", "--port", str(port)]
+    command = [sys.executable, "-m", "agentjet_server", "up", "--port", str(port)]
+    env = {**os.environ}
+    if sources is not None:
+        paths = [str(sources / "packages" / name / "src") for name in ("agentjet-server", "agentjet-client")]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     command += ["--model", str(model_dir), "--model-name", "agentjet-tiny", "--log-level", "warning", *extra]
     state = tempfile.mkdtemp(prefix="agentjet-bench-state-")  # a fresh run each time
     command += ["--state-dir", state]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(url)

@@ -29,7 +29,9 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (IPv6 when ``host`` is one), or a ConfigError that says
     what holds the port and how to choose another."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP, and
+    # without it a small answer waits for the client's delayed ACK (chat p50 6 ms -> 52 ms on loopback)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
