@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import sys
@@ -36,6 +37,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _json_object(text: str, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        value = exc
+    if not isinstance(value, dict):
+        _fail(f"{flag} takes a JSON object, for example {flag} '{{\"difficulty\": 2}}' (got {text!r})")
+    return dict(value)
+
+
 def _logging(log_level: str, console: Console) -> None:
     if console.is_terminal:  # log lines go above the live progress line, not through it
         from rich.logging import RichHandler
@@ -60,9 +71,14 @@ def run(
         str | None,
         typer.Option(
             metavar="<kind:where>",
-            help="instead of a code dir, an environment you have: gymnasium:ENV_ID (or gymnasium:module:ENV_ID) "
-            "or openenv:URL; its tasks from --tasks (default: seeds 0-99)",
+            help="instead of a code dir, an environment you have: gymnasium:ENV_ID (or gymnasium:module:ENV_ID), "
+            "openenv:URL (tasks from --tasks, default: seeds 0-99) or verifiers:MODULE (its dataset; the module "
+            "imported from the working directory or an installed package)",
         ),
+    ] = None,
+    env_args: Annotated[
+        str | None,
+        typer.Option(metavar="<json>", help="a JSON object of keyword arguments for a verifiers load_environment"),
     ] = None,
     server: Annotated[
         list[str] | None,
@@ -203,6 +219,7 @@ def run(
         log_level,
         options,
         env,
+        _json_object(env_args, "--env-args") if env_args else None,
     )
 
 
@@ -329,6 +346,7 @@ def _run_agent(
     log_level: str,
     options: dict[str, Any] | None = None,
     env: str | None = None,
+    env_args: dict[str, Any] | None = None,
 ) -> None:
     _logging(log_level, console)
     from agentjet_client.client import SwarmClient, wait_until_serving
@@ -350,7 +368,7 @@ def _run_agent(
         if env is not None:
             from agentjet_client.envs import env_track
 
-            tracks.append(env_track(env))
+            tracks.append(env_track(env, env_args))
         if options:
             if len(tracks) > 1:
                 raise ValueError("--tasks, --split and --eval-tasks give one code dir's tasks; give one --code-dir")
