@@ -159,3 +159,21 @@ def test_a_raising_reward_function_fails_the_episode(model_dir, tmp_path):
     assert run.returncode == 3 and "error: the run stopped: every one of the first" in said, said[-3000:]
     assert "the verifiers rollout failed: Error calling reward function buggy: string indices" in said
     assert status["trajectories"]["trained"] == 0 and status["policy_version"] == 0
+
+
+def test_env_args_are_a_json_object_for_a_verifiers_environment(tmp_path):
+    exe = str(Path(sys.executable).parent / "agentjet-client")
+    for spec, args, said in [
+        ("verifiers:vf_none", "[1, 2]", "--env-args takes a JSON object"),
+        ("verifiers:vf_none", "{difficulty: 2}", "--env-args takes a JSON object"),
+        ("gymnasium:CartPole-v1", "{}", "--env-args go to a verifiers environment's load_environment"),
+        ("verifiers:vf_none", "{}", "Could not import 'vf_none' environment"),
+    ]:
+        run = subprocess.run(
+            [exe, "run", "--env", spec, "--env-args", args, "--server", "http://127.0.0.1:9"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 2 and said in " ".join(run.stderr.split()), (spec, args, run.stderr[-2000:])

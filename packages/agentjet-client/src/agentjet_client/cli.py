@@ -219,7 +219,7 @@ def run(
         log_level,
         options,
         env,
-        _json_object(env_args, "--env-args") if env_args else None,
+        _json_object(env_args, "--env-args") if env_args is not None else None,
     )
 
 

@@ -18,7 +18,7 @@ def env_agent(spec: str, env_args: dict[str, Any] | None = None) -> SwarmAgent:
     registers it first) or ``openenv:URL``, whose tasks are seeds 0-99 unless ``--tasks`` gives others; or
     ``verifiers:MODULE`` (``load_environment(**env_args)``), whose tasks are its dataset's rows."""
     kind, _, where = spec.partition(":")
-    if env_args and kind != "verifiers":
+    if env_args is not None and kind != "verifiers":
         raise ValueError("--env-args go to a verifiers environment's load_environment; --env names another kind")
     if kind == "verifiers" and where:
         from agentjet_client.envs.verifiers import verifiers_agent
