@@ -24,7 +24,7 @@ WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
 EPISODES = 64
 
 # one model answer per row; two weighted reward functions
-SINGLE = '''
+SINGLE = """
 import verifiers as vf
 from datasets import Dataset
 
@@ -45,10 +45,10 @@ def load_environment(digits="3,8"):
 
     rubric = vf.Rubric(funcs=[exact, short], weights=[1.0, 0.1])
     return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=rubric)
-'''
+"""
 
 # three turns: the environment answers each reply with the next word to write
-MULTI = '''
+MULTI = """
 import verifiers as vf
 from datasets import Dataset
 
@@ -75,10 +75,10 @@ def load_environment(digits="3,8"):
         return sum(r == str(a) for r, a in zip(replies, asked)) / 3
 
     return Countdown(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[right_share]), max_turns=3)
-'''
+"""
 
 # a reward function with a bug: verifiers logs it and scores 0; the episode must fail instead
-BROKEN = '''
+BROKEN = """
 import verifiers as vf
 from datasets import Dataset
 
@@ -90,7 +90,7 @@ def load_environment():
         return 1.0 if completion[-1]["content"].strip() == answer["digit"] else 0.0
 
     return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[buggy]))
-'''
+"""
 
 
 def run_env(module: str, text: str, tmp_path: Path, server: ServerProcess, episodes: int, *extra: str):
