@@ -165,6 +165,12 @@ NAMED_CASES = [
 
 # -- generated cases ------------------------------------------------------------------------------------
 
+# sampling floats down to denormals: the numeric edges a sampler divides by or cuts a distribution at
+EDGE_FLOATS = st.one_of(
+    st.sampled_from([5e-324, 1e-323, 2.2250738585072014e-308, 1e-300, 1e-45, 1e-38, 1e-6, 1e-5, 9.99e-6, 2.0, 1.0]),
+    st.floats(min_value=0.0, max_value=2.0, allow_subnormal=True),
+    st.floats(min_value=-1e-300, max_value=1e-300, allow_subnormal=True),
+)
 SURROGATES = st.sampled_from(["\ud800", "a\udfffb", "\udbff\udc00", "\x00", "é", "\u2028", "{{ x }}", "<|im_end|>"])
 LEAVES = st.one_of(
     st.none(),
@@ -172,6 +178,7 @@ LEAVES = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.integers(min_value=-3, max_value=3000),
     st.floats(allow_nan=True, allow_infinity=True),
+    EDGE_FLOATS,
     st.text(max_size=16),
     SURROGATES,
 )
@@ -293,3 +300,43 @@ def check_answer(client: httpx2.Client, path: str, body: bytes) -> tuple[int, st
                 error = json.loads(line[6:])["error"]
                 assert error["message"] and error["type"], line
     return status, ""
+
+
+# settings at the edges a sampler meets, each sent alongside ordinary requests (``alongside_ordinary``)
+HOSTILE_SAMPLING: list[tuple[str, dict[str, Any]]] = [
+    ("temperature", {"temperature": 5e-324}),
+    ("temperature", {"temperature": 1e-300}),
+    ("temperature", {"temperature": 1e-45}),
+    ("temperature", {"temperature": 9.99e-6}),
+    ("temperature", {"temperature": 1e-5, "top_p": 5e-324}),
+    ("top_p", {"top_p": 5e-324}),
+    ("top_p", {"top_p": 1e-300, "temperature": 2.0}),
+    ("logit_bias", {"logit_bias": {"5": 100, "6": -100}}),
+    ("logit_bias", {"logit_bias": {"5": 1e308}}),
+    ("presence_penalty", {"presence_penalty": 2.0}),
+    ("frequency_penalty", {"frequency_penalty": -2.0}),
+    ("top_k", {"top_k": 1}),
+    ("min_p", {"min_p": 1.0}),
+    ("repetition_penalty", {"repetition_penalty": 1e-300}),
+    ("seed", {"seed": -(2**63)}),
+]
+
+
+async def alongside_ordinary(url: str, model: str, ordinary: int = 32) -> list[str]:
+    """Every hostile sampling setting sent at once with ``ordinary`` plain requests (so they share the
+    engine's batch); what went wrong, as lines (none: every ordinary request answered 200, every hostile
+    one 200 or a 4xx naming its setting)."""
+    import asyncio
+
+    plain = {"model": model, "messages": [{"role": "user", "content": "Say one."}], "max_tokens": 8}
+    bodies = [("", dict(plain, temperature=1.0, seed=k)) for k in range(ordinary)]
+    bodies += [(name, dict(plain, **extra)) for name, extra in HOSTILE_SAMPLING]
+    async with httpx2.AsyncClient(base_url=url, timeout=120) as http:
+        answers = await asyncio.gather(*(http.post(CHAT, json=body) for _, body in bodies))
+    wrong = []
+    for (name, body), answer in zip(bodies, answers, strict=True):
+        if not name and answer.status_code != 200:
+            wrong.append(f"ordinary request got {answer.status_code}: {answer.text[:300]}")
+        elif name and not (answer.status_code == 200 or (400 <= answer.status_code < 500 and name in answer.text)):
+            wrong.append(f"{body} got {answer.status_code}: {answer.text[:300]}")
+    return wrong

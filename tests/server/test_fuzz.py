@@ -6,12 +6,23 @@ names the field; generated bodies (hypothesis) never get a 5xx or a dropped conn
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import LiveServer
-from tests.fuzz_requests import CHAT, CHAT_BODIES, NAMED_CASES, TRAJECTORIES, TRAJECTORY_BODIES, Case, check_answer
+from tests.fuzz_requests import (
+    CHAT,
+    CHAT_BODIES,
+    NAMED_CASES,
+    TRAJECTORIES,
+    TRAJECTORY_BODIES,
+    Case,
+    alongside_ordinary,
+    check_answer,
+)
 
 EXAMPLES = 150  # per endpoint in the test suite; bench/fuzz.py runs thousands
 
@@ -51,6 +62,13 @@ def test_generated_chat_requests_never_get_a_5xx(client, body):
 @given(body=TRAJECTORY_BODIES)
 def test_generated_trajectory_batches_never_get_a_5xx(client, body):
     check_answer(client, TRAJECTORIES, body)
+
+
+def test_hostile_sampling_settings_fail_their_own_request_only(server):
+    """Denormal temperatures and nuclei, huge logit biases, penalties at their bounds, sent together with 32
+    ordinary requests into one batch: each ordinary one is answered, each hostile one too or refused by name."""
+    for _ in range(2):
+        assert asyncio.run(alongside_ordinary(server.url, "agentjet-tiny")) == []
 
 
 def test_the_server_still_serves_after_the_fuzzing(client):

@@ -67,3 +67,39 @@ def test_a_completion_finishes_at_an_end_token_a_stop_string_its_length_or_the_c
     request.output_ids = plain[:2]
     assert sampler.finish_reason(request, plain[1]) == "length"  # 10 + 2 tokens fill the context of 12
     loop.close()
+
+
+def test_a_temperature_below_the_epsilon_is_greedy_as_in_vllm():
+    for tiny in (5e-324, 1e-300, 1e-45, 9.99e-6):
+        params = SamplingParams(max_tokens=1, temperature=tiny, top_p=5e-324)
+        assert (params.temperature, params.top_p) == (0.0, 1.0)
+        assert set(_draws(params, 20)) == {1}
+    assert SamplingParams(max_tokens=1, temperature=1e-5, top_p=0.5).temperature == 1e-5
+
+
+def test_a_row_that_cannot_be_sampled_fails_alone(model_dir):
+    """One row whose distribution is not finite (and one whose sampling raises) get an error each; the
+    other rows of the batch get their tokens."""
+    from agentjet_server.errors import EngineError, InvalidRequestError
+
+    loop = asyncio.new_event_loop()
+    chat = ChatTokenizer(model_dir)
+    vocab = len(chat.tokenizer)
+
+    rows = [SamplingParams(max_tokens=4, temperature=1.0) for _ in range(4)]
+    requests = [
+        Request(loop=loop, events=asyncio.Queue(), prompt_ids=[1, 2], params=p, generator=torch.Generator())
+        for p in rows
+    ]
+    requests[3].generator = "not a generator"  # type: ignore[assignment]
+    logits = torch.zeros((4, vocab))
+    logits[1, 7] = float("inf")  # softmax of this row is nan
+    live = [True] * 4
+    chosen = Sampler(chat, max_context=64).sample(requests, live, logits, version=3)
+    assert live == [True, False, True, False]
+    loop.run_until_complete(asyncio.sleep(0))  # the pushes land
+    got = [r.events.get_nowait() for r in requests]
+    assert got[0].token_id == int(chosen[0]) and got[2].token_id == int(chosen[2])
+    assert isinstance(got[1], InvalidRequestError) and got[1].param == "temperature"
+    assert isinstance(got[3], EngineError) and "sampling failed" in str(got[3])
+    loop.close()

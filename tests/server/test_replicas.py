@@ -62,6 +62,18 @@ def test_requests_spread_over_replicas_and_an_update_reaches_every_one(replicas,
             assert max(abs(x - e.logprob) for x, e in zip(expected, out, strict=True)) < 1e-4
 
 
+def test_hostile_sampling_settings_fail_their_own_request_only(replicas, chatty_model_dir):
+    """The hostile settings of the fuzz suite with 32 ordinary requests, served by two replica processes."""
+    from tests.conftest import LiveServer
+    from tests.fuzz_requests import alongside_ordinary
+
+    server = LiveServer(chatty_model_dir, engine=replicas, default_max_tokens=8)
+    try:
+        assert asyncio.run(alongside_ordinary(server.url, replicas.model_name)) == []
+    finally:
+        server.stop()
+
+
 def test_the_calls_of_one_episode_follow_their_prefix(replicas):
     """Two episodes whose prompts grow turn by turn: each episode's calls stay on one replica,
     though the replicas are equally loaded (idle) at every call and the load tie-break alone

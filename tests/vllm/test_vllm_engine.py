@@ -95,6 +95,13 @@ def test_concurrent_requests_share_decode_steps(sdk, vllm_server):
     assert vllm_server.engine.largest_batch >= 4
 
 
+def test_hostile_sampling_settings_fail_their_own_request_only(vllm_server):
+    """The same hostile settings as the transformers engine's test, with 32 ordinary requests in vLLM's batch."""
+    from tests.fuzz_requests import alongside_ordinary
+
+    assert asyncio.run(alongside_ordinary(vllm_server.url, "agentjet-tiny")) == []
+
+
 def test_stop_strings_n_and_bad_input(sdk):
     reply = sdk.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=60, n=3, seed=2)
     assert len(reply.choices) == 3

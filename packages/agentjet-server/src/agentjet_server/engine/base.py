@@ -25,14 +25,26 @@ from agentjet_server.engine.tokens import ChatTokenizer, Messages, ToolSpecs, ch
 FinishReason = Literal["stop", "length"]
 
 
+SAMPLING_EPS = 1e-5  # vLLM's: below it a temperature divides logits into overflow, and means greedy
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling settings, normalised as vLLM normalises them: a temperature below
+    ``SAMPLING_EPS`` (a denormal such as 5e-324 included) samples greedily, and greedy sampling has no
+    nucleus (``top_p`` 1)."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < SAMPLING_EPS:
+            object.__setattr__(self, "temperature", 0.0)
+            object.__setattr__(self, "top_p", 1.0)
 
 
 @dataclass(frozen=True)

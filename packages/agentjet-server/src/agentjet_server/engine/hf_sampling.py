@@ -5,6 +5,10 @@ picks its next token (greedy at temperature 0, else temperature and top-p with t
 generator, so a seed reproduces a completion), records it, and pushes it to the caller as a
 ``TokenEvent``: its log-probability under the model (temperature 1), the top log-probabilities asked
 for, the policy version of the weights that produced the logits, and a finish reason on the last one.
+
+Whatever goes wrong for one row stays in that row: a distribution that is not a distribution (its
+settings made it non-finite) fails that request alone with a 400 naming the settings, any other error
+its request alone with a 500; the other rows sample on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream
 from agentjet_server.engine.tokens import ChatTokenizer
+from agentjet_server.errors import EngineError, InvalidRequestError
 
 
 @dataclass(kw_only=True)
@@ -48,19 +53,31 @@ class Sampler:
             if request.cancelled:
                 live[i] = False
                 continue
-            token = self.pick(scores[i], request.params, request.generator)
-            chosen[i] = token
-            request.output_ids.append(token)
-            top: list[tuple[int, float]] = []
-            if request.params.top_logprobs:
-                values, indices = logprobs[i].topk(request.params.top_logprobs)
-                top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
-            finish = self.finish_reason(request, token)
-            if finish is not None:
+            try:
+                event = self._next(request, scores[i], logprobs[i], version)
+            except InvalidRequestError as exc:  # this row's settings: its request fails, no other
+                live[i] = False
+                request.push(exc)
+                continue
+            except Exception as exc:  # a failure of this row only: the batch samples on
+                live[i] = False
+                request.push(EngineError(f"sampling failed: {type(exc).__name__}: {exc}"))
+                continue
+            chosen[i] = event.token_id
+            if event.finish_reason is not None:
                 live[i] = False
             self.tokens_sampled += 1
-            request.push(TokenEvent(token, float(logprobs[i, token]), version, top, finish))
+            request.push(event)
         return chosen
+
+    def _next(self, request: Request, scores: torch.Tensor, logprobs: torch.Tensor, version: int) -> TokenEvent:
+        token = self.pick(scores, request.params, request.generator)
+        request.output_ids.append(token)
+        top: list[tuple[int, float]] = []
+        if request.params.top_logprobs:
+            values, indices = logprobs.topk(request.params.top_logprobs)
+            top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
+        return TokenEvent(token, float(logprobs[token]), version, top, self.finish_reason(request, token))
 
     @staticmethod
     def pick(scores: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -69,6 +86,12 @@ class Sampler:
         if params.temperature <= 0.0:
             return int(scores.argmax())
         probs = torch.softmax(scores / params.temperature, dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            raise InvalidRequestError(
+                f"temperature={params.temperature!r} with top_p={params.top_p!r} leaves no finite sampling "
+                "distribution for this model; use a temperature of at least 1e-5 (below it is greedy)",
+                param="temperature",
+            )
         if params.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p

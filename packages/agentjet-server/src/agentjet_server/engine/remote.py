@@ -30,7 +30,7 @@ import torch.multiprocessing
 
 from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream
-from agentjet_server.errors import EngineError, ModelLoadError
+from agentjet_server.errors import EngineError, InvalidRequestError, ModelLoadError, RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +138,11 @@ class EngineProcess(Engine):
                     stream.push(message[2])
                     if message[2].finish_reason is not None:
                         self._streams.pop(message[1], None)
-            elif kind == "error":
+            elif kind in ("error", "refused"):  # refused: the request's own settings (a 400, as in process)
                 stream = self._streams.pop(message[1], None)
-                if stream is not None:
+                if stream is not None and kind == "refused":
+                    stream.push(InvalidRequestError(message[2], param=message[3]))
+                elif stream is not None:
                     stream.push(EngineError(message[2]))
             elif kind == "updated":
                 done, error = self._updates.pop(message[1])
@@ -257,6 +259,8 @@ async def _serve_pipe(conn: Any, engine: Any) -> None:
                 send(("event", request_id, event))
         except asyncio.CancelledError:
             raise
+        except RequestError as exc:
+            send(("refused", request_id, exc.message, exc.param))
         except Exception as exc:
             send(("error", request_id, str(exc)))
         finally:

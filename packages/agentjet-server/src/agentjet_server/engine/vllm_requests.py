@@ -17,7 +17,7 @@ from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
 from agentjet_server.engine.handoff import TokenStream
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.engine.vllm_adapters import AdapterBook
-from agentjet_server.errors import EngineError
+from agentjet_server.errors import EngineError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -56,25 +56,28 @@ class RequestBook:
         if request.cancelled:
             return
         p = request.params
-        params = self._vllm_params(
-            n=1,
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            seed=p.seed,
-            logprobs=p.top_logprobs,  # 0: the sampled token's log-probability only
-            stop_token_ids=sorted(self._chat.stop_ids),
-            detokenize=False,
-            output_kind=self._delta,
-        )
         prompt = {"prompt_token_ids": request.prompt_ids, "cache_salt": f"agentjet-v{version}"}
         lora = self._adapters.lora_request(version) if self._adapters is not None else None
         try:
+            params = self._vllm_params(
+                n=1,
+                max_tokens=p.max_tokens,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                seed=p.seed,
+                logprobs=p.top_logprobs,  # 0: the sampled token's log-probability only
+                stop_token_ids=sorted(self._chat.stop_ids),
+                detokenize=False,
+                output_kind=self._delta,
+            )
             if lora is not None:
                 self._engine.add_request(request.request_id, prompt, params, lora_request=lora)
             else:
                 self._engine.add_request(request.request_id, prompt, params)
-        except Exception as exc:  # vLLM refused this request (too long, bad parameter)
+        except ValueError as exc:  # vLLM's checks of this request (a setting, its length): this request's 400
+            request.push(InvalidRequestError(f"vLLM refused the request: {exc}"))
+            return
+        except Exception as exc:  # vLLM failed to take this request: it alone fails
             request.push(EngineError(f"vLLM refused the request: {exc}"))
             return
         if self._adapters is not None:  # its tokens come from this version's adapter to the end
