@@ -51,10 +51,41 @@ def test_signature_is_stable_and_covers_every_field():
         replace(base, finish_reason="length"),
         replace(base, agent="checker"),  # the per-agent reward goes by it
         replace(base, finish_reason="stopsolver", agent=""),  # the text split
+        replace(base, processed=True),  # whose distribution the log-probs are
     ]
     assert not any(signer.verify(sig, sample) for sample in changed)
     assert not SampleSigner.random().verify(sig, base)  # another server's key
     assert not signer.verify("\u00e9" * 48, base) and not signer.verify(sig.upper(), base)  # not hex: False, no error
+
+
+def test_a_processed_sample_is_signed_as_processed_and_trained_as_sampled(live_server):
+    """A request with a logit bias and a penalty: the turn says ``sampled_from: processed`` and carries the
+    processed distribution's log-probs (the model's are in ``logprobs``); pushed as captured it verifies,
+    with its mark taken off it does not."""
+    with SwarmClient(live_server.url) as client:
+        episode = client.episode("task-processed")
+        reply = episode.openai().chat.completions.create(
+            model="agentjet-tiny",
+            messages=ASK,
+            max_tokens=6,
+            logprobs=True,
+            logit_bias={"20": 6, "23": -4},
+            presence_penalty=1.0,
+            extra_body={"top_k": 40, "min_tokens": 2},
+        )
+        episode.close()
+        trajectory = episode.to_trajectory(1.0)
+    [turn] = trajectory.turns
+    model = [entry.logprob for entry in reply.choices[0].logprobs.content]
+    assert turn.sampled_from == "processed" and len(turn.completion_token_ids) >= 2
+    assert turn.completion_logprobs != model  # the behaviour policy's, not the model's
+    before = counts(live_server.url)
+    tampered = trajectory.model_copy(
+        update={"id": "tampered", "turns": [turn.model_copy(update={"sampled_from": None})]}
+    )
+    assert push(live_server.url, tampered)["status"] == "rejected"
+    assert push(live_server.url, trajectory)["status"] == "accepted"
+    assert counts(live_server.url)["verified_turns"] == before["verified_turns"] + 1
 
 
 def test_pushed_turns_are_checked_against_what_was_sampled(live_server):

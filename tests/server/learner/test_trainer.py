@@ -3,6 +3,8 @@ entropy bonus, the decoupled objective and the KL penalty do what they say."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -77,6 +79,65 @@ def test_decoupled_reuses_sampled_logprobs_only_for_the_current_version(model_di
     assert torch.equal(micro.proximal_logprobs[current], micro.old_logprobs[current])  # sampled by v7: reused
     assert torch.allclose(micro.proximal_logprobs[~current], computed[~current])  # sampled by v6: recomputed
     assert not torch.allclose(computed[~current], micro.old_logprobs[~current])
+
+
+def test_a_processed_sample_is_corrected_by_pi_over_its_behaviour_probability(model_dir):
+    """Tokens the engine sampled with a logit bias and a penalty carry the processed distribution's
+    log-probs (not the model's); the decoupled objective recomputes the policy's for them although they
+    are of the current version, so the importance weight it applies is pi / mu."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_client.protocol import Turn
+    from agentjet_server.engine.base import EngineOptions, SamplingParams
+    from agentjet_server.engine.hf import TransformersEngine
+    from agentjet_server.learner.packing import pack
+
+    engine = TransformersEngine(model_dir, EngineOptions(version=3))
+    prompt = engine.render([{"role": "user", "content": "Write seven as a digit."}])
+    turns = []
+    try:
+        for seed in range(4):
+            params = SamplingParams(
+                max_tokens=4, seed=seed, logit_bias=((20, 4.0), (23, -3.0)), presence_penalty=1.5, top_k=50
+            )
+
+            async def sample(p: SamplingParams = params) -> list:
+                return [e async for e in engine.generate(prompt, p)]
+
+            events = asyncio.run(sample())
+            assert all(e.behaviour is not None for e in events)
+            model_lp, behaviour = [e.logprob for e in events], [e.behaviour for e in events]
+            assert any(abs(m - b) > 1e-3 for m, b in zip(model_lp, behaviour, strict=True))  # not the model's
+            turn = Turn(
+                policy_version=3,
+                prompt_token_ids=prompt,
+                completion_token_ids=[e.token_id for e in events],
+                completion_logprobs=behaviour,
+                completion_versions=[3] * len(events),
+                finish_reason="stop",
+                sampled_from="processed",
+            )
+            turns.append((turn, model_lp))
+    finally:
+        engine.close()
+    episodes = [Trajectory(id=f"p{i}", task_id="t", turns=[t], reward=float(i)) for i, (t, _) in enumerate(turns)]
+    batch = build_batch([episodes], version=3)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    learner = Learner(model, LearnerConfig(), pad_id=0)
+    [micro] = [p.tensors("cpu") for p in pack(batch.sequences, 4096)]
+    learner.prepare([_mini(micro)], version=3)
+    assert bool((micro.versions == -1).all())  # never the current policy's own sample
+    # old = mu (what the engine recorded), proximal = pi (the policy's, recomputed): weight pi / mu
+    # packing merges siblings that sampled the same tokens after the same prefix: match each packed entry
+    # to a sampled token by its behaviour log-prob (equal as recorded), then compare the policy's
+    pairs = [(m, b) for t, lps in turns for m, b in zip(lps, t.completion_logprobs, strict=True)]
+    for old, prox in zip(micro.old_logprobs.tolist(), micro.proximal_logprobs.tolist(), strict=True):
+        pi = [m for m, b in pairs if b == old]
+        assert pi and all(abs(prox - m) < 1e-4 for m in pi), (old, prox, pi)
+        assert abs(math.exp(prox - old) - math.exp(pi[0] - old)) < 1e-3 * math.exp(pi[0] - old)  # pi / mu
+    assert any(abs(m - b) > 1e-3 for m, b in pairs)
 
 
 def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training(model_dir):

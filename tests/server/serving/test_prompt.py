@@ -73,6 +73,36 @@ def test_sampling_settings_and_the_agent_carry_over(prompts):
     assert prepared.agent == "solver"
 
 
+def test_settings_that_change_the_distribution_carry_over_checked(prompts, engine):
+    plain = prompts.prepare_chat(chat(frequency_penalty=0, presence_penalty=0.0, logit_bias={"5": 0}, top_k=-1))
+    assert not plain.params.processed  # zeros and "off" values change nothing
+    request = chat(
+        logit_bias={"7": 2.5, "5": -1},
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.2,
+        top_k=40,
+        min_p=0.05,
+        min_tokens=2,
+        ignore_eos=True,
+        max_tokens=8,
+    )
+    params = prompts.prepare_chat(request).params
+    assert params.processed and params.logit_bias == ((5, -1.0), (7, 2.5))
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.25, 1.2)
+    assert (params.top_k, params.min_p, params.min_tokens, params.ignore_eos) == (40, 0.05, 2, True)
+    vocab = len(engine.chat.tokenizer)
+    assert refusal(prompts.prepare_chat, chat(logit_bias={str(vocab): 1})).param == "logit_bias"
+    assert refusal(prompts.prepare_chat, chat(min_tokens=9, max_tokens=8)).param == "min_tokens"
+    exact = PromptBuilder(engine, default_max_tokens=64, exact_sampling=True)
+    said = refusal(exact.prepare_chat, chat(top_k=5, presence_penalty=1))
+    assert said.param == "presence_penalty" and "--exact-sampling" in said.message and "top_k" in said.message
+    assert not exact.prepare_chat(chat(temperature=0.5)).params.processed
+    for field, value in [("logit_bias", {"5": 101}), ("logit_bias", {"x": 1}), ("presence_penalty", 2.5)]:
+        with pytest.raises(ValueError, match=field):
+            chat(**{field: value})
+
+
 def test_the_default_budget_is_cut_to_what_the_context_leaves(engine):
     prepared = PromptBuilder(engine, default_max_tokens=10**6).prepare_chat(chat())
     assert prepared.params.max_tokens == engine.max_context - len(prepared.prompt_ids)

@@ -151,6 +151,7 @@ class EpisodeRecorder:
             completion_versions=ext.completion_versions,
             finish_reason=ext.finish_reason,
             signature=ext.signature,
+            sampled_from=ext.sampled_from,
             started_at=started,
             latency_s=max(0.0, time.time() - started),
         )

@@ -179,15 +179,52 @@ class RequestExtension(_Strict):
         return self
 
 
-def _exact_sampling(frequency_penalty: float | None, presence_penalty: float | None, logit_bias: Any) -> None:
-    """Refuse what would make a sample's behaviour log-probability inexact (nothing to train against)."""
-    if frequency_penalty not in (None, 0, 0.0) or presence_penalty not in (None, 0, 0.0):
-        raise ValueError(
-            "frequency_penalty and presence_penalty are not supported: a penalised sample "
-            "has no exact behaviour log-probability for training; leave them unset or 0"
-        )
-    if logit_bias:
-        raise ValueError("logit_bias is not supported; leave it unset")
+class SamplingExtras(_Strict):
+    """Sampling settings that change the model's distribution (OpenAI's ``logit_bias`` and penalties,
+    vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``). A token sampled
+    with any of them comes from a *processed* distribution: the server records that distribution's
+    log-probability as the turn's behaviour log-probability, and the learner corrects for the difference
+    from the policy as it does for a stale turn (docs/protocol.md, "Processed sampling")."""
+
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=300)
+    top_k: int | None = Field(default=None, ge=-1, le=1_000_000)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, ge=1e-2, le=100.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit() or len(key) > 12:
+                raise ValueError(f"logit_bias keys are token ids written as text (got {key[:20]!r})")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must lie in [-100, 100] (token {key}: {bias!r})")
+        return value
+
+    def processing(self) -> dict[str, Any]:
+        """The settings given that change the distribution (an empty dict: the model's own)."""
+        out: dict[str, Any] = {}
+        if self.frequency_penalty:
+            out["frequency_penalty"] = self.frequency_penalty
+        if self.presence_penalty:
+            out["presence_penalty"] = self.presence_penalty
+        if self.logit_bias and any(self.logit_bias.values()):
+            out["logit_bias"] = {int(k): v for k, v in self.logit_bias.items() if v}
+        if self.top_k is not None and self.top_k > 0:
+            out["top_k"] = self.top_k
+        if self.min_p:
+            out["min_p"] = self.min_p
+        if self.repetition_penalty is not None and self.repetition_penalty != 1.0:
+            out["repetition_penalty"] = self.repetition_penalty
+        if self.min_tokens:
+            out["min_tokens"] = self.min_tokens
+        if self.ignore_eos:
+            out["ignore_eos"] = True
+        return out
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:
@@ -196,13 +233,11 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-class ChatCompletionRequest(_Strict):
+class ChatCompletionRequest(SamplingExtras):
     """``POST /v1/chat/completions``. Unknown fields are rejected so a typo is never ignored."""
 
     model: str | None = Field(default=None, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -210,7 +245,6 @@ class ChatCompletionRequest(_Strict):
     metadata: dict[str, str] | None = None
     n: int = Field(default=1, ge=1, le=64)
     parallel_tool_calls: bool | None = None
-    presence_penalty: float | None = None
     reasoning_effort: str | None = None
     response_format: dict[str, Any] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
@@ -240,7 +274,6 @@ class ChatCompletionRequest(_Strict):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> ChatCompletionRequest:
-        _exact_sampling(self.frequency_penalty, self.presence_penalty, self.logit_bias)
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise ValueError("only response_format {'type': 'text'} is supported")
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -265,7 +298,7 @@ class ChatCompletionRequest(_Strict):
 MAX_PROMPTS = 64  # prompts in one text-completion request
 
 
-class CompletionRequest(_Strict):
+class CompletionRequest(SamplingExtras):
     """``POST /v1/completions``: text completions (no chat template), as vLLM's server serves them.
     ``prompt`` is text, token ids, or a list of either (one answer per prompt, ``n`` each)."""
 
@@ -288,9 +321,6 @@ class CompletionRequest(_Strict):
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     suffix: str | None = None
     best_of: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
     # --- AgentJet extension (the agent making the call) ---
     agentjet: RequestExtension | None = None
@@ -305,7 +335,6 @@ class CompletionRequest(_Strict):
             raise ValueError("suffix (fill-in-the-middle) is not supported; leave it out")
         if self.best_of not in (None, 1):
             raise ValueError("best_of is not supported: every sample is returned (use n)")
-        _exact_sampling(self.frequency_penalty, self.presence_penalty, self.logit_bias)
         if self.agentjet is not None and self.agentjet.prefix_token_ids is not None:
             raise ValueError("agentjet.prefix_token_ids is for chat requests; send the prompt's token ids as 'prompt'")
         if isinstance(self.prompt, list) and (not self.prompt or len(self.prompts) > MAX_PROMPTS):
@@ -379,6 +408,9 @@ class AgentJetExtension(_Open):
     prefix_drift: bool = False  # re-tokenising the history would have changed the prefix's tokens
     # the server's HMAC over prompt ids, completion ids, logprobs and versions: copy it into the Turn
     signature: str | None = None
+    # "processed": sampled from the model's distribution as the request's settings changed it (logit_bias,
+    # penalties, ...); completion_logprobs are then that distribution's: copy it into the Turn
+    sampled_from: Literal["processed"] | None = None
 
 
 class Choice(_Open):
@@ -559,6 +591,11 @@ class Turn(_Strict):
     reward: float | None = None
     started_at: float | None = None
     latency_s: float | None = Field(default=None, ge=0.0)
+    sampled_from: Literal["processed"] | None = Field(
+        default=None,
+        description="the choice's agentjet.sampled_from: 'processed' when the request's sampling settings changed "
+        "the model's distribution; completion_logprobs are then that distribution's (the behaviour policy)",
+    )
 
     @field_validator("prompt_token_ids", "completion_token_ids", mode="before")
     @classmethod

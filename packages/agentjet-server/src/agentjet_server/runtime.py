@@ -164,6 +164,7 @@ class SwarmRuntime:
             parser=load_parser(model_path or Path(), settings.tool_call_parser, settings.reasoning_parser),
             default_max_tokens=settings.default_max_tokens,
             max_token_entries=settings.max_request_token_entries,
+            exact_sampling=settings.exact_sampling,
         )
         sampler = Sampler(engine, signer=self.signer, stats=self.telemetry.serving if settings.metrics else None)
         self.chat = ChatService(self.prompts, sampler, self.telemetry.tool_calls)

@@ -92,6 +92,12 @@ class LimitOptions(OptionGroup):
         live="the completion limit of requests that set none",
         ge=1,
     )
+    exact_sampling: bool = setting(
+        False,
+        "refuse the sampling settings that change the model's distribution (logit_bias, presence/frequency "
+        "and repetition penalties, top_k, min_p, min_tokens, ignore_eos): every trained token then comes from "
+        "the policy itself, not a processed distribution corrected for",
+    )
 
 
 class SecurityOptions(OptionGroup):

@@ -32,6 +32,8 @@ class Timeline:
     old_logprobs: list[float] = field(default_factory=list)  # behaviour log-prob of each trained token
     versions: list[int] = field(default_factory=list)  # policy version that sampled each trained token
     turn_of: list[int] = field(default_factory=list)  # the turn each trained token came from
+    # whether each trained token was sampled from a processed distribution (its old log-prob is that one's)
+    processed: list[bool] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)  # indices of the turns merged here, in order
 
     def extends(self, prompt: Sequence[int]) -> bool:
@@ -57,6 +59,7 @@ def build_timelines(turns: Sequence[Turn]) -> list[Timeline]:
         timeline.old_logprobs.extend(turn.completion_logprobs)
         timeline.versions.extend(turn.completion_versions or [turn.policy_version] * len(turn.completion_token_ids))
         timeline.turn_of.extend([index] * len(turn.completion_token_ids))
+        timeline.processed.extend([turn.sampled_from == "processed"] * len(turn.completion_token_ids))
         timeline.turns.append(index)
     return timelines
 

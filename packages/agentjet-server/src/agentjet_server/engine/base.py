@@ -40,6 +40,30 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
+    # what changes the distribution (``SamplingExtras.processing``): the tokens are then sampled from the
+    # processed distribution, and each event carries that distribution's log-probability too
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    @property
+    def processed(self) -> bool:
+        """Whether these settings change the model's distribution (beyond temperature and top-p)."""
+        return bool(
+            self.logit_bias
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.top_k > 0
+            or self.min_p > 0
+            or self.min_tokens
+            or self.ignore_eos
+        )
 
     def __post_init__(self) -> None:
         if self.temperature < SAMPLING_EPS:
@@ -62,13 +86,15 @@ class EngineOptions:
 
 @dataclass
 class TokenEvent:
-    """One sampled token. ``logprob`` is the model's log-probability (temperature 1)."""
+    """One sampled token. ``logprob`` is the model's log-probability (temperature 1); ``behaviour`` that
+    of the processed distribution it was sampled from (temperature 1), for processed settings only."""
 
     token_id: int
     logprob: float
     version: int
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    behaviour: float | None = None
 
 
 class Engine(abc.ABC):
@@ -134,6 +160,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop the engine and release its resources."""
+
+    @property
+    def samples_processed(self) -> bool:
+        """Whether the engine samples with settings that change the distribution (``SamplingParams.processed``)
+        and reports each token's behaviour log-probability under it (the transformers engine does)."""
+        return False
 
     @property
     def serves_adapters(self) -> bool:

@@ -88,6 +88,10 @@ class TransformersEngine(Engine):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights.offer(state_dict, version, lambda: self._requests.put(_WAKE), self._closed)
 
+    @property
+    def samples_processed(self) -> bool:
+        return True
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A copy of the weights being served (taken between updates only if no update is pending)."""
         return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}

@@ -33,6 +33,23 @@ class Request(TokenStream):
     output_ids: list[int] = field(default_factory=list)
 
 
+PROCESSING = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p")
+
+
+def processing_of(params: SamplingParams) -> str:
+    """The settings of ``params`` that change the distribution, as ``name=value`` (for messages)."""
+    defaults = SamplingParams(max_tokens=1)
+    named = [f"{n}={getattr(params, n)!r}" for n in PROCESSING if getattr(params, n) != getattr(defaults, n)]
+    named += [f"min_tokens={params.min_tokens}"] if params.min_tokens else []
+    return ", ".join([*named, f"temperature={params.temperature!r}"])
+
+
+def first(params: SamplingParams) -> str:
+    """The first setting of ``params`` that changes the distribution (an error's ``param``)."""
+    defaults = SamplingParams(max_tokens=1)
+    return next((n for n in PROCESSING if getattr(params, n) != getattr(defaults, n)), "temperature")
+
+
 class Sampler:
     """Each live row's next token, pushed to its caller; knows when a completion is finished."""
 
@@ -71,13 +88,49 @@ class Sampler:
         return chosen
 
     def _next(self, request: Request, scores: torch.Tensor, logprobs: torch.Tensor, version: int) -> TokenEvent:
-        token = self.pick(scores, request.params, request.generator)
+        params = request.params
+        behaviour: torch.Tensor | None = None
+        if params.processed:
+            scores = self.process(scores, request)
+            behaviour = torch.log_softmax(scores, dim=-1)
+            if not bool(torch.isfinite(behaviour.max())):
+                raise InvalidRequestError(
+                    f"the sampling settings {processing_of(params)} leave no token to sample", param=first(params)
+                )
+        token = self.pick(scores, params, request.generator)
         request.output_ids.append(token)
         top: list[tuple[int, float]] = []
-        if request.params.top_logprobs:
-            values, indices = logprobs.topk(request.params.top_logprobs)
+        if params.top_logprobs:
+            values, indices = logprobs.topk(params.top_logprobs)
             top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
-        return TokenEvent(token, float(logprobs[token]), version, top, self.finish_reason(request, token))
+        finish = self.finish_reason(request, token)
+        mu = None if behaviour is None else float(behaviour[token])
+        return TokenEvent(token, float(logprobs[token]), version, top, finish, mu)
+
+    def process(self, scores: torch.Tensor, request: Request) -> torch.Tensor:
+        """The row's logits as its settings change them, in vLLM's order: logit bias; repetition, frequency
+        and presence penalties; end tokens masked below ``min_tokens`` (or always, ``ignore_eos``); then the
+        cuts, top-k and min-p (min-p on the temperature-1 distribution, so that every token the sampler can
+        draw has a finite behaviour log-probability)."""
+        p, out = request.params, scores.clone()
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias])
+            out[ids] += torch.tensor([b for _, b in p.logit_bias], dtype=out.dtype)
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(request.prompt_ids) | set(request.output_ids)), dtype=torch.long)
+            values = out[seen]
+            out[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and request.output_ids:
+            counts = torch.bincount(torch.tensor(request.output_ids), minlength=out.shape[0])[: out.shape[0]]
+            out -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.ignore_eos or len(request.output_ids) < p.min_tokens:
+            out[sorted(self.chat.stop_ids)] = float("-inf")
+        if 0 < p.top_k < out.shape[0]:
+            out[out < out.topk(p.top_k).values[-1]] = float("-inf")
+        if p.min_p > 0:
+            probs = torch.softmax(out, dim=-1)
+            out[probs < p.min_p * probs.max()] = float("-inf")
+        return out
 
     @staticmethod
     def pick(scores: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -88,9 +141,10 @@ class Sampler:
         probs = torch.softmax(scores / params.temperature, dim=-1)
         if not bool(torch.isfinite(probs).all()):
             raise InvalidRequestError(
-                f"temperature={params.temperature!r} with top_p={params.top_p!r} leaves no finite sampling "
-                "distribution for this model; use a temperature of at least 1e-5 (below it is greedy)",
-                param="temperature",
+                f"the sampling settings ({processing_of(params)}, top_p={params.top_p!r}) leave no finite sampling "
+                "distribution for this model; a temperature below 1e-5 is greedy, larger biases and penalties "
+                "overflow it",
+                param=first(params),
             )
         if params.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)

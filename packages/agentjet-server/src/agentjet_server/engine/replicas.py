@@ -73,6 +73,7 @@ class ReplicaSet(Engine):
             chat_template=engine_kwargs.get("chat_template"),
             version=int(engine_kwargs.get("version", 0)),
         )
+        self._kind = kind
         self._fanout = SharedWeights(engine_kwargs.get("dtype"))
         self._updating = threading.Lock()  # one update at a time: they take the shared sets in turn
         self._processes = ReplicaProcesses(
@@ -143,6 +144,10 @@ class ReplicaSet(Engine):
                     replica.in_flight -= 1
 
     # ----------------------------------------------------------------------------- weights and sleep
+
+    @property
+    def samples_processed(self) -> bool:
+        return self._kind == "transformers"  # its replicas are transformers engines
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         processes = self._processes

@@ -2,13 +2,13 @@
 
 Every choice the server returns carries ``agentjet.signature``: a random nonce and an HMAC-SHA256
 (keyed with a secret kept in the state directory) over the nonce and everything of the sample the
-learner uses: the prompt
-token ids, the completion token ids, their log-probabilities, the policy version of each token,
-the finish reason and the agent that asked (``agentjet.agent`` on the request; the client's capture
-sends it, per-agent rewards depend on it). The client copies the signature into the ``Turn`` it
-records. On ingestion the server recomputes it: a signed turn whose tokens, log-probs, versions,
-finish reason or agent changed on the way (a capture bug, a hand-edited spool, a client built on
-another tokenizer) is rejected with the reason, instead of being trained as if it had been sampled.
+learner uses: the prompt token ids, the completion token ids, their log-probabilities, the policy
+version of each token, the finish reason, the agent that asked (``agentjet.agent`` on the request; the
+client's capture sends it, per-agent rewards depend on it) and whether it was sampled from a processed
+distribution (``sampled_from``). The client copies the signature into the ``Turn`` it records. On
+ingestion the server recomputes it: a signed turn whose tokens, log-probs, versions, finish reason or
+agent changed on the way (a capture bug, a hand-edited spool, a client built on another tokenizer) is
+rejected with the reason, instead of being trained as if it had been sampled.
 The check survives restarts (the key stays; ``--fresh`` makes a new one, so a discarded run's
 samples no longer verify). ``request_messages`` are not signed: the learner never reads them (they
 are for people, in ``inspect``).
@@ -51,6 +51,7 @@ class Sample:
     versions: Sequence[int]
     finish_reason: str
     agent: str = DEFAULT_AGENT
+    processed: bool = False  # sampled from a processed distribution: ``logprobs`` are its (the behaviour's)
 
     @classmethod
     def of(cls, turn: Turn) -> Sample:
@@ -61,6 +62,7 @@ class Sample:
             turn.completion_versions or [],
             turn.finish_reason,
             turn.agent,
+            turn.sampled_from == "processed",
         )
 
     def canonical(self) -> bytes:
@@ -74,6 +76,8 @@ class Sample:
         for text in (self.finish_reason, self.agent):
             encoded = text.encode("utf-8", "surrogatepass")
             parts.append(struct.pack("<q", len(encoded)) + encoded)
+        if self.processed:  # appended only then: the bytes of every other sample are as before
+            parts.append(b"processed")
         return b"".join(parts)
 
 

@@ -144,7 +144,9 @@ def build_batch(
                         positions=timeline.trained,
                         old_logprobs=timeline.old_logprobs,
                         advantages=[advantage] * len(timeline.trained),
-                        versions=timeline.versions,
+                        # a processed sample's behaviour is not the policy of any version: never "current",
+                        # so the decoupled objective computes the proximal log-probs and corrects pi / mu
+                        versions=[-1 if p else v for v, p in zip(timeline.versions, timeline.processed, strict=True)],
                         rewards=_token_rewards(trajectory, timeline) if algorithm == "ppo" else [],
                         weights=weights,
                         group=group_index,

@@ -100,14 +100,18 @@ class ChoiceState:
 
     def extension(self) -> AgentJetExtension:
         versions = [e.version for e in self.events]
-        ids, logprobs = self.ids, [e.logprob for e in self.events]
+        # the behaviour policy's log-probs: the processed distribution's where the settings changed it
+        processed = self.prepared.params.processed
+        ids = self.ids
+        logprobs = [e.logprob if e.behaviour is None else e.behaviour for e in self.events]
         finish = self.finish_reason()
-        sample = Sample(self.prepared.prompt_ids, ids, logprobs, versions, finish, self.prepared.agent)
+        sample = Sample(self.prepared.prompt_ids, ids, logprobs, versions, finish, self.prepared.agent, processed)
         return AgentJetExtension(
             prompt_token_ids=self.prepared.prompt_ids,
             completion_token_ids=ids,
             completion_logprobs=logprobs,
             completion_versions=versions,
+            sampled_from="processed" if processed else None,
             signature=self.signer.sign(sample) if self.signer else None,
             finish_reason=finish,
             policy_version=min(versions) if versions else self.engine.version,

@@ -10,7 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentjet_client.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ContextCounts
+from agentjet_client.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    ContextCounts,
+    SamplingExtras,
+)
 from agentjet_server.engine.base import Engine, SamplingParams
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.ingest.signing import DEFAULT_AGENT
@@ -66,8 +72,10 @@ class PromptBuilder:
         parser: OutputParser | None = None,
         default_max_tokens: int = 512,
         max_token_entries: int = MAX_TOKEN_ENTRIES,
+        exact_sampling: bool = False,
     ) -> None:
         self.engine = engine
+        self.exact_sampling = exact_sampling
         self.parser = parser or OutputParser()
         self.default_max_tokens = default_max_tokens
         self.max_token_entries = max_token_entries
@@ -205,6 +213,7 @@ class PromptBuilder:
             seed=request.seed,
             stop=tuple(request.stop_list),
             top_logprobs=request.top_logprobs or 0,
+            **self.processing(request, limit),
         )
         agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
         reader = None
@@ -220,6 +229,38 @@ class PromptBuilder:
         return PreparedRequest(
             prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift, agent, reader
         )
+
+    def processing(self, request: SamplingExtras, max_tokens: int) -> dict[str, Any]:
+        """``SamplingParams``' settings that change the distribution, as ``request`` gives them (none: ``{}``);
+        refused with what to do where this server or its engine does not sample with them."""
+        given = request.processing()
+        if not given:
+            return {}
+        named, param = ", ".join(sorted(given)), sorted(given)[0]
+        if self.exact_sampling:
+            raise InvalidRequestError(
+                f"{named}: this server samples from the policy itself only (--exact-sampling), and these settings "
+                "change its distribution; leave them out",
+                param=param,
+            )
+        if not self.engine.samples_processed:
+            raise InvalidRequestError(
+                f"{named}: this server's engine samples from the model's own distribution only; serve with "
+                "--engine transformers to use these settings, or leave them out",
+                param=param,
+            )
+        vocab = len(self.engine.chat.tokenizer)
+        bias: dict[int, float] = given.pop("logit_bias", {})
+        if any(token >= vocab for token in bias):
+            raise InvalidRequestError(
+                f"logit_bias names token ids outside the vocabulary (0..{vocab - 1})", param="logit_bias"
+            )
+        if given.get("min_tokens", 0) > max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens is {given['min_tokens']}, more than max_tokens ({max_tokens}); lower it",
+                param="min_tokens",
+            )
+        return {**given, "logit_bias": tuple(sorted(bias.items()))} if bias else given
 
     def prepare_text(self, request: CompletionRequest) -> list[PreparedRequest]:
         """One prepared request per prompt (text is tokenised as vLLM does, special tokens added)."""
@@ -263,6 +304,7 @@ class PromptBuilder:
                 seed=request.seed,
                 stop=tuple(request.stop_list),
                 top_logprobs=request.logprobs or 0,
+                **self.processing(request, asked),
             )
             out.append(PreparedRequest(ids, params, "", False, request.logprobs is not None, agent=agent))
         entries = sum(request.n * p.params.max_tokens * (1 + p.params.top_logprobs) for p in out)
