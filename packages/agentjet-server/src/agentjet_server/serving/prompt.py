@@ -61,6 +61,40 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+def processing(engine: Engine, request: SamplingExtras, max_tokens: int, exact: bool) -> dict[str, Any]:
+    """``SamplingParams``' settings that change the distribution, as ``request`` gives them (none: ``{}``);
+    refused with what to do where this server (``exact``: ``--exact-sampling``) or its engine does not
+    sample with them."""
+    given = request.processing()
+    if not given:
+        return {}
+    named, param = ", ".join(sorted(given)), sorted(given)[0]
+    if exact:
+        raise InvalidRequestError(
+            f"{named}: this server samples from the policy itself only (--exact-sampling), and these settings "
+            "change its distribution; leave them out",
+            param=param,
+        )
+    if not engine.samples_processed:
+        raise InvalidRequestError(
+            f"{named}: this server's engine samples from the model's own distribution only; serve with "
+            "--engine transformers to use these settings, or leave them out",
+            param=param,
+        )
+    vocab = len(engine.chat.tokenizer)
+    bias: dict[int, float] = given.pop("logit_bias", {})
+    if any(token >= vocab for token in bias):
+        raise InvalidRequestError(
+            f"logit_bias names token ids outside the vocabulary (0..{vocab - 1})", param="logit_bias"
+        )
+    if given.get("min_tokens", 0) > max_tokens:
+        raise InvalidRequestError(
+            f"min_tokens is {given['min_tokens']}, more than max_tokens ({max_tokens}); lower it",
+            param="min_tokens",
+        )
+    return {**given, "logit_bias": tuple(sorted(bias.items()))} if bias else given
+
+
 class PromptBuilder:
     """Prepares chat and text requests for one engine (``prepare_chat``, ``prepare_text``); CPU-bound, so
     the services run it in a worker thread. Counts how prefix continuations went (``context``)."""
@@ -213,7 +247,7 @@ class PromptBuilder:
             seed=request.seed,
             stop=tuple(request.stop_list),
             top_logprobs=request.top_logprobs or 0,
-            **self.processing(request, limit),
+            **processing(self.engine, request, limit, self.exact_sampling),
         )
         agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
         reader = None
@@ -229,38 +263,6 @@ class PromptBuilder:
         return PreparedRequest(
             prompt_ids, params, prefix, tools_active, bool(request.logprobs), prefix_status, drift, agent, reader
         )
-
-    def processing(self, request: SamplingExtras, max_tokens: int) -> dict[str, Any]:
-        """``SamplingParams``' settings that change the distribution, as ``request`` gives them (none: ``{}``);
-        refused with what to do where this server or its engine does not sample with them."""
-        given = request.processing()
-        if not given:
-            return {}
-        named, param = ", ".join(sorted(given)), sorted(given)[0]
-        if self.exact_sampling:
-            raise InvalidRequestError(
-                f"{named}: this server samples from the policy itself only (--exact-sampling), and these settings "
-                "change its distribution; leave them out",
-                param=param,
-            )
-        if not self.engine.samples_processed:
-            raise InvalidRequestError(
-                f"{named}: this server's engine samples from the model's own distribution only; serve with "
-                "--engine transformers to use these settings, or leave them out",
-                param=param,
-            )
-        vocab = len(self.engine.chat.tokenizer)
-        bias: dict[int, float] = given.pop("logit_bias", {})
-        if any(token >= vocab for token in bias):
-            raise InvalidRequestError(
-                f"logit_bias names token ids outside the vocabulary (0..{vocab - 1})", param="logit_bias"
-            )
-        if given.get("min_tokens", 0) > max_tokens:
-            raise InvalidRequestError(
-                f"min_tokens is {given['min_tokens']}, more than max_tokens ({max_tokens}); lower it",
-                param="min_tokens",
-            )
-        return {**given, "logit_bias": tuple(sorted(bias.items()))} if bias else given
 
     def prepare_text(self, request: CompletionRequest) -> list[PreparedRequest]:
         """One prepared request per prompt (text is tokenised as vLLM does, special tokens added)."""
@@ -304,7 +306,7 @@ class PromptBuilder:
                 seed=request.seed,
                 stop=tuple(request.stop_list),
                 top_logprobs=request.logprobs or 0,
-                **self.processing(request, asked),
+                **processing(self.engine, request, asked, self.exact_sampling),
             )
             out.append(PreparedRequest(ids, params, "", False, request.logprobs is not None, agent=agent))
         entries = sum(request.n * p.params.max_tokens * (1 + p.params.top_logprobs) for p in out)
