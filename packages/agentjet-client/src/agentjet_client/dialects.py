@@ -169,9 +169,14 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     _copy_set(body, chat, (("max_tokens", "max_output_tokens"), ("temperature", "temperature"), ("top_p", "top_p")))
     if body.get("top_logprobs"):
         chat["logprobs"], chat["top_logprobs"] = True, body["top_logprobs"]
-    text_format = ((body.get("text") or {}).get("format") or {}).get("type")
-    if text_format not in (None, "text"):
-        raise DialectError("only text output is served (text.format type 'text')", "text.format")
+    text_format = (body.get("text") or {}).get("format") or {}
+    if text_format.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif text_format.get("type") == "json_schema":  # Responses' flat form; chat nests it under json_schema
+        spec = {key: text_format[key] for key in ("name", "schema", "strict", "description") if key in text_format}
+        chat["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif text_format.get("type") not in (None, "text"):
+        raise DialectError("text.format type must be text, json_object or json_schema", "text.format")
     return chat
 
 

@@ -194,6 +194,8 @@ class SamplingExtras(_Strict):
     repetition_penalty: float | None = Field(default=None, ge=1e-2, le=100.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool | None = None
+    # json_object / json_schema: the answer constrained to the grammar (text completions take it as vLLM's do)
+    response_format: dict[str, Any] | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -227,6 +229,11 @@ class SamplingExtras(_Strict):
         return out
 
 
+def _check_format(response_format: dict[str, Any] | None) -> None:
+    if response_format and response_format.get("type") not in (None, "text", "json_object", "json_schema"):
+        raise ValueError("response_format type must be text, json_object or json_schema")
+
+
 def _stops(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
@@ -246,7 +253,6 @@ class ChatCompletionRequest(SamplingExtras):
     n: int = Field(default=1, ge=1, le=64)
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
-    response_format: dict[str, Any] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     service_tier: str | None = None
     stop: str | list[str] | None = None
@@ -274,8 +280,7 @@ class ChatCompletionRequest(SamplingExtras):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> ChatCompletionRequest:
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("only response_format {'type': 'text'} is supported")
+        _check_format(self.response_format)
         if isinstance(self.tool_choice, NamedToolChoice):
             names = {tool.function.name for tool in self.tools or []}
             if self.tool_choice.function.name not in names:
@@ -335,6 +340,7 @@ class CompletionRequest(SamplingExtras):
             raise ValueError("suffix (fill-in-the-middle) is not supported; leave it out")
         if self.best_of not in (None, 1):
             raise ValueError("best_of is not supported: every sample is returned (use n)")
+        _check_format(self.response_format)
         if self.agentjet is not None and self.agentjet.prefix_token_ids is not None:
             raise ValueError("agentjet.prefix_token_ids is for chat requests; send the prompt's token ids as 'prompt'")
         if isinstance(self.prompt, list) and (not self.prompt or len(self.prompts) > MAX_PROMPTS):

@@ -50,6 +50,7 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0
     ignore_eos: bool = False
+    grammar: tuple[str, str] | None = None  # response_format: ("json_object", "") or ("json_schema", schema)
 
     @property
     def processed(self) -> bool:
@@ -63,6 +64,7 @@ class SamplingParams:
             or self.min_p > 0
             or self.min_tokens
             or self.ignore_eos
+            or self.grammar
         )
 
     def __post_init__(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.base import Engine, EngineOptions, SamplingParams, TokenEvent
+from agentjet_server.engine.grammar import Grammars
 from agentjet_server.engine.handoff import WeightSlot
 from agentjet_server.engine.hf_batch import Batch, BatchRunner
 from agentjet_server.engine.hf_sampling import Request, Sampler
@@ -57,6 +58,7 @@ class TransformersEngine(Engine):
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.continuous = continuous
         self._batches = BatchRunner(self.model, self.device, Sampler(self.chat, self.max_context), continuous)
+        self._grammars = Grammars(self.chat, int(self.model.config.vocab_size))
         self._requests: queue.Queue[Request | object] = queue.Queue()
         self._weights = WeightSlot()
         self._closed = threading.Event()
@@ -79,6 +81,7 @@ class TransformersEngine(Engine):
             prompt_ids=list(prompt_ids),
             params=params,
             generator=generator,
+            grammar=self._grammars.matcher(params.grammar) if params.grammar else None,
         )
         self._requests.put(request)
         async with aclosing(request.until_finished()) as events:  # a request abandoned is dropped at the next step

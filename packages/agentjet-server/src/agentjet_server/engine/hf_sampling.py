@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
+from agentjet_server.engine.grammar import Grammar
 from agentjet_server.engine.handoff import TokenStream
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import EngineError, InvalidRequestError
@@ -31,6 +32,7 @@ class Request(TokenStream):
     params: SamplingParams
     generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)
+    grammar: Grammar | None = None  # response_format's matcher
 
 
 PROCESSING = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p")
@@ -98,6 +100,8 @@ class Sampler:
                     f"the sampling settings {processing_of(params)} leave no token to sample", param=first(params)
                 )
         token = self.pick(scores, params, request.generator)
+        if request.grammar is not None:
+            request.grammar.accept(token)
         request.output_ids.append(token)
         top: list[tuple[int, float]] = []
         if params.top_logprobs:
@@ -108,11 +112,13 @@ class Sampler:
         return TokenEvent(token, float(logprobs[token]), version, top, finish, mu)
 
     def process(self, scores: torch.Tensor, request: Request) -> torch.Tensor:
-        """The row's logits as its settings change them, in vLLM's order: logit bias; repetition, frequency
-        and presence penalties; end tokens masked below ``min_tokens`` (or always, ``ignore_eos``); then the
-        cuts, top-k and min-p (min-p on the temperature-1 distribution, so that every token the sampler can
-        draw has a finite behaviour log-probability)."""
+        """The row's logits as its settings change them, in vLLM's order: the response_format grammar; logit
+        bias; repetition, frequency and presence penalties; end tokens masked below ``min_tokens`` (or always,
+        ``ignore_eos``); then the cuts, top-k and min-p (min-p on the temperature-1 distribution, so that every
+        token the sampler can draw has a finite behaviour log-probability)."""
         p, out = request.params, scores.clone()
+        if request.grammar is not None:  # first, as vLLM applies its structured-output bitmask
+            request.grammar.mask(out)
         if p.logit_bias:
             ids = torch.tensor([t for t, _ in p.logit_bias])
             out[ids] += torch.tensor([b for _, b in p.logit_bias], dtype=out.dtype)

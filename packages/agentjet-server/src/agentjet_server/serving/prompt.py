@@ -18,6 +18,7 @@ from agentjet_client.protocol import (
     SamplingExtras,
 )
 from agentjet_server.engine.base import Engine, SamplingParams
+from agentjet_server.engine.grammar import grammar_of
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.ingest.signing import DEFAULT_AGENT
 from agentjet_server.serving.chat_format import forced_tool_prefix
@@ -66,6 +67,9 @@ def processing(engine: Engine, request: SamplingExtras, max_tokens: int, exact: 
     refused with what to do where this server (``exact``: ``--exact-sampling``) or its engine does not
     sample with them."""
     given = request.processing()
+    grammar = grammar_of(request.response_format)
+    if grammar is not None:
+        given["response_format"] = grammar
     if not given:
         return {}
     named, param = ", ".join(sorted(given)), sorted(given)[0]
@@ -92,6 +96,9 @@ def processing(engine: Engine, request: SamplingExtras, max_tokens: int, exact: 
             f"min_tokens is {given['min_tokens']}, more than max_tokens ({max_tokens}); lower it",
             param="min_tokens",
         )
+    grammar = given.pop("response_format", None)
+    if grammar is not None:
+        given["grammar"] = grammar
     return {**given, "logit_bias": tuple(sorted(bias.items()))} if bias else given
 
 
