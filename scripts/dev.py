@@ -41,6 +41,7 @@ MAIN_TOOLS = [
     "openai-agents>=0.2",
     "pydantic-ai-slim[openai]>=1.0",
     "smolagents>=1.20",
+    "trl>=1.0",  # the peer bench/peers.py measures against
 ]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]
