@@ -5,9 +5,10 @@
 Both train the same embedded tiny model directory on the same task and reward (the demo: ``Write seven as
 a digit.`` -> ``7``, reward 1 for the right digit) with the same settings: groups of 16, 10 groups per
 step, AdamW at lr 1e-3 (constant), clip 0.2 / 0.28, no KL, temperature 1, at most 4 completion tokens,
-gradient norm clipped at 1, no activation checkpointing, fp32 on the CPU. AgentJet is ``agentjet-server up`` (its defaults are these)
-and the digits agent run by the client library (32 episodes at once, as ``agentjet-client run``); TRL is
-``GRPOTrainer`` in this process (its generate, then its step, one batch of 160 at a time).
+gradient norm clipped at 1, no activation checkpointing, fp32 on the CPU. AgentJet is ``agentjet-server
+up`` (its defaults are these) and the digits agent run by the client library (32 episodes at once, as
+``agentjet-client run``); TRL is ``GRPOTrainer`` in this process (its generate, then its step, one batch
+of 160 at a time).
 
 Two cases: the plain demo, and each episode followed by a log-normal environment latency (median
 ``--env-median`` s, sigma 1). For TRL the reward function of a batch waits for the slowest of its 160
