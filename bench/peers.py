@@ -167,7 +167,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=26000)
     parser.add_argument("--runs", type=int, default=1, help="runs of each trainer per case (seeds 0, 1, ...)")
-    parser.add_argument("--env-median", type=float, default=0.2, help="the latency case's median seconds (0: skip)")
+    parser.add_argument("--env-median", type=float, default=0.2, help="the latency case's median seconds")
+    parser.add_argument(
+        "--latency-episodes", type=int, default=3200, help="episodes of the latency case (its speed, not its 0.8)"
+    )
     parser.add_argument("--cases", default="plain,latency", help="plain, latency or both")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
     args = parser.parse_args()
@@ -177,10 +180,11 @@ def main() -> None:
     rows: dict[str, list[dict[str, Any]]] = {}
     for case in args.cases.split(","):
         median = args.env_median if case == "latency" else 0.0
+        episodes = args.latency_episodes if case == "latency" else args.episodes
         for run in range(args.runs):
             for name, fn in (("trl", trl), ("agentjet", ours)):
-                print(f"{case}, run {run + 1}/{args.runs}: {name} ...", flush=True)
-                figures = fn(model_dir, args.episodes, median, run).figures()
+                print(f"{case}, run {run + 1}/{args.runs}: {name}, {episodes:,} episodes ...", flush=True)
+                figures = fn(model_dir, episodes, median, run).figures()
                 rows.setdefault(case, []).append({"trainer": name, "run": run, **figures})
                 print(f"  {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()})}")
     print()

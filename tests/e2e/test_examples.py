@@ -60,7 +60,7 @@ def test_example_runs_and_does_not_drift(example, tmp_path, request):
     tools = example.name in USES_TOOLS
     model_dir = request.getfixturevalue("tools_model_dir" if tools else "model_dir")
     # a batch per GRPO group: twelve chances of a group whose rewards differ
-    args = ["--batch-groups", "1", "--group-size", "8", "--state-dir", str(state)]
+    args = ["--batch-groups", "1", "--group-size", "8", "--checkpoint-every", "0", "--state-dir", str(state)]
     server = ServerProcess([*args, "--model-size", "tools"] if tools else args, tmp_path / "s.log")
     try:
         exe = str(Path(sys.executable).parent / "agentjet-client")

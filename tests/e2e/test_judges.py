@@ -26,7 +26,9 @@ def test_a_group_judge_killed_mid_run_loses_nothing_and_never_enters_a_trained_t
     state = tmp_path / "state"
     # episodes wait for the judge while it is down and reach the server late: a staleness bound above the
     # run's length keeps them all (docs/judges.md: a judge's delay counts against --max-staleness)
-    args = ["--batch-groups", "1", "--group-size", str(GROUP), "--max-staleness", "64", "--state-dir", str(state)]
+    # no checkpoint until the end: a checkpoint compacts the log the test reads the trained trajectories from
+    args = ["--batch-groups", "1", "--group-size", str(GROUP), "--max-staleness", "64", "--checkpoint-every", "0"]
+    args += ["--state-dir", str(state)]
     server = ServerProcess(args, tmp_path / "s.log")
     judge = RulesJudge("digits")
     run = None

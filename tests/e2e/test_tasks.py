@@ -128,5 +128,7 @@ def test_run_env_plays_an_openenv_environment_without_a_code_dir(model_dir, tmp_
     assert "done: 16 episodes" in " ".join(done.stdout.split())  # 2 tasks x 2 epochs x groups of 4
     assert status["trajectories"]["accepted"] == 16 and status["trajectories"]["verified_turns"] == 32
     assert {t["task"] for t in status["tasks"]} == {"echo-three", "echo-eight"}
-    assert bad.returncode == 2 and "give gymnasium:ENV_ID, openenv:URL or verifiers:MODULE" in " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "give gymnasium:ENV_ID, openenv:URL or verifiers:MODULE" in " ".join(
+        bad.stderr.split()
+    )
     assert neither.returncode == 2 and "give --code-dir (your agent) or --env" in " ".join(neither.stderr.split())

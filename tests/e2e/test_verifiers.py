@@ -105,7 +105,8 @@ def run_env(module: str, text: str, tmp_path: Path, server: ServerProcess, episo
 @pytest.mark.parametrize("kind", ["single", "multi"])
 def test_a_verifiers_environment_trains_unchanged(kind, model_dir, tmp_path):
     state = tmp_path / "state"
-    args = ["--batch-groups", "1", "--group-size", "8", "--default-max-tokens", "4", "--state-dir", str(state)]
+    args = ["--batch-groups", "1", "--group-size", "8", "--default-max-tokens", "4", "--checkpoint-every", "0"]
+    args += ["--state-dir", str(state)]
     server = ServerProcess(args, tmp_path / "s.log")
     try:
         module = f"vf_digits_{kind}"

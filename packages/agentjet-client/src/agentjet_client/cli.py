@@ -71,9 +71,9 @@ def run(
         str | None,
         typer.Option(
             metavar="<kind:where>",
-            help="instead of a code dir, an environment you have: gymnasium:ENV_ID (or gymnasium:module:ENV_ID), "
-            "openenv:URL (tasks from --tasks, default: seeds 0-99) or verifiers:MODULE (its dataset; the module "
-            "imported from the working directory or an installed package)",
+            help="instead of a code dir, an environment you have: gymnasium:ENV_ID (gymnasium:module:ID imports "
+            "the module first) or openenv:URL, tasks from --tasks (default: seeds 0-99); or verifiers:MODULE, its "
+            "dataset (the module from the working directory or an installed package)",
         ),
     ] = None,
     env_args: Annotated[
