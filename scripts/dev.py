@@ -144,7 +144,7 @@ def ensure_env(
         tools = TEST_REQUIREMENTS + (MAIN_TOOLS if where == VENV else [])
         layer = [
             ["install", "-q", TORCH, *tools],
-            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora]"],
+            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora,structured]"],
         ]
         _layer(bin_dir, where / ".agentjet-tests-installed", layer)
     return bin_dir

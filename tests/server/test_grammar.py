@@ -109,3 +109,14 @@ def test_formats_that_cannot_be_served_are_400s_naming_response_format(server, m
         assert reply.status_code == 400 and "--exact-sampling" in reply.text and "response_format" in reply.text
     finally:
         exact.stop()
+
+
+def test_without_xgrammar_a_format_request_is_a_400_that_says_how_to_install_it(model_dir, monkeypatch):
+    from agentjet_server.engine.grammar import JSON_OBJECT, Grammars
+    from agentjet_server.engine.tokens import ChatTokenizer
+    from agentjet_server.errors import InvalidRequestError
+
+    monkeypatch.setitem(__import__("sys").modules, "xgrammar", None)  # as if it were not installed
+    with pytest.raises(InvalidRequestError, match=r"pip install 'agentjet-server\[structured\]'") as caught:
+        Grammars(ChatTokenizer(model_dir), 1024).matcher((JSON_OBJECT, ""))
+    assert caught.value.param == "response_format"

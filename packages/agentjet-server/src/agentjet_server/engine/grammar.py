@@ -1,6 +1,8 @@
 """Structured outputs in the transformers engine: ``response_format`` ``json_object`` and ``json_schema``
 compiled by xgrammar (the constrained-decoding library vLLM uses for the same requests, so both engines
-mask alike; its grammars are compiled once per schema and matched token by token in C++).
+mask alike; its grammars are compiled once per schema and matched token by token in C++). xgrammar is
+the ``structured`` extra (``pip install 'agentjet-server[structured]'``); without it such a request is
+a 400 that says so.
 
 A request's ``Grammar`` is one xgrammar matcher: before each token, the tokens the grammar does not allow
 are masked out of the row's logits (``mask``); after it, the sampled token advances the matcher
@@ -55,7 +57,14 @@ class Grammars:
 
     def matcher(self, spec: tuple[str, str]) -> Grammar:
         """A fresh matcher for ``spec`` (``(JSON_OBJECT, "")`` or ``(JSON_SCHEMA, schema JSON)``)."""
-        import xgrammar as xgr
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise InvalidRequestError(
+                "response_format json_object and json_schema need xgrammar on the server, which is not "
+                "installed there: pip install 'agentjet-server[structured]' and restart it",
+                param="response_format",
+            ) from None
 
         with self._lock:
             if self._compiler is None:
