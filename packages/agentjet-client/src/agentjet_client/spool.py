@@ -162,7 +162,8 @@ class Spool:
                     id TEXT NOT NULL UNIQUE,
                     body TEXT NOT NULL,
                     added REAL NOT NULL,
-                    attempts INTEGER NOT NULL DEFAULT 0
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    pending INTEGER NOT NULL DEFAULT 0
                 );
                 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS notes (name TEXT PRIMARY KEY, value TEXT);
@@ -178,7 +179,11 @@ class Spool:
             )
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(items)")}
             if "pending" not in columns:  # a spool of an earlier version: items wait for nothing
-                self._db.execute("ALTER TABLE items ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
+                try:
+                    self._db.execute("ALTER TABLE items ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
+                except sqlite3.OperationalError as exc:  # another process opening it added it first
+                    if "duplicate column" not in str(exc):
+                        raise
         except (OSError, sqlite3.Error) as exc:
             hint = (
                 "another process holds it locked for longer than "
