@@ -43,11 +43,14 @@ def processing_of(params: SamplingParams) -> str:
     defaults = SamplingParams(max_tokens=1)
     named = [f"{n}={getattr(params, n)!r}" for n in PROCESSING if getattr(params, n) != getattr(defaults, n)]
     named += [f"min_tokens={params.min_tokens}"] if params.min_tokens else []
+    named += [f"response_format={params.grammar[0]}"] if params.grammar else []
     return ", ".join([*named, f"temperature={params.temperature!r}"])
 
 
 def first(params: SamplingParams) -> str:
     """The first setting of ``params`` that changes the distribution (an error's ``param``)."""
+    if params.grammar:
+        return "response_format"
     defaults = SamplingParams(max_tokens=1)
     return next((n for n in PROCESSING if getattr(params, n) != getattr(defaults, n)), "temperature")
 
