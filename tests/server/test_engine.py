@@ -44,6 +44,39 @@ def test_concurrent_requests_share_forward_passes(chatty_model_dir):
         engine.close()
 
 
+def test_a_group_of_identical_prompts_is_prefilled_once_and_new_weights_empty_the_prompt_cache(chatty_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    engine = TransformersEngine(chatty_model_dir)
+    try:
+        prompts = [engine.render([{"role": "user", "content": f"Count to {n}."}]) for n in (3, 12)]
+
+        async def group(version_seeds):
+            jobs = [engine.generate(prompts[i % 2], SamplingParams(max_tokens=6, seed=s)) for i, s in version_seeds]
+            return await asyncio.gather(*[_drain(job) for job in jobs])
+
+        first = asyncio.run(group([(i, i) for i in range(16)]))
+        # 16 requests, two distinct prompts: each prompt run once, however their arrivals were split
+        assert engine.prompts_run == 2 and engine.prefills <= 2
+        again = asyncio.run(group([(i, 100 + i) for i in range(4)]))  # the same weights: all four from the cache
+        assert engine.prompts_run == 2 and engine.prompt_cache_hits >= 4
+        new = {k: v + 0.02 * torch.randn_like(v) for k, v in engine.state_dict().items()}
+        engine.update_weights(new, 1)
+        hits = engine.prompt_cache_hits
+        after = asyncio.run(group([(0, 7)]))
+        assert engine.prompt_cache_hits == hits and engine.prompts_run == 3  # prefilled under the new weights
+        model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
+        for n, events in enumerate(first + again):
+            expected = _plain_logprobs(model, prompts[n % 2] if n < 16 else prompts[(n - 16) % 2], events)
+            assert max(abs(x - e.logprob) for x, e in zip(expected, events, strict=True)) < 1e-4
+        model.load_state_dict(new)
+        expected = _plain_logprobs(model, prompts[0], after[0])
+        assert {e.version for e in after[0]} == {1}
+        assert max(abs(x - e.logprob) for x, e in zip(expected, after[0], strict=True)) < 1e-4
+    finally:
+        engine.close()
+
+
 async def _drain(gen):
     return [event async for event in gen]
 
@@ -171,7 +204,8 @@ def test_requests_join_and_leave_a_running_batch_and_stay_exact(chatty_model_dir
         assert [len(events[k]) for k in "abc"] == [240, 30, 20]
         # b and c joined a while a was decoding, not after it
         assert seen_at_first["b"] < 60 and seen_at_first["c"] < 120
-        assert engine.largest_batch == 3 and engine.prefills == 3
+        # c's prompt is a's, prefilled under the same weights: it joined from the prompt cache, no forward pass
+        assert engine.largest_batch == 3 and engine.prefills == 2 and engine.prompt_cache_hits == 1
         model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
         for name, prompt in (("a", short), ("b", long), ("c", short)):
             expected = _plain_logprobs(model, prompt, events[name])

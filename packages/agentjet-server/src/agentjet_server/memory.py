@@ -383,10 +383,14 @@ def engine_items(shape: ModelShape, layout: Layout, capacity: int) -> list[Item]
         if layout.engine_sleep:
             items.append(Item(SLEEPING, SLEEPING_BYTES, "CUDA graphs, buffers (estimate)", phase="step"))
         return items
+    from agentjet_server.engine.hf_prompts import PROMPT_CACHE_TOKENS
+
     kv = layout.max_batch * KV_TOKENS * kv_per_token
+    prompts = layout.max_batch * PROMPT_CACHE_TOKENS
     return [
         Item("engine weights", weights, layout.engine_dtype),
         Item("engine KV cache", kv, f"{layout.max_batch} sequences x {KV_TOKENS} tokens"),
+        Item("engine prompt cache", prompts * kv_per_token, f"{prompts} tokens"),
     ]
 
 

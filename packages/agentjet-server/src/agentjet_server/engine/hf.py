@@ -1,7 +1,8 @@
 """The transformers engine: continuously batched sampling with a KV cache on CPU or GPU.
 
 One engine thread owns the model and loops: take in the requests that arrived (prefilled
-together, left-padded), merge them into the running batch, run one decode step for every
+together, left-padded; a prompt prefilled lately under the same weights comes from the prompt
+cache, ``hf_prompts``), merge them into the running batch, run one decode step for every
 running row, drop the rows that finished (``hf_batch.BatchRunner``; each row's next token is
 picked by ``hf_sampling.Sampler``). So a newcomer's first token comes after one prefill, not after
 the batch already decoding. New weights are copied in by the same thread between two steps, so no
@@ -26,6 +27,7 @@ from agentjet_server.engine.base import Engine, EngineOptions, SamplingParams, T
 from agentjet_server.engine.grammar import Grammars
 from agentjet_server.engine.handoff import WeightSlot
 from agentjet_server.engine.hf_batch import Batch, BatchRunner
+from agentjet_server.engine.hf_prompts import PROMPT_CACHE_TOKENS
 from agentjet_server.engine.hf_sampling import Request, Sampler
 from agentjet_server.errors import EngineError, ModelLoadError
 
@@ -57,7 +59,13 @@ class TransformersEngine(Engine):
         self.max_batch = options.max_batch
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.continuous = continuous
-        self._batches = BatchRunner(self.model, self.device, Sampler(self.chat, self.max_context), continuous)
+        self._batches = BatchRunner(
+            self.model,
+            self.device,
+            Sampler(self.chat, self.max_context),
+            continuous,
+            prompt_cache=(self.max_batch, self.max_batch * PROMPT_CACHE_TOKENS),
+        )
         self._grammars = Grammars(self.chat, int(self.model.config.vocab_size))
         self._requests: queue.Queue[Request | object] = queue.Queue()
         self._weights = WeightSlot()
@@ -108,6 +116,16 @@ class TransformersEngine(Engine):
     def prefills(self) -> int:
         """Forward passes over newcomers' prompts so far."""
         return self._batches.prefills
+
+    @property
+    def prompts_run(self) -> int:
+        """Prompts run through prefills so far: a prompt several newcomers of one prefill share counts once."""
+        return self._batches.prompts_run
+
+    @property
+    def prompt_cache_hits(self) -> int:
+        """Newcomers whose prompt was in the prompt cache: they joined without a forward pass."""
+        return self._batches.prompts.hits
 
     @property
     def forward_passes(self) -> int:

@@ -11,12 +11,14 @@ running batch to finish (``BatchRunner.merges``).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from agentjet_server.engine.hf_prompts import Prefilled, PromptCache
 from agentjet_server.engine.hf_sampling import Request, Sampler
 
 
@@ -79,44 +81,98 @@ class BatchRunner:
     """Runs the model over the batch: a prefill for newcomers, a decode step for every running row, and
     ``sampler`` for each row's next token. Used by the engine thread alone."""
 
-    def __init__(self, model: Any, device: torch.device, sampler: Sampler, continuous: bool) -> None:
-        """``continuous=False`` decodes in waves (newcomers wait for the running batch to end)."""
+    def __init__(
+        self, model: Any, device: torch.device, sampler: Sampler, continuous: bool, prompt_cache: tuple[int, int]
+    ) -> None:
+        """``continuous=False`` decodes in waves (newcomers wait for the running batch to end);
+        ``prompt_cache``: the most prompts and tokens the prompt cache keeps."""
         self.model = model
         self.device = device
         self.sampler = sampler
         self.continuous = continuous
         self.merges = continuous  # whether newcomers may join a running batch (see ``prefill``)
-        self.prefills = 0  # forward passes over newcomers' prompts
+        self.prefills = 0  # forward passes over newcomers' prompts (the prompt cache's hits need none)
+        self.prompts_run = 0  # prompts those passes ran (a prompt that several newcomers share: once)
         self.forward_passes = 0
         self.largest_batch = 0
         self._roomy = _roomy_layer_class()
         # transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-    def prefill(self, requests: list[Request], version: int) -> Batch | None:
-        """Newcomers' prompts in one left-padded pass; their first tokens are sampled from it."""
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        # logits for the last position only (a prompt's others are never sampled from)
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        self.prefills += 1
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.sampler.chat.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        # only plain growing K/V can be padded, concatenated and cached; anything else decodes in waves
+        self._new_cache: Callable[[], Any] = lambda: DynamicCache(config=model.config)
+        self._plain = all(type(layer) is DynamicLayer for layer in self._new_cache().layers)
+        self.prompts = PromptCache(max_entries=prompt_cache[0], max_tokens=prompt_cache[1])
+        self._none = torch.zeros(0, dtype=torch.long)
+
+    def prefill(self, requests: list[Request], version: int) -> Batch | None:
+        """Newcomers' first tokens: each distinct prompt not in the prompt cache is run once, together in one
+        left-padded pass; the rest come from the cache."""
+        self.merges = self.continuous and self._plain
+        if not self._plain:
+            cache = self._new_cache()
+            ids, mask, positions = self._left_padded([r.prompt_ids for r in requests])
+            logits = self._forward(ids, mask, positions, cache, prompt=True)
+            return self._sampled(Batch(requests, cache, mask, positions[:, -1:] + 1, self._none), logits, version)
+        rows: list[Prefilled | None] = [None] * len(requests)
+        missing: dict[tuple[int, ...], list[int]] = {}
         for i, request in enumerate(requests):
-            n = len(request.prompt_ids)
-            ids[i, width - n :] = torch.tensor(request.prompt_ids)
-            mask[i, width - n :] = 1
+            prompt = tuple(request.prompt_ids)
+            rows[i] = self.prompts.get(prompt, version)
+            if rows[i] is None:
+                missing.setdefault(prompt, []).append(i)
+        if missing:
+            for prompt, prefilled in zip(missing, self._run_prompts(list(missing)), strict=True):
+                self.prompts.put(prompt, version, prefilled)
+                for i in missing[prompt]:
+                    rows[i] = prefilled
+        ready = [row for row in rows if row is not None]
+        width = max(row.width for row in ready)
+        mask = torch.zeros((len(ready), width), dtype=torch.long, device=self.device)
+        for i, row in enumerate(ready):
+            mask[i, width - row.width :] = 1
+        cache = self._new_cache()
+        cache.layers = [self._roomy() for _ in cache.layers]
+        for n, layer in enumerate(cache.layers):
+            layer.hold(
+                torch.cat([F.pad(row.keys[n], (0, 0, width - row.width, 0)) for row in ready]),
+                torch.cat([F.pad(row.values[n], (0, 0, width - row.width, 0)) for row in ready]),
+            )
+        positions = torch.tensor([[row.width] for row in ready], device=self.device)
+        logits = torch.stack([row.logits for row in ready])
+        return self._sampled(Batch(requests, cache, mask, positions, self._none), logits, version)
+
+    def _run_prompts(self, prompts: list[tuple[int, ...]]) -> list[Prefilled]:
+        """One left-padded forward pass over ``prompts``: each one's K/V and next-token logits."""
+        ids, mask, positions = self._left_padded(prompts)
+        cache = self._new_cache()
+        logits = self._forward(ids, mask, positions, cache, prompt=True)
+        self.prompts_run += len(prompts)
+        width = ids.shape[1]
+        return [
+            Prefilled(
+                keys=tuple(layer.keys[i : i + 1, :, width - len(p) :].clone() for layer in cache.layers),
+                values=tuple(layer.values[i : i + 1, :, width - len(p) :].clone() for layer in cache.layers),
+                logits=logits[i],
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    def _left_padded(self, prompts: list[list[int]] | list[tuple[int, ...]]) -> tuple[torch.Tensor, ...]:
+        """``prompts`` as one batch: token ids, attention mask and positions, padded on the left."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.sampler.chat.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        # only plain growing K/V can be padded and concatenated; anything else decodes in waves
-        plain = all(type(layer) is DynamicLayer for layer in cache.layers)
-        if plain:
-            cache.layers = [self._roomy() for _ in cache.layers]
-        self.merges = self.continuous and plain
-        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
-        logits = self._forward(ids, mask, positions, cache)
-        batch = Batch(requests, cache, mask, positions[:, -1:] + 1, torch.zeros(0, dtype=torch.long))
-        return self._sampled(batch, logits, version)
+        return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
     def step(self, batch: Batch, version: int) -> Batch | None:
         """One decode step for every running row."""
@@ -149,10 +205,18 @@ class BatchRunner:
         running.requests = running.requests + joined.requests
         return running
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, prompt: bool = False
+    ) -> torch.Tensor:
         self.forward_passes += 1
+        self.prefills += prompt
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache}
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kwarg: cache},
+            **self._last_logits_only,
         )
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits
