@@ -73,7 +73,9 @@ def test_a_process_killed_right_after_put_loses_nothing(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9, proc.stderr
-    assert Spool(tmp_path).depth == 200
+    survivor = Spool(tmp_path)
+    assert survivor.depth == 200
+    assert len(survivor.peek(500)) == 200  # its owner is dead: the next spool adopts and sends them
 
 
 def test_full_is_reported_not_dropped(tmp_path):
@@ -188,3 +190,38 @@ def test_the_command_line_sets_aside_what_another_server_run_left(live_server, t
     assert "set aside 3 trajectories an earlier run left for another run of the server" in " ".join(out.stdout.split())
     after = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
     assert after["accepted"] - before["accepted"] == 4 and after["rejected"] == before["rejected"]
+
+
+def test_spools_sharing_a_directory_send_only_their_own_and_adopt_what_a_closed_one_left(tmp_path, monkeypatch):
+    """Two processes on one machine share the default spool directory: each sends only the items it put (so
+    each hears its own answers), and items whose owner closed or died go to the next spool that looks."""
+    import agentjet_client.spool as spool_module
+
+    monkeypatch.setattr(spool_module, "ADOPT_EVERY_S", 0.0)
+    first, second = Spool(tmp_path), Spool(tmp_path)
+    first.put_many([trajectory(i) for i in range(3)])
+    second.put_many([trajectory(i) for i in range(3, 5)])
+    assert [i for i, _ in first.peek(10)] == ["t0", "t1", "t2"]
+    assert [i for i, _ in second.peek(10)] == ["t3", "t4"]
+    first.settle({"t0": "accepted"})
+    first.close()
+    assert [i for i, _ in second.peek(10)] == ["t1", "t2", "t3", "t4"]
+    assert Spool(tmp_path).peek(10) == []  # all taken by the open one
+
+
+def test_two_runs_on_one_machine_sharing_the_spool_directory_both_finish_without_resending(live_server, tmp_path):
+    """Two ``agentjet-client run`` at once with one spool directory (as two runs with the default one): before
+    spools had owners, each sent the other's trajectories and settled them, and both waited forever for the
+    answers to their own."""
+    import httpx2
+
+    before = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
+    code = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "digits")
+    command = [os.path.join(os.path.dirname(sys.executable), "agentjet-client"), "run", "--code-dir", code]
+    command += ["--server", live_server.url, "--episodes", "48", "--spool-dir", str(tmp_path / "spool")]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=180)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    after = httpx2.get(live_server.url + "/v1/status").json()["trajectories"]
+    assert after["accepted"] - before["accepted"] == 96
+    assert after["duplicate"] == before["duplicate"] and after["rejected"] == before["rejected"]

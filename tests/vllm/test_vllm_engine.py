@@ -267,3 +267,66 @@ def test_torchrun_learner_ranks_with_vllm_in_its_own_process(model_dir, tmp_path
         server.stop()
     log = (tmp_path / "server.log").read_text()
     assert "learner rank 1 waiting for batches" in log and "with vllm" in log
+
+
+GRAMMAR_SCHEMA = {
+    "type": "object",
+    "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}, "sure": {"type": "boolean"}},
+    "required": ["digit", "sure"],
+}
+
+
+def test_structured_outputs_give_the_transformers_engines_greedy_tokens(sdk, vllm_server, chatty_model_dir):
+    """vLLM's own structured outputs (xgrammar, no free whitespace) mask as the transformers engine does: greedy
+    constrained answers are token for token the same, parse and validate, and are recorded as processed with
+    the masked distribution's log-probs as the behaviour policy's."""
+    import jsonschema
+
+    from agentjet_server.engine.base import SamplingParams
+    from agentjet_server.engine.hf import TransformersEngine
+
+    formats = {
+        "json_schema": {"type": "json_schema", "json_schema": {"name": "d", "schema": GRAMMAR_SCHEMA, "strict": True}},
+        "json_object": {"type": "json_object"},
+    }
+    hf = TransformersEngine(chatty_model_dir)
+    learner = vllm_server.runtime.loop.learner  # earlier tests trained: the weights vLLM serves now
+    hf.update_weights({k: v.detach().clone() for k, v in learner.model.state_dict().items()}, 1)
+    try:
+        for kind, response_format in formats.items():
+            for word in ["seven", "two", "nine"]:
+                messages = [{"role": "user", "content": f"Write {word} as a digit."}]
+                reply = sdk.chat.completions.create(
+                    model="agentjet-tiny",
+                    messages=messages,
+                    max_tokens=40,
+                    temperature=0,
+                    response_format=response_format,
+                )
+                ext = reply.choices[0].model_extra["agentjet"]
+                assert ext["sampled_from"] == "processed" and all(lp <= 0 for lp in ext["completion_logprobs"])
+                text = reply.choices[0].message.content
+                if kind == "json_schema":  # bounded: it ends, and is exactly the named properties (strict)
+                    assert reply.choices[0].finish_reason == "stop", text
+                    jsonschema.validate(json.loads(text), {**GRAMMAR_SCHEMA, "additionalProperties": False})
+                    grammar = (kind, json.dumps({**GRAMMAR_SCHEMA, "additionalProperties": False}, sort_keys=True))
+                else:  # the random-weights model may name keys to max_tokens; what it wrote is an object's start
+                    cut = reply.choices[0].finish_reason == "length"
+                    assert text.startswith("{") and (cut or isinstance(json.loads(text), dict))
+                    grammar = (kind, "")
+                params = SamplingParams(max_tokens=40, temperature=0, grammar=grammar)
+
+                async def theirs(ids=ext["prompt_token_ids"], params=params):
+                    return [event.token_id async for event in hf.generate(ids, params)]
+
+                mine = asyncio.run(theirs())
+                assert mine == ext["completion_token_ids"], (kind, word, hf.decode(mine), text)
+    finally:
+        hf.close()
+    refused = httpx2.post(
+        vllm_server.url + "/v1/chat/completions",
+        json={"messages": ASK, "max_tokens": 4, "presence_penalty": 1.5},
+        timeout=60,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "presence_penalty"
+    assert "--engine transformers" in refused.json()["error"]["message"]

@@ -8,6 +8,12 @@ rejected: each is an answer, so the item leaves the spool and the answer is coun
 server never answered stays, and is sent again after a restart; the server's exactly-once
 ingestion reports such a resend as ``duplicate``.
 
+Several processes may share a spool (two runs on one machine against one server use the same default
+directory). Each item belongs to the ``Spool`` that put it (its ``owner``), and only its owner sends it,
+so every run hears the answers to its own trajectories. An open ``Spool`` holds an OS lock on
+``owners/<its token>.lock``; items whose owner closed or died (the lock is free) are adopted by the
+next ``Spool`` that looks, and sent by it.
+
 Size bound: ``max_items`` (default 100,000). A full spool never drops anything; the runner stops
 starting episodes while ``full`` is true, and says so once in the log, until the sender has made
 room. Episodes already running still land in the spool (so it can pass the bound by at most the
@@ -27,9 +33,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from agentjet_client.errors import AgentJetError
 from agentjet_client.protocol import Trajectory
@@ -103,7 +112,9 @@ def open_for_run(directory: Path, run_id: str | None, *, max_items: int = DEFAUL
     return spool, depth
 
 
-_INSERT = "INSERT OR IGNORE INTO items (id, body, added, pending) VALUES (?, ?, ?, ?)"
+_INSERT = "INSERT OR IGNORE INTO items (id, body, added, pending, owner) VALUES (?, ?, ?, ?, ?)"
+OWNERS = "owners"  # <spool dir>/owners/<token>.lock: locked while that Spool is open
+ADOPT_EVERY_S = 2.0  # how often a spool looks for items whose owner is gone
 WAITING = "agentjet_waiting_for"  # metadata key of a trajectory whose reward a judge has still to give
 
 
@@ -142,7 +153,72 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-class Spool:
+def _owner_alive(directory: Path, token: str) -> bool:
+    """Whether the spool ``token`` of ``directory`` is open in some process (it holds its owner lock)."""
+    path = directory / OWNERS / f"{token}.lock"
+    if not path.exists():
+        return False
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    path.unlink(missing_ok=True)
+    return False
+
+
+class _TaskOrders:
+    """Where a run's task order stands, kept in the spool's database so that the next run goes on from it
+    (``taskorder``): each track's order (fingerprint, seed, next position) and its groups still open."""
+
+    _db: sqlite3.Connection
+    _lock: threading.Lock
+    _write: Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
+
+    def task_order(self, track: str) -> tuple[str, int, int] | None:
+        """``(fingerprint, seed, next position)`` of ``track``'s task order, as the last run left it."""
+        with self._lock:
+            row = self._db.execute("SELECT fingerprint, seed, next FROM task_orders WHERE track = ?", (track,))
+            found = row.fetchone()
+        return (str(found[0]), int(found[1]), int(found[2])) if found else None
+
+    def start_task_order(self, track: str, fingerprint: str, seed: int) -> None:
+        """Begin ``track``'s order afresh (its groups left open by an earlier run are forgotten)."""
+        with self._lock, self._write() as db:
+            db.execute("DELETE FROM task_groups WHERE track = ?", (track,))
+            db.execute(
+                "INSERT OR REPLACE INTO task_orders (track, fingerprint, seed, next) VALUES (?, ?, ?, 0)",
+                (track, fingerprint, seed),
+            )
+
+    def open_group(self, track: str, position: int, group_id: str, task_id: str, size: int) -> None:
+        """Note that the group of ``position`` starts (``size`` episodes): it stays open until that many of its
+        trajectories are spooled (counted in the same transaction that commits each)."""
+        with self._lock, self._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO task_groups (group_id, track, position, task_id, size) VALUES (?, ?, ?, ?, ?)",
+                (group_id, track, position, task_id, size),
+            )
+            db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
+
+    def pass_over(self, track: str, position: int) -> None:
+        """Note that ``position`` of ``track``'s order was passed over (dynamic sampling): no group there."""
+        with self._lock, self._write() as db:
+            db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
+
+    def open_groups(self, track: str) -> list[tuple[int, str, str, int]]:
+        """``(position, group id, task id, episodes missing)`` of ``track``'s groups an earlier run started
+        and did not spool in full, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT position, group_id, task_id, size - spooled FROM task_groups WHERE track = ? ORDER BY position",
+                (track,),
+            ).fetchall()
+        return [(int(p), str(g), str(t), int(n)) for p, g, t, n in rows]
+
+
+class Spool(_TaskOrders):
     """The durable outbox of one server: trajectories are fsynced here before a run moves on, and
     leave only once the server answered them (at most ``max_items`` waiting; then new episodes wait)."""
 
@@ -163,7 +239,8 @@ class Spool:
                     body TEXT NOT NULL,
                     added REAL NOT NULL,
                     attempts INTEGER NOT NULL DEFAULT 0,
-                    pending INTEGER NOT NULL DEFAULT 0
+                    pending INTEGER NOT NULL DEFAULT 0,
+                    owner TEXT
                 );
                 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
                 CREATE TABLE IF NOT EXISTS notes (name TEXT PRIMARY KEY, value TEXT);
@@ -178,12 +255,19 @@ class Spool:
                 """
             )
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(items)")}
-            if "pending" not in columns:  # a spool of an earlier version: items wait for nothing
-                try:
-                    self._db.execute("ALTER TABLE items ADD COLUMN pending INTEGER NOT NULL DEFAULT 0")
-                except sqlite3.OperationalError as exc:  # another process opening it added it first
-                    if "duplicate column" not in str(exc):
-                        raise
+            # a spool of an earlier version: its items wait for nothing, and belong to whoever opens it
+            for column in ("pending INTEGER NOT NULL DEFAULT 0", "owner TEXT"):
+                if column.split()[0] not in columns:
+                    try:
+                        self._db.execute(f"ALTER TABLE items ADD COLUMN {column}")
+                    except sqlite3.OperationalError as exc:  # another process opening it added it first
+                        if "duplicate column" not in str(exc):
+                            raise
+            self.token = uuid.uuid4().hex
+            (self.directory / OWNERS).mkdir(exist_ok=True)
+            # released by whichever thread closes the spool
+            self._owner = FileLock(self.directory / OWNERS / f"{self.token}.lock", thread_local=False)
+            self._owner.acquire(timeout=0)
         except (OSError, sqlite3.Error) as exc:
             hint = (
                 "another process holds it locked for longer than "
@@ -193,12 +277,32 @@ class Spool:
             )
             raise SpoolError(f"cannot open the spool in {self.directory}: {exc} ({hint})") from exc
         self._lock = threading.Lock()
+        self._adopted_at = 0.0
+
+    # ------------------------------------------------------------------ owners
+
+    def _adopt(self) -> None:
+        """Make this spool the owner of items whose owner is gone (closed, crashed, or of an earlier version);
+        at most every ``ADOPT_EVERY_S``. Called with ``_lock`` held."""
+        if time.monotonic() - self._adopted_at < ADOPT_EVERY_S:
+            return
+        self._adopted_at = time.monotonic()
+        others = self._db.execute("SELECT DISTINCT owner FROM items WHERE owner IS NOT ?", (self.token,)).fetchall()
+        gone = [owner for (owner,) in others if owner is None or not _owner_alive(self.directory, owner)]
+        if not gone:
+            return
+        with self._write() as db:
+            named = [owner for owner in gone if owner is not None]
+            db.execute(
+                f"UPDATE items SET owner = ? WHERE owner IS NULL OR owner IN ({','.join('?' * len(named))})",
+                [self.token, *named],
+            )
 
     # ------------------------------------------------------------------ writing
 
     def put(self, trajectory: Trajectory) -> bool:
         """Commit a finished trajectory to disk. False if one with this id is already spooled."""
-        row = (trajectory.id, trajectory.model_dump_json(), time.time(), _pending(trajectory))
+        row = (trajectory.id, trajectory.model_dump_json(), time.time(), _pending(trajectory), self.token)
         with self._lock, self._write() as db:
             inserted = db.execute(_INSERT, row).rowcount
             if inserted:
@@ -208,7 +312,7 @@ class Spool:
 
     def put_many(self, trajectories: list[Trajectory]) -> list[bool]:
         """Commit several trajectories in one transaction (one fsync): ``put`` for each, grouped."""
-        rows = [(t.id, t.model_dump_json(), time.time(), _pending(t)) for t in trajectories]
+        rows = [(t.id, t.model_dump_json(), time.time(), _pending(t), self.token) for t in trajectories]
         inserted = []
         with self._lock, self._write() as db:
             for row, trajectory in zip(rows, trajectories, strict=True):
@@ -220,10 +324,11 @@ class Spool:
         return inserted
 
     def peek(self, limit: int = 256) -> list[tuple[str, Trajectory]]:
-        """The oldest ``limit`` items ready to send (not waiting for a judge), still in the spool."""
+        """The oldest ``limit`` items of this spool's (see ``_adopt``) ready to send (not waiting for a judge)."""
         with self._lock:
+            self._adopt()
             rows = self._db.execute(
-                "SELECT id, body FROM items WHERE pending = 0 ORDER BY seq LIMIT ?", (limit,)
+                "SELECT id, body FROM items WHERE pending = 0 AND owner = ? ORDER BY seq LIMIT ?", (self.token, limit)
             ).fetchall()
         items, self.unreadable = [], []
         for item_id, body in rows:
@@ -234,11 +339,16 @@ class Spool:
         return items
 
     def waiting(self, ids: list[str] | None = None) -> list[tuple[Trajectory, float]]:
-        """The items (of ``ids``) waiting for their judge (``judging``), oldest first, with when each was spooled."""
+        """The items (of ``ids``; else this spool's) waiting for their judge (``judging``), oldest first, with
+        when each was spooled."""
         query, args = "SELECT body, added FROM items WHERE pending = 1", list(ids or [])
         if ids is not None:
             query += f" AND id IN ({','.join('?' * len(args))})"
+        else:
+            query, args = query + " AND owner = ?", [self.token]
         with self._lock:
+            if ids is None:
+                self._adopt()
             rows = self._db.execute(query + " ORDER BY seq", args).fetchall()
         return [(Trajectory.model_validate_json(body), float(added)) for body, added in rows]
 
@@ -303,8 +413,12 @@ class Spool:
         )
 
     def close(self) -> None:
+        """Close the database; what is left here is adopted by the next spool that looks."""
         with self._lock:
             self._db.close()
+            if self._owner.is_locked:
+                self._owner.release()
+                (self.directory / OWNERS / f"{self.token}.lock").unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ the server run it belongs to
 
@@ -320,49 +434,6 @@ class Spool:
         if run_id is not None:
             with self._lock, self._write() as db:
                 db.execute("INSERT OR REPLACE INTO notes (name, value) VALUES ('server_run', ?)", (run_id,))
-
-    # ------------------------------------------------------------------ where a run's task order stands
-
-    def task_order(self, track: str) -> tuple[str, int, int] | None:
-        """``(fingerprint, seed, next position)`` of ``track``'s task order, as the last run left it."""
-        with self._lock:
-            row = self._db.execute("SELECT fingerprint, seed, next FROM task_orders WHERE track = ?", (track,))
-            found = row.fetchone()
-        return (str(found[0]), int(found[1]), int(found[2])) if found else None
-
-    def start_task_order(self, track: str, fingerprint: str, seed: int) -> None:
-        """Begin ``track``'s order afresh (its groups left open by an earlier run are forgotten)."""
-        with self._lock, self._write() as db:
-            db.execute("DELETE FROM task_groups WHERE track = ?", (track,))
-            db.execute(
-                "INSERT OR REPLACE INTO task_orders (track, fingerprint, seed, next) VALUES (?, ?, ?, 0)",
-                (track, fingerprint, seed),
-            )
-
-    def open_group(self, track: str, position: int, group_id: str, task_id: str, size: int) -> None:
-        """Note that the group of ``position`` starts (``size`` episodes): it stays open until that many of its
-        trajectories are spooled (counted in the same transaction that commits each)."""
-        with self._lock, self._write() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO task_groups (group_id, track, position, task_id, size) VALUES (?, ?, ?, ?, ?)",
-                (group_id, track, position, task_id, size),
-            )
-            db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
-
-    def pass_over(self, track: str, position: int) -> None:
-        """Note that ``position`` of ``track``'s order was passed over (dynamic sampling): no group there."""
-        with self._lock, self._write() as db:
-            db.execute("UPDATE task_orders SET next = MAX(next, ?) WHERE track = ?", (position + 1, track))
-
-    def open_groups(self, track: str) -> list[tuple[int, str, str, int]]:
-        """``(position, group id, task id, episodes missing)`` of ``track``'s groups an earlier run started
-        and did not spool in full, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT position, group_id, task_id, size - spooled FROM task_groups WHERE track = ? ORDER BY position",
-                (track,),
-            ).fetchall()
-        return [(int(p), str(g), str(t), int(n)) for p, g, t, n in rows]
 
     # ------------------------------------------------------------------ internals
 

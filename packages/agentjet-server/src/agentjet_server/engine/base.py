@@ -73,6 +73,26 @@ class SamplingParams:
             object.__setattr__(self, "top_p", 1.0)
 
 
+# the request settings that change the model's distribution (as ``SamplingExtras.processing`` names them)
+PROCESSED_SETTINGS = frozenset(
+    {
+        "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "ignore_eos",
+        "response_format",
+    }
+)
+
+# what the vLLM engine samples with of those: its structured outputs (the grammar mask is applied to the logits
+# its log-probabilities come from); its penalties, biases and filters act after them, so their behaviour is unknown
+VLLM_PROCESSED_SETTINGS = frozenset({"response_format"})
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How an engine in this process serves its model directory: what both engines (``hf``, ``vllm``)
@@ -164,10 +184,11 @@ class Engine(abc.ABC):
         """Stop the engine and release its resources."""
 
     @property
-    def samples_processed(self) -> bool:
-        """Whether the engine samples with settings that change the distribution (``SamplingParams.processed``)
-        and reports each token's behaviour log-probability under it (the transformers engine does)."""
-        return False
+    def processed_settings(self) -> frozenset[str]:
+        """The settings that change the distribution (``SamplingParams.processed``; of ``PROCESSED_SETTINGS``)
+        the engine samples with, reporting each token's behaviour log-probability under the processed
+        distribution: the transformers engine all of them, vLLM ``response_format``."""
+        return frozenset()
 
     @property
     def serves_adapters(self) -> bool:

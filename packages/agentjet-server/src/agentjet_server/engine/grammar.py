@@ -81,15 +81,20 @@ class Grammars:
         return Grammar(xgr.GrammarMatcher(compiled), self._vocab)
 
     def _compile(self, spec: tuple[str, str]) -> Any:
-        kind, schema = spec
-        if kind == JSON_OBJECT:  # any JSON object, as OpenAI's json_object mode (xgrammar's builtin takes arrays too)
-            schema = '{"type": "object"}'
         try:
-            return self._compiler.compile_json_schema(schema, any_whitespace=False)
+            # compact JSON, as vLLM with ``disable_any_whitespace`` compiles it: no whitespace the model may pad with
+            return self._compiler.compile_json_schema(json_schema(spec), any_whitespace=False, separators=(",", ":"))
         except Exception as exc:  # xgrammar's own message says what it cannot take
             raise InvalidRequestError(
                 f"response_format.json_schema.schema cannot be compiled to a grammar: {exc}", param="response_format"
             ) from None
+
+
+def json_schema(spec: tuple[str, str]) -> str:
+    """The JSON schema ``spec`` constrains to: json_object's is any JSON object, as OpenAI's json_object mode
+    (xgrammar's builtin JSON grammar takes arrays too). Both engines compile this, so they mask alike."""
+    kind, schema = spec
+    return '{"type": "object"}' if kind == JSON_OBJECT else schema
 
 
 def grammar_of(response_format: dict[str, Any] | None) -> tuple[str, str] | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.base import Engine, EngineOptions, SamplingParams, TokenEvent
+from agentjet_server.engine.base import PROCESSED_SETTINGS, Engine, EngineOptions, SamplingParams, TokenEvent
 from agentjet_server.engine.grammar import Grammars
 from agentjet_server.engine.handoff import WeightSlot
 from agentjet_server.engine.hf_batch import Batch, BatchRunner
@@ -100,8 +100,8 @@ class TransformersEngine(Engine):
         self._weights.offer(state_dict, version, lambda: self._requests.put(_WAKE), self._closed)
 
     @property
-    def samples_processed(self) -> bool:
-        return True
+    def processed_settings(self) -> frozenset[str]:
+        return PROCESSED_SETTINGS
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A copy of the weights being served (taken between updates only if no update is pending)."""

@@ -38,7 +38,13 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.base import Engine, SamplingParams, TokenEvent
+from agentjet_server.engine.base import (
+    PROCESSED_SETTINGS,
+    VLLM_PROCESSED_SETTINGS,
+    Engine,
+    SamplingParams,
+    TokenEvent,
+)
 from agentjet_server.engine.fanout import SharedWeights
 from agentjet_server.engine.replica_processes import ReplicaProcesses
 from agentjet_server.engine.replica_routing import Replica, choose, prefix_blocks
@@ -146,8 +152,9 @@ class ReplicaSet(Engine):
     # ----------------------------------------------------------------------------- weights and sleep
 
     @property
-    def samples_processed(self) -> bool:
-        return self._kind == "transformers"  # its replicas are transformers engines
+    def processed_settings(self) -> frozenset[str]:
+        # what its replicas' engine samples with
+        return PROCESSED_SETTINGS if self._kind == "transformers" else VLLM_PROCESSED_SETTINGS
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         processes = self._processes

@@ -44,7 +44,13 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
-from agentjet_server.engine.base import Engine, EngineOptions, SamplingParams, TokenEvent
+from agentjet_server.engine.base import (
+    VLLM_PROCESSED_SETTINGS,
+    Engine,
+    EngineOptions,
+    SamplingParams,
+    TokenEvent,
+)
 from agentjet_server.engine.handoff import WeightSlot, WeightUpdate
 from agentjet_server.engine.vllm_adapters import AdapterBook, lora_engine_args
 from agentjet_server.engine.vllm_requests import RequestBook, VLLMRequest
@@ -129,7 +135,10 @@ class VLLMEngine(Engine):
         args: dict[str, Any] = {
             "model": str(path),
             "dtype": str(options.dtype).removeprefix("torch."),
-            "skip_tokenizer_init": True,  # prompts arrive as token ids; we detokenise ourselves
+            # prompts arrive as token ids and we detokenise ourselves, but structured outputs compile their
+            # grammars against vLLM's own tokenizer; as the transformers engine's (``grammar``): xgrammar,
+            # no whitespace the model may pad JSON with
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
             "distributed_executor_backend": "uni",
             "max_model_len": self.max_context,
             "max_num_seqs": options.max_batch,
@@ -179,6 +188,10 @@ class VLLMEngine(Engine):
         async with aclosing(request.until_finished(abandoned)) as events:
             async for event in events:
                 yield event
+
+    @property
+    def processed_settings(self) -> frozenset[str]:
+        return VLLM_PROCESSED_SETTINGS
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights.offer(state_dict, version, self._rouse, self._closed)

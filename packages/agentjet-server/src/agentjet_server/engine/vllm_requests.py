@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentjet_server.engine.base import FinishReason, SamplingParams, TokenEvent
+from agentjet_server.engine.grammar import json_schema
 from agentjet_server.engine.handoff import TokenStream
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.engine.vllm_adapters import AdapterBook
@@ -39,7 +40,7 @@ class RequestBook:
     def __init__(self, engine: Any, chat: ChatTokenizer, adapters: AdapterBook | None) -> None:
         """``adapters``: the LoRA adapters the engine serves, if it does; each request runs on the newest
         when it starts, to its end."""
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         from vllm import SamplingParams as VLLMSamplingParams
 
@@ -47,6 +48,7 @@ class RequestBook:
         self._chat = chat
         self._adapters = adapters
         self._vllm_params: Any = VLLMSamplingParams
+        self._structured: Any = StructuredOutputsParams
         self._delta = RequestOutputKind.DELTA
         self.live: dict[str, VLLMRequest] = {}
         self.held: list[VLLMRequest] = []  # arrived while asleep: added once the engine is awake again
@@ -69,6 +71,7 @@ class RequestBook:
                 stop_token_ids=sorted(self._chat.stop_ids),
                 detokenize=False,
                 output_kind=self._delta,
+                structured_outputs=self._structured(json=json_schema(p.grammar)) if p.grammar else None,
             )
             if lora is not None:
                 self._engine.add_request(request.request_id, prompt, params, lora_request=lora)
@@ -118,8 +121,10 @@ class RequestBook:
                 finish = "length" if completion.finish_reason == "length" else "stop"
             elif len(request.output_ids) >= request.params.max_tokens:
                 finish = "length"
-            logprob = sampled.logprob if sampled is not None else float("nan")
-            request.push(TokenEvent(token, float(logprob), version, top, finish))
+            logprob = float(sampled.logprob if sampled is not None else float("nan"))
+            # constrained: vLLM's log-probabilities are those of the masked distribution, the behaviour policy's
+            behaviour = logprob if request.params.grammar else None
+            request.push(TokenEvent(token, logprob, version, top, finish, behaviour))
             if finish is not None:
                 if output.finished:
                     self.live.pop(request.request_id, None)

@@ -79,11 +79,13 @@ def processing(engine: Engine, request: SamplingExtras, max_tokens: int, exact: 
             "change its distribution; leave them out",
             param=param,
         )
-    if not engine.samples_processed:
+    unsupported = sorted(set(given) - engine.processed_settings)
+    if unsupported:
         raise InvalidRequestError(
-            f"{named}: this server's engine samples from the model's own distribution only; serve with "
-            "--engine transformers to use these settings, or leave them out",
-            param=param,
+            f"{', '.join(unsupported)}: this server's engine does not sample with "
+            f"{'this setting' if len(unsupported) == 1 else 'these settings'}; serve with --engine transformers "
+            "to use them, or leave them out",
+            param=unsupported[0],
         )
     vocab = len(engine.chat.tokenizer)
     bias: dict[int, float] = given.pop("logit_bias", {})
