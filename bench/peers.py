@@ -13,7 +13,10 @@ of 160 at a time).
 Two cases: the plain demo, and each episode followed by a log-normal environment latency (median
 ``--env-median`` s, sigma 1). For TRL the reward function of a batch waits for the slowest of its 160
 environments, as a synchronous trainer with perfectly parallel environments would; AgentJet's client runs
-160 episodes at once in that case (the same parallelism), and its server trains as they arrive.
+160 episodes at once in that case (the same parallelism), and its server trains as they arrive: with its
+default admission window (2 batches' worth of episodes ahead of the learner, partial groups included) and
+with ``--admission-batches 4`` (``agentjet+4``), which lets more groups wait on their slowest episodes at
+the price of more policy lag (the lag of trained tokens and the trajectories refused as stale are shown).
 
 Reported per run: episodes per second, seconds and episodes until the mean reward over three consecutive
 steps (160 episodes each, in finishing order) reaches 0.8, and the mean reward of the last 20% of
@@ -50,6 +53,7 @@ class Result:
     name: str
     seconds: float
     episodes: list[tuple[float, float]] = field(default_factory=list)
+    server: dict[str, float] = field(default_factory=dict)  # ours: the policy lag of what was trained
 
     def figures(self) -> dict[str, float | None]:
         rewards = [r for _, r in self.episodes]
@@ -64,6 +68,7 @@ class Result:
             "episodes_to_0.8": at,
             "last_20%": sum(tail) / max(1, len(tail)),
             "seconds": self.seconds,
+            **self.server,
         }
 
 
@@ -71,7 +76,7 @@ def latency(rng: random.Random, median: float) -> float:
     return median * math.exp(rng.gauss(0.0, 1.0)) if median > 0 else 0.0
 
 
-def ours(model_dir: Path, episodes: int, median: float, seed: int) -> Result:
+def ours(model_dir: Path, episodes: int, median: float, seed: int, *server_args: str) -> Result:
     rng = random.Random(seed)
     tasks = [{"id": f"digit-{d}", "word": w, "answer": str(d)} for d, w in enumerate(WORDS)]
     result = Result("agentjet", 0.0)
@@ -91,13 +96,19 @@ def ours(model_dir: Path, episodes: int, median: float, seed: int) -> Result:
         result.episodes.append((time.monotonic() - start[0], reward))
         return reward
 
-    with served(model_dir) as url, SwarmClient(url) as client:
+    with served(model_dir, *server_args) as url, SwarmClient(url) as client:
         concurrency = STEP if median else 32
         config = RunConfig(episodes=episodes, group_size=GROUP, concurrency=concurrency, seed=seed)
         runner = Runner(client, digits, config, spool=None)
         start[0] = time.monotonic()
         asyncio.run(runner.run())
         result.seconds = time.monotonic() - start[0]
+        status = client.status()
+    lag = status.learner.trained_token_lag
+    result.server = {
+        "mean_token_lag": sum(int(k) * n for k, n in lag.items()) / max(1, sum(lag.values())),
+        "refused_stale": status.trajectories.rejected_by_reason.get("stale", 0),
+    }
     return result
 
 
@@ -181,29 +192,35 @@ def main() -> None:
     for case in args.cases.split(","):
         median = args.env_median if case == "latency" else 0.0
         episodes = args.latency_episodes if case == "latency" else args.episodes
+        trainers: list[tuple[str, Any, tuple[str, ...]]] = [("trl", trl, ()), ("agentjet", ours, ())]
+        if case == "latency":
+            trainers.append(("agentjet+4", ours, ("--admission-batches", "4")))
         for run in range(args.runs):
-            for name, fn in (("trl", trl), ("agentjet", ours)):
+            for name, fn, extra in trainers:
                 print(f"{case}, run {run + 1}/{args.runs}: {name}, {episodes:,} episodes ...", flush=True)
-                figures = fn(model_dir, episodes, median, run).figures()
+                figures = fn(model_dir, episodes, median, run, *extra).figures()
                 rows.setdefault(case, []).append({"trainer": name, "run": run, **figures})
                 print(f"  {json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()})}")
     print()
     for case, results in rows.items():
         print(f"{case}:")
-        print("| run | trainer | episodes/s | s to 0.8 | episodes to 0.8 | last 20% |")
-        print("|---|---|---:|---:|---:|---:|")
+        print("| run | trainer | episodes/s | s to 0.8 | episodes to 0.8 | last 20% | mean token lag | refused stale |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for r in results:
             s08 = "-" if r["seconds_to_0.8"] is None else f"{r['seconds_to_0.8']:.0f}"
             e08 = "-" if r["episodes_to_0.8"] is None else f"{r['episodes_to_0.8']:,}"
+            lag = f"{r['mean_token_lag']:.2f}" if "mean_token_lag" in r else "0"
             print(
-                f"| {r['run'] + 1} | {r['trainer']} | {r['episodes_per_s']:.1f} | {s08} | {e08} | {r['last_20%']:.3f} |"
+                f"| {r['run'] + 1} | {r['trainer']} | {r['episodes_per_s']:.1f} | {s08} | {e08} | {r['last_20%']:.3f} "
+                f"| {lag} | {r.get('refused_stale', 0)} |"
             )
         for run in range(args.runs):
             pair = {r["trainer"]: r for r in results if r["run"] == run}
-            speed = pair["agentjet"]["episodes_per_s"] / pair["trl"]["episodes_per_s"]
-            a, t = pair["agentjet"]["seconds_to_0.8"], pair["trl"]["seconds_to_0.8"]
-            to08 = "-" if a is None or t is None else f"{a / t:.2f}"
-            print(f"run {run + 1}: episodes/s ours / TRL {speed:.2f}; time to 0.8 ours / TRL {to08}")
+            for name in [n for n in pair if n != "trl"]:
+                speed = pair[name]["episodes_per_s"] / pair["trl"]["episodes_per_s"]
+                a, t = pair[name]["seconds_to_0.8"], pair["trl"]["seconds_to_0.8"]
+                to08 = "-" if a is None or t is None else f"{a / t:.2f}"
+                print(f"run {run + 1}: {name} / TRL episodes/s {speed:.2f}; time to 0.8 {to08}")
         print()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
