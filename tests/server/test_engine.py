@@ -39,7 +39,7 @@ def test_concurrent_requests_share_forward_passes(chatty_model_dir):
         outs = asyncio.run(many())
         assert all(len(o) == 16 for o in outs)
         # 128 tokens: one forward pass each would be 128; batched, a pass serves several requests
-        assert engine.largest_batch > 1 and engine.forward_passes < 48
+        assert engine.largest_batch > 1 and engine.batches.forward_passes < 48
     finally:
         engine.close()
 
@@ -57,14 +57,16 @@ def test_a_group_of_identical_prompts_is_prefilled_once_and_new_weights_empty_th
 
         first = asyncio.run(group([(i, i) for i in range(16)]))
         # 16 requests, two distinct prompts: each prompt run once, however their arrivals were split
-        assert engine.prompts_run == 2 and engine.prefills <= 2
+        assert engine.batches.prompts_run == 2 and engine.batches.prefills <= 2
         again = asyncio.run(group([(i, 100 + i) for i in range(4)]))  # the same weights: all four from the cache
-        assert engine.prompts_run == 2 and engine.prompt_cache_hits >= 4
+        assert engine.batches.prompts_run == 2 and engine.batches.prompts.hits >= 4
         new = {k: v + 0.02 * torch.randn_like(v) for k, v in engine.state_dict().items()}
         engine.update_weights(new, 1)
-        hits = engine.prompt_cache_hits
+        hits = engine.batches.prompts.hits
         after = asyncio.run(group([(0, 7)]))
-        assert engine.prompt_cache_hits == hits and engine.prompts_run == 3  # prefilled under the new weights
+        assert (
+            engine.batches.prompts.hits == hits and engine.batches.prompts_run == 3
+        )  # prefilled under the new weights
         model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
         for n, events in enumerate(first + again):
             expected = _plain_logprobs(model, prompts[n % 2] if n < 16 else prompts[(n - 16) % 2], events)
@@ -205,7 +207,7 @@ def test_requests_join_and_leave_a_running_batch_and_stay_exact(chatty_model_dir
         # b and c joined a while a was decoding, not after it
         assert seen_at_first["b"] < 60 and seen_at_first["c"] < 120
         # c's prompt is a's, prefilled under the same weights: it joined from the prompt cache, no forward pass
-        assert engine.largest_batch == 3 and engine.prefills == 2 and engine.prompt_cache_hits == 1
+        assert engine.largest_batch == 3 and engine.batches.prefills == 2 and engine.batches.prompts.hits == 1
         model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
         for name, prompt in (("a", short), ("b", long), ("c", short)):
             expected = _plain_logprobs(model, prompt, events[name])

@@ -59,7 +59,8 @@ class TransformersEngine(Engine):
         self.max_batch = options.max_batch
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.continuous = continuous
-        self._batches = BatchRunner(
+        # the running batch, and its counters (prefills, prompts_run, forward_passes; prompts.hits)
+        self.batches = BatchRunner(
             self.model,
             self.device,
             Sampler(self.chat, self.max_context),
@@ -113,34 +114,14 @@ class TransformersEngine(Engine):
         self._thread.join(timeout=10)
 
     @property
-    def prefills(self) -> int:
-        """Forward passes over newcomers' prompts so far."""
-        return self._batches.prefills
-
-    @property
-    def prompts_run(self) -> int:
-        """Prompts run through prefills so far: a prompt several newcomers of one prefill share counts once."""
-        return self._batches.prompts_run
-
-    @property
-    def prompt_cache_hits(self) -> int:
-        """Newcomers whose prompt was in the prompt cache: they joined without a forward pass."""
-        return self._batches.prompts.hits
-
-    @property
-    def forward_passes(self) -> int:
-        """Forward passes of the model so far, prefills and decode steps."""
-        return self._batches.forward_passes
-
-    @property
     def largest_batch(self) -> int:
         """The most rows one forward pass has sampled for."""
-        return self._batches.largest_batch
+        return self.batches.largest_batch
 
     @property
     def tokens_sampled(self) -> int:
         """Tokens sampled so far, over every request."""
-        return self._batches.sampler.tokens_sampled
+        return self.batches.sampler.tokens_sampled
 
     # ----------------------------------------------------------------------------- engine thread
 
@@ -173,7 +154,7 @@ class TransformersEngine(Engine):
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
-        batches = self._batches
+        batches = self.batches
         running: Batch | None = None
         while not self._closed.is_set():
             self._apply_pending_weights()

@@ -158,7 +158,7 @@ class BatchRunner:
             Prefilled(
                 keys=tuple(layer.keys[i : i + 1, :, width - len(p) :].clone() for layer in cache.layers),
                 values=tuple(layer.values[i : i + 1, :, width - len(p) :].clone() for layer in cache.layers),
-                logits=logits[i],
+                logits=logits[i].clone(),  # not a view that keeps the whole pass's logits
             )
             for i, p in enumerate(prompts)
         ]
