@@ -228,3 +228,78 @@ def test_the_objective_changes_live_and_a_kl_penalty_needs_a_reference_from_the_
         assert admin(server.url, "GET", "/v1/admin/config").json()["config"]["kl_coef"] == 0.0
     finally:
         server.stop()
+
+
+def served_logprobs(url: str) -> list[float]:
+    """The served policy's greedy log-probs on a fixed prompt (what a client samples from)."""
+    body = {"model": "agentjet-tiny", "messages": ASK, "max_tokens": 4, "temperature": 0, "logprobs": True}
+    answer = httpx2.post(url + "/v1/chat/completions", json=body, timeout=60).json()
+    return [t["logprob"] for t in answer["choices"][0]["logprobs"]["content"]]
+
+
+def test_a_server_adopts_another_runs_checkpoint_keeping_its_own_settings_and_step(model_dir, tmp_path):
+    """Population-based training's exploit: B takes A's checkpoint (weights and optimizer state) through
+    the admin API; B serves A's policy as a new version, keeps its own learning rate and step count, and
+    a restart of B continues from the adopted weights. Bad sources are 400s that say what to give."""
+    a = LiveServer(model_dir, batch_groups=1, group_size=2, lr=5e-2, state_dir=tmp_path / "a")
+    b = LiveServer(model_dir, batch_groups=1, group_size=2, lr=1e-4, state_dir=tmp_path / "b")
+    try:
+        for task in ("t0", "t1"):
+            push(a.url, group(a.url, task))
+        wait_for(lambda: a.runtime.loop.learner.steps == 2)
+        push(b.url, group(b.url, "t0"))
+        wait_for(lambda: b.runtime.loop.learner.steps == 1)
+        donor = admin(a.url, "POST", "/v1/admin/checkpoint").json()
+        assert served_logprobs(a.url) != served_logprobs(b.url)  # lr 5e-2 moved A's policy
+        version = httpx2.get(b.url + "/v1/status").json()["policy_version"]
+
+        r = admin(b.url, "POST", "/v1/admin/adopt", {"checkpoint": str(tmp_path / "a")})  # a state dir: its newest
+        assert r.status_code == 200, r.text
+        info = r.json()
+        assert info["source"] == donor["path"] and info["source_step"] == 2
+        assert info["policy_version"] == version + 1 and info["step"] == 1
+        assert served_logprobs(b.url) == pytest.approx(served_logprobs(a.url), abs=1e-5)
+        learner = b.runtime.loop.learner
+        assert learner.steps == 1 and [g["lr"] for g in learner.optimizer.param_groups] == [1e-4]
+        assert Path(info["checkpoint"], "state.json").exists()
+        adopted = httpx2.get(b.url + "/v1/metrics/history?kind=adopt").json()["lines"]
+        assert adopted[-1]["source"] == donor["path"] and adopted[-1]["policy_version"] == version + 1
+        push(b.url, group(b.url, "t1"))  # B trains on from there with its own settings
+        wait_for(lambda: learner.steps == 2)
+
+        for body, message in [
+            ({}, "give the checkpoint to take"),
+            ({"checkpoint": str(tmp_path / "nowhere")}, "does not exist"),
+            ({"checkpoint": str(tmp_path)}, "neither a checkpoint"),
+            ({"checkpoint": str(tmp_path / "a"), "lr": 1}, "unknown field 'lr'"),
+        ]:
+            r = admin(b.url, "POST", "/v1/admin/adopt", body)
+            assert r.status_code == 400 and message in r.json()["error"]["message"], (body, r.text)
+        (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+        r = admin(b.url, "POST", "/v1/admin/adopt", {"checkpoint": str(tmp_path / "empty")})
+        assert r.status_code == 400 and "no complete checkpoint" in r.json()["error"]["message"], r.text
+        expected = served_logprobs(b.url)
+    finally:
+        a.stop()
+        b.stop()
+    resumed = LiveServer(model_dir, batch_groups=1, group_size=2, lr=1e-4, state_dir=tmp_path / "b", resume=True)
+    try:
+        assert served_logprobs(resumed.url) == pytest.approx(expected, abs=1e-5)
+    finally:
+        resumed.stop()
+
+
+def test_a_checkpoint_of_another_model_or_adapter_is_refused_before_anything_is_loaded(live_server):
+    from agentjet_server.learner.resume import check_donor
+
+    learner = live_server.runtime.loop.learner
+    weights = {k: v.clone() for k, v in learner.full_state_dict().items()}
+    name = next(iter(weights))
+    for state, message in [
+        ({"weights": {**weights, name: weights[name][:1]}}, f"{name} is"),
+        ({"weights": {**weights, "lm_head.extra": weights[name]}}, "has no weight lm_head.extra"),
+        ({"weights": weights, "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "targets": ["q_proj"]}}, "LoRA"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_donor(learner.model, learner.policy, learner.lora, state)
+    check_donor(learner.model, learner.policy, learner.lora, {"weights": weights})

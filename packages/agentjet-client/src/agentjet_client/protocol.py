@@ -939,6 +939,19 @@ class CheckpointInfo(_Strict):
     seconds: float
 
 
+class AdoptInfo(_Strict):
+    """``POST /v1/admin/adopt``: another run's checkpoint taken (population-based training's exploit):
+    its weights and optimizer state, served from ``policy_version`` on; this run's settings and step
+    count are kept."""
+
+    source: str = Field(description="the checkpoint taken (a step-* directory)")
+    source_step: int = Field(description="the learner step the source run had reached")
+    step: int
+    policy_version: int
+    checkpoint: str | None = Field(default=None, description="this run's checkpoint written right after")
+    seconds: float
+
+
 class ClientInfo(_Strict):
     """One client run, as its pushes described it (``GET /v1/admin/clients``)."""
 

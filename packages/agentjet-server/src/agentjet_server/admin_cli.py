@@ -88,6 +88,26 @@ def admin_checkpoint(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = 
     )
 
 
+@admin.command("adopt")
+def admin_adopt(
+    checkpoint: Annotated[str, typer.Argument(help="a checkpoint dir (<state-dir>/checkpoints/step-N) or a state dir")],
+    server: _SERVER = "http://127.0.0.1:8000",
+    api_key: _KEY = None,
+) -> None:
+    """Take another run's checkpoint (its weights and optimizer state) after the step in progress,
+    keeping this run's settings and step count: population-based training's exploit step. The
+    path is read by the server, on its machine.
+
+    Example: agentjet-server admin adopt runs/better/checkpoints/step-00000040 --server http://127.0.0.1:8001
+    """
+    info = _call(server, api_key, "POST", "/v1/admin/adopt", {"checkpoint": checkpoint})
+    Console(soft_wrap=True).print(
+        f"adopted {escape(info['source'])} (step {info['source_step']} of its run): served as policy "
+        f"v{info['policy_version']} from learner step {info['step']}"
+        + (f"; checkpoint {escape(info['checkpoint'])}" if info["checkpoint"] else "")
+    )
+
+
 @admin.command("stop")
 def admin_stop(server: _SERVER = "http://127.0.0.1:8000", api_key: _KEY = None) -> None:
     """Write a checkpoint, then stop the server cleanly (`up --resume` continues from it).

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentjet_client.protocol import AdminConfig, AdminState, CheckpointInfo, ConfigChange
+from agentjet_client.protocol import AdminConfig, AdminState, AdoptInfo, CheckpointInfo, ConfigChange
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.adapter import LoraSpec
 from agentjet_server.errors import InvalidRequestError, StateError
@@ -208,6 +208,49 @@ class Controller:
             step=self.loop.saved_step,
             policy_version=version,
             path=str(Path(path).resolve()),
+            seconds=time.perf_counter() - started,
+        )
+
+    def adopt(self, source: str, timeout: float = 600.0) -> AdoptInfo:
+        """Take another run's checkpoint (weights and optimizer state) after the step in progress,
+        keep this run's settings and step count, serve it as a new policy version, checkpoint
+        (call from a worker thread). Population-based training's exploit step."""
+        from agentjet_server.learner.resume import check_donor
+        from agentjet_server.state.checkpoint import read_checkpoint
+
+        learner = self.loop.learner
+        if learner is None:
+            raise InvalidRequestError("this server runs with --serve-only: it has no learner to load weights into")
+        if learner.ctx.enabled:
+            raise InvalidRequestError(
+                "adopting a checkpoint is not supported with a multi-rank learner (torchrun) yet; stop this server "
+                "and start it with --resume on a copy of the other run's state dir"
+            )
+        if not isinstance(source, str) or not source:
+            raise InvalidRequestError(
+                'give the checkpoint to take: {"checkpoint": "<state-dir>/checkpoints/step-N"} (or a state dir: '
+                "its newest checkpoint)",
+                param="checkpoint",
+            )
+        started = time.perf_counter()
+        try:
+            checkpoint = read_checkpoint(Path(source))
+            state = checkpoint.trainer_state()
+            check_donor(learner.model, learner.policy, learner.lora, state)
+        except (StateError, ValueError, OSError, RuntimeError) as exc:
+            raise InvalidRequestError(f"checkpoint {source}: {exc}", param="checkpoint") from exc
+        version, saved = self.loop.between_steps(lambda: self.loop.adopt(state)).result(timeout=timeout)
+        step = self.loop.live[1]
+        self.history.append(
+            "adopt", source=str(checkpoint.path), source_step=checkpoint.meta.step, step=step, policy_version=version
+        )
+        logger.warning("admin: adopted %s (step %d of its run) as policy v%d", checkpoint.path, checkpoint.meta.step, version)
+        return AdoptInfo(
+            source=str(checkpoint.path.resolve()),
+            source_step=checkpoint.meta.step,
+            step=step,
+            policy_version=version,
+            checkpoint=str(Path(saved).resolve()) if saved else None,
             seconds=time.perf_counter() - started,
         )
 

@@ -1,5 +1,5 @@
 """The admin API (admin keys only): live configuration (``GET``/``PATCH /v1/admin/config``), pause and
-resume training, a checkpoint now, a clean stop (checkpoint, then exit), and the clients seen."""
+resume training, a checkpoint now, another run's checkpoint taken (``adopt``), a clean stop (checkpoint, then exit), and the clients seen."""
 
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ async def checkpoint(request: Request) -> Response:
     return JSONResponse((await asyncio.to_thread(runtime_of(request).control.checkpoint)).model_dump())
 
 
+async def adopt(request: Request) -> Response:
+    authorize(request, admin=True)
+    body = await read_json_object(request)
+    unknown = sorted(set(body) - {"checkpoint"})
+    if unknown:
+        raise InvalidRequestError(f"unknown field '{unknown[0]}': the body is {{\"checkpoint\": PATH}}", param=unknown[0])
+    info = await asyncio.to_thread(runtime_of(request).control.adopt, body.get("checkpoint", ""))
+    return JSONResponse(info.model_dump())
+
+
 async def stop(request: Request) -> Response:
     authorize(request, admin=True)
     api = api_of(request)
@@ -75,6 +85,7 @@ ROUTES = [
     Route("/v1/admin/pause", pause, methods=["POST"]),
     Route("/v1/admin/resume", resume, methods=["POST"]),
     Route("/v1/admin/checkpoint", checkpoint, methods=["POST"]),
+    Route("/v1/admin/adopt", adopt, methods=["POST"]),
     Route("/v1/admin/stop", stop, methods=["POST"]),
     Route("/v1/admin/clients", clients, methods=["GET"]),
 ]

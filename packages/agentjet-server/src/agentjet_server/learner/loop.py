@@ -76,6 +76,7 @@ class TrainingLoop:
         self.paused = False
         self._pending_config: LearnerConfig | None = None
         self._checkpoint_requests: list[Future[Any]] = []
+        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []  # work for the learner thread
         self._requests_lock = threading.Lock()
         self.saved_step = learner.steps if learner is not None else 0
         self._final_checkpoint = True
@@ -127,6 +128,31 @@ class TrainingLoop:
         self.buffer.wake()
         return future
 
+    def between_steps(self, work: Callable[[], Any]) -> Future[Any]:
+        """``work`` run by the learner thread after the step in progress (at once when idle); its result."""
+        future: Future[Any] = Future()
+        with self._requests_lock:
+            self._calls.append((work, future))
+        self.buffer.wake()
+        return future
+
+    def adopt(self, state: dict[str, Any]) -> tuple[int, Any]:
+        """(learner thread) Take another run's training state (population-based training's exploit):
+        its weights and optimizer state; this run's settings and step count stay. The weights are
+        served as a new policy version, then checkpointed (a restart continues from them). The
+        new version and the checkpoint's path."""
+        trainer = self.trainer
+        steps, config = trainer.steps, trainer.config
+        trainer.load_training_state(state)
+        trainer.steps = steps
+        trainer.reconfigure(config)
+        version = self.version + 1
+        if not self._log_version(version):
+            raise StateError("the server is stopping; nothing was adopted")
+        push_weights(self.engine, trainer, version)
+        self.live = (version, steps)
+        return version, self.checkpoint()
+
     def reconfigure(self, config: LearnerConfig) -> None:
         """New learner settings (learning rate, clip, entropy bonus...): they apply from the next step."""
         with self._requests_lock:
@@ -136,6 +162,7 @@ class TrainingLoop:
         with self._requests_lock:
             config, self._pending_config = self._pending_config, None
             requests, self._checkpoint_requests = self._checkpoint_requests, []
+            calls, self._calls = self._calls, []
         if config is not None and config != self.trainer.config:
             if self.trainer.ctx.enabled:
                 distributed.broadcast(self.trainer.ctx, distributed.Reconfigure(config))
@@ -143,6 +170,11 @@ class TrainingLoop:
             self.trainer.reconfigure(config)
         if requests:
             self._answer(requests)
+        for work, future in calls:
+            try:
+                future.set_result(work())
+            except Exception as exc:
+                future.set_exception(exc)
 
     def _answer(self, requests: list[Future[Any]]) -> None:
         try:
@@ -186,6 +218,9 @@ class TrainingLoop:
                 self._try_checkpoint()
         with self._requests_lock:
             requests, self._checkpoint_requests = self._checkpoint_requests, []
+            calls, self._calls = self._calls, []
+        for _, future in calls:
+            future.set_exception(StateError("the server is stopping; the request was not carried out"))
         if requests:  # asked for while stopping: that checkpoint is the last one
             self._answer(requests)
         elif self._final_checkpoint and self.trainer.steps != self.saved_step:
@@ -262,10 +297,7 @@ class TrainingLoop:
 
                 torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
             started = time.perf_counter()
-            if self.engine.serves_adapters:  # vLLM serving the LoRA adapter: move it alone
-                self.engine.update_adapter(self.trainer.adapter_weights(), new_version)
-            else:
-                self.engine.update_weights(self.trainer.full_state_dict(), new_version)  # wakes a sleeping one
+            push_weights(self.engine, self.trainer, new_version)  # wakes a sleeping engine
             update_seconds = time.perf_counter() - started
         except BaseException:
             if slept is not None:  # serve on with the weights it had
@@ -282,6 +314,15 @@ class TrainingLoop:
             logger.exception("recording the step's metrics failed")
         log_step(stats, self.trainer.steps, new_version, batch.call_tokens)
         return stats
+
+
+def push_weights(engine: Engine, learner: Learner, version: int) -> None:
+    """The learner's weights to the engine, served as ``version``: the LoRA adapter alone where the
+    engine serves adapters (vLLM), else every weight."""
+    if engine.serves_adapters:
+        engine.update_adapter(learner.adapter_weights(), version)
+    else:
+        engine.update_weights(learner.full_state_dict(), version)
 
 
 def _differences(old: LearnerConfig, new: LearnerConfig) -> str:

@@ -120,6 +120,25 @@ def _complete_tied(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
     return out
 
 
+def check_donor(model: torch.nn.Module, policy: PolicyModel, lora: LoraSpec | None, state: dict[str, Any]) -> None:
+    """ValueError, saying why, when another run's training state cannot be loaded into this learner
+    (checked before anything is loaded: a refused state leaves the learner as it was)."""
+    check_lora(state.get("lora"), lora)
+    if policy.value_head is not None and "critic" not in state:
+        raise ValueError("the checkpoint has no critic (it was trained with --algorithm grpo) and this run is PPO")
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+    given = state["adapter"] if lora is not None else state["weights"]
+    if lora is None:
+        unknown = sorted(set(given) - set(shapes))
+        if unknown:
+            raise ValueError(f"the checkpoint is of another model: this one has no weight {unknown[0]}")
+    for name, tensor in given.items():
+        if name in shapes and tuple(tensor.shape) != shapes[name]:
+            raise ValueError(
+                f"the checkpoint is of another model: {name} is {tuple(tensor.shape)} there and {shapes[name]} here"
+            )
+
+
 def check_lora(saved: dict[str, Any] | None, current: LoraSpec | None) -> None:
     """A checkpoint resumes only with the adapter settings it was trained with (or without LoRA)."""
     if saved is None and current is None:

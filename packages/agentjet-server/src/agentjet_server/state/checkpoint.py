@@ -285,6 +285,22 @@ class StateDir:
             self._lock.close()  # closing the file releases the lock
 
 
+def read_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint at ``path``: a ``step-*`` directory, or a state dir (its newest complete one).
+    Read-only: another server may hold the state dir. StateError says what is there instead."""
+    path = path.expanduser()
+    if (path / "state.json").is_file():
+        return Checkpoint(path, CheckpointMeta.from_json((path / "state.json").read_text()))
+    if (path / "checkpoints").is_dir():
+        steps = sorted(p for p in (path / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))
+        for step in reversed(steps):
+            if (step / "state.json").is_file():
+                return Checkpoint(step, CheckpointMeta.from_json((step / "state.json").read_text()))
+        raise StateError(f"the state dir {path} has no complete checkpoint yet; ask its server for one first")
+    what = "does not exist" if not path.exists() else "is neither a checkpoint (step-*) nor a state dir"
+    raise StateError(f"{path} {what}: give a checkpoint directory (<state-dir>/checkpoints/step-N) or a state dir")
+
+
 def settings_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Training settings that differ between a checkpoint and this run, as ``name a -> b``."""
     return [
