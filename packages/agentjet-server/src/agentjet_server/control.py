@@ -244,7 +244,7 @@ class Controller:
         self.history.append(
             "adopt", source=str(checkpoint.path), source_step=checkpoint.meta.step, step=step, policy_version=version
         )
-        logger.warning("admin: adopted %s (step %d of its run) as policy v%d", checkpoint.path, checkpoint.meta.step, version)
+        logger.warning("admin: adopted %s (step %d of its run) as v%d", checkpoint.path, checkpoint.meta.step, version)
         return AdoptInfo(
             source=str(checkpoint.path.resolve()),
             source_step=checkpoint.meta.step,

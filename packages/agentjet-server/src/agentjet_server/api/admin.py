@@ -1,5 +1,6 @@
 """The admin API (admin keys only): live configuration (``GET``/``PATCH /v1/admin/config``), pause and
-resume training, a checkpoint now, another run's checkpoint taken (``adopt``), a clean stop (checkpoint, then exit), and the clients seen."""
+resume training, a checkpoint now, another run's checkpoint taken (``adopt``), a clean stop (checkpoint,
+then exit), and the clients seen."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ async def adopt(request: Request) -> Response:
     body = await read_json_object(request)
     unknown = sorted(set(body) - {"checkpoint"})
     if unknown:
-        raise InvalidRequestError(f"unknown field '{unknown[0]}': the body is {{\"checkpoint\": PATH}}", param=unknown[0])
+        what = f"unknown field '{unknown[0]}': the body is {{\"checkpoint\": PATH}}"
+        raise InvalidRequestError(what, param=unknown[0])
     info = await asyncio.to_thread(runtime_of(request).control.adopt, body.get("checkpoint", ""))
     return JSONResponse(info.model_dump())
 
