@@ -215,6 +215,7 @@ class Controller:
         """Take another run's checkpoint (weights and optimizer state) after the step in progress,
         keep this run's settings and step count, serve it as a new policy version, checkpoint
         (call from a worker thread). Population-based training's exploit step."""
+        from agentjet_server.learner.loop import adopt
         from agentjet_server.learner.resume import check_donor
         from agentjet_server.state.checkpoint import read_checkpoint
 
@@ -239,7 +240,7 @@ class Controller:
             check_donor(learner.model, learner.policy, learner.lora, state)
         except (StateError, ValueError, OSError, RuntimeError) as exc:
             raise InvalidRequestError(f"checkpoint {source}: {exc}", param="checkpoint") from exc
-        version, saved = self.loop.between_steps(lambda: self.loop.adopt(state)).result(timeout=timeout)
+        version, saved = self.loop.requests.call(lambda: adopt(self.loop, state)).result(timeout=timeout)
         step = self.loop.live[1]
         self.history.append(
             "adopt", source=str(checkpoint.path), source_step=checkpoint.meta.step, step=step, policy_version=version

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import time
 from pathlib import Path
@@ -143,14 +142,6 @@ def _show(out: Path) -> None:
 
 
 def _runner_alive(out: Path) -> bool:
-    """A runner holds the study's lock while it runs (the lock goes with its process, even on SIGKILL)."""
-    path = out / "runner.lock"
-    if not path.exists():
-        return False
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
+    from agentjet_client.research.trial import RunnerLock
+
+    return RunnerLock(out).held_elsewhere()

@@ -106,6 +106,34 @@ class Probe:
         response.raise_for_status()
         return str(response.json().get("message", ""))
 
+    def checkpoint(self) -> str:
+        """The admin API's checkpoint (after the step in progress): its directory."""
+        return str(self._admin("POST", "/v1/admin/checkpoint")["path"])
+
+    def adopt(self, checkpoint: str) -> dict[str, Any]:
+        """The admin API's adopt: the server takes that checkpoint's weights and optimizer state."""
+        return self._admin("POST", "/v1/admin/adopt", {"checkpoint": checkpoint})  # type: ignore[no-any-return]
+
+    def config(self) -> dict[str, Any]:
+        """The server's effective settings (the admin API's config)."""
+        return self._admin("GET", "/v1/admin/config")["config"]  # type: ignore[no-any-return]
+
+    def change(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Live settings changed through the admin API (from the next learner step)."""
+        return self._admin("PATCH", "/v1/admin/config", settings)  # type: ignore[no-any-return]
+
+    def _admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """An admin call; a refusal raises ValueError with the server's message."""
+        response = self._http.request(method, path, json=body, timeout=300.0)
+        if 400 <= response.status_code < 500:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:300]
+            raise ValueError(f"{method} {path}: {response.status_code} {message}")
+        response.raise_for_status()
+        return response.json()
+
     def _json(self, path: str) -> Any:
         response = self._http.get(path)
         response.raise_for_status()

@@ -15,7 +15,6 @@ checkpoints. Ctrl-C stops every running trial with a checkpoint first; the same 
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import shutil
@@ -24,16 +23,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 import httpx2
 
 from agentjet_client.errors import StudyError
 from agentjet_client.research.driver import STOP_WAIT_S, TrialDriver
+from agentjet_client.research.live import LiveTuner
 from agentjet_client.research.report import write_report
 from agentjet_client.research.study import load_study, machine_parallel
 from agentjet_client.research.trial import (
     Process,
+    RunnerLock,
     StudyState,
     TrialDir,
     TrialRecord,
@@ -58,14 +58,15 @@ class StudyRunner:
         self.sleep = sleep
         self.records: dict[str, TrialRecord] = {}
         self.state: StudyState | None = None
-        self._lock: TextIO | None = None
+        self._lock = RunnerLock(self.out)
         self.driver = TrialDriver(self.study, self.study_path, self.out, _resolve(self.study.study.server_command), say)
         self.live = self.driver.live
+        self.tuner = LiveTuner(self.study, self.out, say)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> StudyState:
         self.out.mkdir(parents=True, exist_ok=True)
-        self._take_lock()
+        self._lock.take()
         # SIGINT too: a runner started in a shell's background inherits it ignored, and a
         # `kill -INT` should still stop the study with checkpoints
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -89,7 +90,7 @@ class StudyRunner:
                 signal.signal(sig, handler)
             for live in self.live.values():
                 live.probe.close()
-            self._release_lock()
+            self._lock.release()
 
     def _tick(self, state: StudyState) -> bool:
         """One round over every trial; False once the study is done."""
@@ -99,6 +100,7 @@ class StudyRunner:
             if record.phase == "done":
                 self.live.pop(trial_id).probe.close()
                 self._finished(record)
+        self.tuner.tick(self.records, self.live)
         self._promote(state)
         limit = self.study.study.total_minutes
         if limit is not None and state.seconds() >= limit * 60:
@@ -127,8 +129,8 @@ class StudyRunner:
             done = sum(r.phase == "done" for r in self.records.values())
             self.say(f"continuing the study in {self.out}: {done} of {len(state.trials)} trials done")
         else:
-            parallel, why = machine_parallel(self.study.study)
             configurations = self.study.configurations()
+            parallel, why = machine_parallel(self.study.study, len(configurations) if self.study.pbt else None)
             ids = [f"t{i:03d}" for i in range(len(configurations))]
             state = StudyState(
                 name=self.study.study.name,
@@ -268,30 +270,6 @@ class StudyRunner:
 
     def write_report(self) -> Path:
         return write_report(self.out, self.study)
-
-    # -- the lock ---------------------------------------------------------------------------------
-    def _take_lock(self) -> None:
-        handle = (self.out / "runner.lock").open("a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise StudyError(
-                f"another runner ({holder}) is running the study in {self.out}; watch it with "
-                f"`agentjet-client research status {self.out}`"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        self._lock = handle
-
-    def _release_lock(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -1,6 +1,7 @@
 """A study: what ``agentjet-client research run STUDY.toml`` reads, and the trials it plans.
 
-A study file is TOML with six tables::
+A study file is TOML with six tables (and ``[pbt]`` / ``[[adjust]]`` to change settings while trials
+train: ``tuning.py``)::
 
     [study]                     # how the study searches and what it optimises
     name = "digits: lr x group size"
@@ -51,6 +52,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentjet_client.errors import StudyError
+from agentjet_client.research.tuning import AdjustRule, PbtSection
 
 # `up` options the runner sets for each trial itself
 RUNNER_SERVER_OPTIONS = ("host", "port", "state_dir", "resume", "fresh", "config")
@@ -140,10 +142,12 @@ class Study(_Section):
     client: ClientSection
     space: dict[str, Any] = Field(default_factory=dict)
     stop: StopSection = Field(default_factory=StopSection)
+    pbt: PbtSection | None = None
+    adjust: list[AdjustRule] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> Study:
-        problems = []  # every one of them at once: a study file is fixed in one go, not one error a run
+        problems = self._tuning_problems()  # every one at once: a study file is fixed in one go, not one error a run
         taken = [k for k in self.server if k.replace("-", "_") in RUNNER_SERVER_OPTIONS]
         if taken:
             problems.append(
@@ -173,6 +177,42 @@ class Study(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _tuning_problems(self) -> list[str]:
+        problems = []
+        if self.pbt is not None:
+            if self.study.search == "halving":
+                problems.append(
+                    "[pbt] and halving both decide which trials go on: choose one (grid or random with pbt)"
+                )
+            keys = self.pbt_keys()
+            outside = [k for k in keys if not k.startswith("server.") or k not in self.space]
+            if outside:
+                problems.append(
+                    f"[pbt] keys {', '.join(outside)}: explore changes searched server settings (server.NAME keys "
+                    "of [space]) on a running server"
+                )
+            elif not keys:
+                problems.append('[pbt] explores searched server settings, and [space] has none: add e.g. "server.lr"')
+        for rule in self.adjust:
+            taken = [name for name in rule.set if name.replace("-", "_") in RUNNER_SERVER_OPTIONS]
+            if taken:
+                problems.append(f"[[adjust]] sets {', '.join(taken)}: the runner owns those")
+        return problems
+
+    def pbt_keys(self) -> list[str]:
+        """The settings population-based training explores (``server.NAME``)."""
+        if self.pbt is None:
+            return []
+        return (
+            list(self.pbt.keys)
+            if self.pbt.keys is not None
+            else sorted(k for k in self.space if k.startswith("server."))
+        )
+
+    def draw(self, key: str, rng: random.Random) -> Any:
+        """A fresh value of ``key`` from its [space] domain."""
+        return _draw(self.space[key], rng)
 
     # -- planning ---------------------------------------------------------------------------------
     def configurations(self) -> list[dict[str, Any]]:
@@ -318,10 +358,11 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def machine_parallel(section: StudySection) -> tuple[int, str]:
+def machine_parallel(section: StudySection, population: int | None = None) -> tuple[int, str]:
     """How many trials run at once, and why. Each trial is a server (the model, its learner and
     engine) plus a client: on CPU it wants ``cores_per_trial`` cores (its torch threads are set to
-    that) and ``memory_per_trial_gb`` of memory; with ``devices`` listed, one trial per device."""
+    that) and ``memory_per_trial_gb`` of memory; with ``devices`` listed, one trial per device.
+    Population-based training (``population`` trials) runs them all at once."""
     if section.devices:
         n = len(section.devices)
         reason = f"one trial per listed device ({n})"
@@ -333,6 +374,11 @@ def machine_parallel(section: StudySection) -> tuple[int, str]:
         n = min(by_cores, by_memory)
         memory = f", {free_gb:.1f} GiB free / {section.memory_per_trial_gb:g} GiB per trial" if free_gb else ""
         reason = f"{cores} cores / {section.cores_per_trial} per trial{memory}"
+    if population is not None:
+        return (
+            population,
+            f"population-based training runs all {population} trials at once (the machine: {n}; {reason})",
+        )
     if section.parallel != "auto":
         if section.parallel > n:
             return section.parallel, f"as set in the study (the machine suggests {n}: {reason})"

@@ -25,15 +25,18 @@ while ``/proc/<pid>/cmdline`` still names the trial's directory.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, Field
+
+from agentjet_client.errors import StudyError
 
 Phase = Literal["pending", "starting", "training", "evaluating", "stopping", "interrupted", "done"]
 Status = Literal["running", "finished", "stopped", "failed", "skipped"]
@@ -94,6 +97,18 @@ class TrialRecord(BaseModel):
     window: dict[str, float] = Field(default_factory=dict)  # the reward window's state
     last_reward: float | None = None
     events: list[str] = Field(default_factory=list)
+    # changed while it trained (``live.py``): server settings now (server.NAME -> value), population-based
+    # training's cursor (episodes at its last ready check, first training point of its score, exploits)
+    # and each [[adjust]] rule's firings and the step its next reading starts after
+    changed: dict[str, Any] = Field(default_factory=dict)
+    pbt_ready_at: int = 0
+    scored_from: int = 0
+    exploits: int = 0
+    rules: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+    def current(self) -> dict[str, Any]:
+        """The searched settings as they are now (the study's, with what changed while it trained)."""
+        return {**self.settings, **self.changed}
 
     def seconds(self, now: float | None = None) -> float:
         """Running time: earlier stretches plus the current one."""
@@ -141,6 +156,50 @@ class TrialDir:
             except json.JSONDecodeError:  # a line cut by a crash
                 continue
         return out
+
+
+class RunnerLock:
+    """The lock a study's runner holds while it runs (``OUT/runner.lock``; it goes with the process,
+    even on SIGKILL): one runner per study directory."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "runner.lock"
+        self._handle: TextIO | None = None
+
+    def take(self) -> None:
+        handle = self.path.open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise StudyError(
+                f"another runner ({holder}) is running the study in {self.path.parent}; watch it with "
+                f"`agentjet-client research status {self.path.parent}`"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def held_elsewhere(self) -> bool:
+        """Whether a runner holds it now."""
+        if not self.path.exists():
+            return False
+        with self.path.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -28,6 +28,7 @@ from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
 from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
 from agentjet_server.learner.distributed import DistContext
+from agentjet_server.learner.requests import Requests
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
 from agentjet_server.observe.metrics import StepRecord, TagFigures, batch_figures, step_record
 
@@ -74,10 +75,7 @@ class TrainingLoop:
         self.checkpoint_every = checkpoint_every
         # steered by the admin API, carried out by the learner thread between steps
         self.paused = False
-        self._pending_config: LearnerConfig | None = None
-        self._checkpoint_requests: list[Future[Any]] = []
-        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []  # work for the learner thread
-        self._requests_lock = threading.Lock()
+        self.requests = Requests(buffer.wake)
         self.saved_step = learner.steps if learner is not None else 0
         self._final_checkpoint = True
         self._stop = threading.Event()
@@ -119,62 +117,26 @@ class TrainingLoop:
 
     def request_checkpoint(self) -> Future[Any]:
         """A checkpoint written by the learner thread after the step in progress (or at once when idle)."""
-        future: Future[Any] = Future()
         if self._save is None:
+            future: Future[Any] = Future()
             future.set_exception(StateError("this server has no state dir to write checkpoints to"))
             return future
-        with self._requests_lock:
-            self._checkpoint_requests.append(future)
-        self.buffer.wake()
-        return future
-
-    def between_steps(self, work: Callable[[], Any]) -> Future[Any]:
-        """``work`` run by the learner thread after the step in progress (at once when idle); its result."""
-        future: Future[Any] = Future()
-        with self._requests_lock:
-            self._calls.append((work, future))
-        self.buffer.wake()
-        return future
-
-    def adopt(self, state: dict[str, Any]) -> tuple[int, Any]:
-        """(learner thread) Take another run's training state (population-based training's exploit):
-        its weights and optimizer state; this run's settings and step count stay. The weights are
-        served as a new policy version, then checkpointed (a restart continues from them). The
-        new version and the checkpoint's path."""
-        trainer = self.trainer
-        steps, config = trainer.steps, trainer.config
-        trainer.load_training_state(state)
-        trainer.steps = steps
-        trainer.reconfigure(config)
-        version = self.version + 1
-        if not self._log_version(version):
-            raise StateError("the server is stopping; nothing was adopted")
-        push_weights(self.engine, trainer, version)
-        self.live = (version, steps)
-        return version, self.checkpoint()
+        return self.requests.checkpoint()
 
     def reconfigure(self, config: LearnerConfig) -> None:
         """New learner settings (learning rate, clip, entropy bonus...): they apply from the next step."""
-        with self._requests_lock:
-            self._pending_config = config
+        self.requests.reconfigure(config)
 
     def _carry_out_requests(self) -> None:
-        with self._requests_lock:
-            config, self._pending_config = self._pending_config, None
-            requests, self._checkpoint_requests = self._checkpoint_requests, []
-            calls, self._calls = self._calls, []
+        config, checkpoints, calls = self.requests.take()
         if config is not None and config != self.trainer.config:
             if self.trainer.ctx.enabled:
                 distributed.broadcast(self.trainer.ctx, distributed.Reconfigure(config))
             logger.info("learner settings changed: %s", _differences(self.trainer.config, config))
             self.trainer.reconfigure(config)
-        if requests:
-            self._answer(requests)
-        for work, future in calls:
-            try:
-                future.set_result(work())
-            except Exception as exc:
-                future.set_exception(exc)
+        if checkpoints:
+            self._answer(checkpoints)
+        self.requests.run(calls)
 
     def _answer(self, requests: list[Future[Any]]) -> None:
         try:
@@ -204,7 +166,7 @@ class TrainingLoop:
                     last_sent = time.monotonic()
                 continue
             last_sent = time.monotonic()
-            if not self._log_version(self.version + 1):
+            if not self.log_version(self.version + 1):
                 self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
                 break
             try:
@@ -216,11 +178,8 @@ class TrainingLoop:
                 continue
             if self.checkpoint_every and self.trainer.steps - self.saved_step >= self.checkpoint_every:
                 self._try_checkpoint()
-        with self._requests_lock:
-            requests, self._checkpoint_requests = self._checkpoint_requests, []
-            calls, self._calls = self._calls, []
-        for _, future in calls:
-            future.set_exception(StateError("the server is stopping; the request was not carried out"))
+        _, requests, calls = self.requests.take()
+        self.requests.run(calls, stopping=True)
         if requests:  # asked for while stopping: that checkpoint is the last one
             self._answer(requests)
         elif self._final_checkpoint and self.trainer.steps != self.saved_step:
@@ -228,7 +187,7 @@ class TrainingLoop:
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
 
-    def _log_version(self, version: int) -> bool:
+    def log_version(self, version: int) -> bool:
         """Make ``version`` durable before the step that creates it (its tokens must never be
         sampled before the log knows it). While the state dir refuses, wait and retry: a step whose
         version can't be logged would be lost on a restart. False if asked to stop meanwhile."""
@@ -314,6 +273,23 @@ class TrainingLoop:
             logger.exception("recording the step's metrics failed")
         log_step(stats, self.trainer.steps, new_version, batch.call_tokens)
         return stats
+
+
+def adopt(loop: TrainingLoop, state: dict[str, Any]) -> tuple[int, Any]:
+    """(learner thread) Take another run's training state (population-based training's exploit): its
+    weights and optimizer state; this run's settings and step count stay. The weights are served as a
+    new policy version, then checkpointed (a restart continues from them). The version and the path."""
+    trainer = loop.trainer
+    steps, config = trainer.steps, trainer.config
+    trainer.load_training_state(state)
+    trainer.steps = steps
+    trainer.reconfigure(config)
+    version = loop.version + 1
+    if not loop.log_version(version):
+        raise StateError("the server is stopping; nothing was adopted")
+    push_weights(loop.engine, trainer, version)
+    loop.live = (version, steps)
+    return version, loop.checkpoint()
 
 
 def push_weights(engine: Engine, learner: Learner, version: int) -> None:
