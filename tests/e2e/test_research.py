@@ -271,3 +271,62 @@ def test_a_trial_that_crashes_more_often_than_max_resumes_fails_and_the_study_go
     ), "the failed trial's client still runs"
     assert other["status"] == "finished" and other["episodes"] >= 1200 and other["metric"] is not None, other
     assert "t000 failed: its server died" in log.read_text()
+
+
+def metrics_lines(out: Path, trial_id: str, kind: str) -> list[dict[str, Any]]:
+    """The trial server's own record (its state dir's metrics.jsonl) of one kind of line."""
+    path = out / "trials" / trial_id / "state" / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [x for x in lines if x.get("kind") == kind]
+
+
+def test_population_based_training_and_a_rule_change_trials_while_they_train(tmp_path):
+    """Two trials at once, one with a learning rate too small to learn: at each ready point the worse
+    takes the better's checkpoint through the admin API and explores a perturbed learning rate; a rule
+    halves each trial's learning rate once. Every change is in the trial's events, changes.jsonl, the
+    report and the server's own metrics.jsonl; the best configuration carries the changed settings."""
+    study = study_file(tmp_path, '"server.lr" = [1e-6, 3e-3]', trial="episodes = 2400")
+    with study.open("a") as f:
+        f.write(
+            "\n[pbt]\nevery_episodes = 480\nquantile = 0.5\npoints = 2\nperturb = [0.5, 2.0]\n"
+            '\n[[adjust]]\nwhen = "grad_norm >= 0"\nover = 2\nset = { lr = "x0.5" }\nmax_times = 1\n'
+        )
+    out, log = tmp_path / "out", tmp_path / "runner.log"
+    runner = start_runner(study, out, log)
+    try:
+        assert runner.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert "population-based training runs all 2 trials at once" in log.read_text()
+    changes = [json.loads(x) for x in (out / "changes.jsonl").read_text().splitlines()]
+    exploits = [c for c in changes if c["kind"] == "exploit"]
+    adjusts = [c for c in changes if c["kind"] == "adjust"]
+    assert exploits, log.read_text()[-4000:]
+    assert sorted(c["trial"] for c in adjusts) == ["t000", "t001"]  # max_times = 1 per trial
+    for change in adjusts:
+        assert change["after"]["lr"] == pytest.approx(change["before"]["lr"] * 0.5, rel=1e-3)
+        configs = metrics_lines(out, change["trial"], "config")
+        assert any(c["changes"] == {"lr": change["after"]["lr"]} for c in configs), configs
+    for change in exploits:
+        taker, donor = record(out, change["trial"]), change["donor"]
+        assert change["donor_score"] > change["score"] and taker["exploits"] >= 1
+        assert any(e.split(" ", 1)[1].startswith(f"pbt: took {donor}'s checkpoint") for e in taker["events"])
+        adopted = metrics_lines(out, change["trial"], "adopt")
+        assert any(f"/trials/{change['trial']}/adopted/{donor}-step-" in a["source"] for a in adopted), adopted
+        lr = change["after"]["server.lr"]
+        assert any(c["changes"] == {"lr": lr} for c in metrics_lines(out, change["trial"], "config"))
+        assert not (out / "trials" / change["trial"] / "adopted" / f"{donor}-step").exists()
+    last = {c["trial"]: c for c in changes}
+    for trial_id in ("t000", "t001"):
+        trial = record(out, trial_id)
+        assert trial["status"] == "finished" and trial["metric"] is not None, trial
+        if trial_id in last:  # its settings now: what the last change left
+            after = last[trial_id]["after"]
+            assert trial["changed"]["server.lr"] == after.get("server.lr", after.get("lr")), trial
+    report = (out / "report.md").read_text()
+    assert "## Live changes" in report and f"{len(exploits)} population-based training exploit" in report
+    assert "took " in report and "grad_norm" in report and "(dotted: exploits)" not in report  # a plot title
+    best = tomllib.loads((out / "best-server.toml").read_text())
+    winner = max((record(out, t) for t in ("t000", "t001")), key=lambda t: t["metric"])
+    assert best["lr"] == winner["changed"].get("server.lr", winner["settings"]["server.lr"])

@@ -63,16 +63,16 @@ def write_report(out: Path, study: Study) -> Path:
         "## Best configuration",
         "",
     ]
-    if best is not None:
-        server = study.server_settings(best.settings)
-        client = study.client_settings(best.settings, Path(state["study_file"]).parent)
+    if best is not None:  # its settings as they ended: population-based training and rules change them
+        server = study.server_settings(best.current())
+        client = study.client_settings(best.current(), Path(state["study_file"]).parent)
         command = client_command(client, server, best.target_episodes)
         trained = trained_model(out, best.id)
         if trained is not None:  # serve (or train on from) the best trial's weights, not the initial model
             server = {k: v for k, v in server.items() if k != "model_size"} | {"model": str(trained)}
         header = [
             f"best trial {best.id} of study '{state['name']}': {metric} {best.metric:.3f}",
-            f"settings: {'  '.join(f'{k}={v}' for k, v in best.settings.items())}",
+            f"settings: {'  '.join(f'{k}={v}' for k, v in best.current().items())}",
             "serve its trained weights: agentjet-server up --config best-server.toml"
             if trained is not None
             else "its run wrote no checkpoint: this file trains the same settings from the initial model",
@@ -80,8 +80,10 @@ def write_report(out: Path, study: Study) -> Path:
         ]
         write_atomic(out / "best-server.toml", "".join(f"# {h}\n" for h in header) + toml_text(server))
         lines += [
-            f"**{best.id}**: {_settings(best.settings)} — `{metric}` **{best.metric:.3f}** "
-            f"after {best.episodes:,} episodes ({_duration(best.seconds())}).",
+            f"**{best.id}**: {_settings(best.current())} — `{metric}` **{best.metric:.3f}** "
+            f"after {best.episodes:,} episodes ({_duration(best.seconds())})"
+            + (f"; it started with {_settings(best.settings)} and changed while it trained" if best.changed else "")
+            + ".",
             "",
             "Ready to run (`best-server.toml` is an `agentjet-server up` job file with every server setting"
             + (
@@ -118,6 +120,7 @@ def write_report(out: Path, study: Study) -> Path:
             _escape(why),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _changes(out, records)
     lines += ["", "## Plots", ""]
     if plots:
         lines += [f"![{title}](plots/{name})\n" for name, title in plots]
@@ -129,6 +132,38 @@ def write_report(out: Path, study: Study) -> Path:
     path = out / "report.md"
     write_atomic(path, "\n".join(lines) + "\n")
     return path
+
+
+def _changes(out: Path, records: list[TrialRecord]) -> list[str]:
+    """The "Live changes" section: every exploit, explore and rule the runner applied (``live.py``)."""
+    from agentjet_client.research.live import read_changes
+
+    changes = read_changes(out)
+    if not changes:
+        return []
+    started = min((r.started_at for r in records if r.started_at), default=changes[0]["time"])
+    lines = [
+        "",
+        "## Live changes",
+        "",
+        f"{sum(c['kind'] == 'exploit' for c in changes)} population-based training exploit/explore steps and "
+        f"{sum(c['kind'] == 'adjust' for c in changes)} rule adjustments while trials trained "
+        "(each also in the trial's events and its server's metrics.jsonl).",
+        "",
+        "| study time | trial | at episodes | what | why |",
+        "|---:|---|---:|---|---|",
+    ]
+    for change in changes:
+        before, after = change["before"], change["after"]
+        settings = ", ".join(f"{k.removeprefix('server.')} {_cell(v)} -> {_cell(after[k])}" for k, v in before.items())
+        if change["kind"] == "exploit":
+            what = f"took {change['donor']}'s checkpoint (its step {change['donor_step']}); explore: {settings}"
+            why = f"score {change['score']:.3f} against {change['donor']}'s {change['donor_score']:.3f}"
+        else:
+            what, why = settings, f"{change['figure']} {change['value']:.4g} (step {change['step']}): {change['rule']}"
+        when = _duration(change["time"] - started)
+        lines.append(f"| {when} | {change['trial']} | {change['episodes']:,} | {_escape(what)} | {_escape(why)} |")
+    return lines
 
 
 def client_command(client: Any, server: dict[str, Any], episodes: int) -> str:
@@ -154,6 +189,12 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
     folder = out / "plots"
     folder.mkdir(exist_ok=True)
     series = {r.id: TrialDir(out, r.id).points() for r in records}
+    exploits: dict[str, list[int]] = {}
+    from agentjet_client.research.live import read_changes
+
+    for change in read_changes(out):
+        if change["kind"] == "exploit":
+            exploits.setdefault(change["trial"], []).append(change["episodes"])
     made: list[tuple[str, str]] = []
     for kind, label in (("train", "training reward"), ("eval", "evaluation reward")):
         kinds = (kind,) if kind == "train" else ("eval", "final")  # the final round closes each curve
@@ -168,13 +209,16 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
                 along = [p[x] / 60 if x == "t" else p[x] for p in points]
                 marker = "." if len(points) < 30 else None
                 line = ax.plot(along, [p["reward"] for p in points], marker=marker, label=_legend(record))
+                for at in exploits.get(record.id, []) if x == "episodes" else []:  # where it took a better checkpoint
+                    ax.axvline(at, color=line[0].get_color(), linestyle=":", alpha=0.6)
                 finals = [(a, p["reward"]) for a, p in zip(along, points, strict=True) if p["kind"] == "final"]
                 if finals:
                     stars_x, stars_y = [a for a, _ in finals], [r for _, r in finals]
                     ax.scatter(stars_x, stars_y, marker="*", s=120, color=line[0].get_color(), zorder=3)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(label)
-            final = " (*: final round)" if kind == "eval" else ""
+            marks = " (dotted: exploits)" if exploits and x == "episodes" else ""
+            final = " (*: final round)" if kind == "eval" else marks
             ax.set_title(f"{label} against {xlabel.split(' (')[0]}{final}")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="best")
