@@ -122,7 +122,7 @@ def ensure_env(
     tests: bool = True,
     extra: list[str] | None = None,
     remove: list[str] | None = None,
-    client_extras: str = "[langchain,agentscope,anthropic,research,datasets,gym,openenv,verifiers]",
+    client_extras: str = "[langchain,agentscope,anthropic,research,datasets,gym,openenv,verifiers,mcp]",
 ) -> Path:
     """A virtual environment with torch (CPU), ``extra`` and both packages; with ``tests`` also pytest,
     the test tools and the client's ``client_extras`` (for the framework examples and tests). Returns

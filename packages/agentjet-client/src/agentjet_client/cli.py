@@ -606,6 +606,31 @@ def status(
     server_status(server, api_key)
 
 
+@app.command()
+def mcp(
+    root: Annotated[Path, typer.Option(help="the workspace: studies and files the tools may read and write")] = Path(),
+    http: Annotated[bool, typer.Option(help="serve streamable HTTP (at /mcp) instead of stdio")] = False,
+    host: Annotated[str, typer.Option(help="--http: the address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="--http: the port")] = 8765,
+) -> None:
+    """Serve a Model Context Protocol server for coding agents: list, start, stop and read studies,
+    read a run's status, metrics and trajectories, change its live settings, pause and resume it.
+
+    Example (a coding agent's MCP configuration starts it over stdio):
+    agentjet-client mcp --root runs
+    agentjet-client mcp --root runs --http --port 8765   # then http://127.0.0.1:8765/mcp
+    """
+    from agentjet_client.research.mcp_server import serve
+    from agentjet_client.research.tools import ToolError
+
+    if not root.is_dir():
+        _fail(f"--root {root} is not a directory; give the folder your studies are in (or will be)")
+    try:
+        serve(root, http, host, port)
+    except ToolError as exc:
+        _fail(str(exc))
+
+
 def main() -> None:
     try:
         app()
