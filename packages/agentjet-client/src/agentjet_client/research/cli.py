@@ -76,6 +76,45 @@ def _all_failed(out: Path) -> str | None:
 
 
 @app.command()
+def check(
+    study_file: Annotated[Path, typer.Argument(help="the study (TOML) to check")],
+    json_out: Annotated[bool, typer.Option("--json", help="print what it plans as JSON")] = False,
+) -> None:
+    """Check a study file and its agents' code dirs without running anything: every problem at once.
+
+    Example: agentjet-client research check examples/research/digits_study.toml
+    """
+    import json
+
+    from agentjet_client.research.study import load_study, machine_parallel
+
+    try:
+        study, _ = load_study(study_file)
+    except AgentJetError as exc:
+        _fail(str(exc))
+    configurations = study.configurations()
+    parallel, why = machine_parallel(study.study, len(configurations) if study.pbt else None)
+    plan = {
+        "trials": len(configurations),
+        "search": study.study.search,
+        "metric": study.study.metric,
+        "parallel": parallel,
+        "cores_per_trial": study.study.cores_per_trial,
+        "devices": study.study.devices,
+        "episodes_per_trial": study.trial.episodes,
+        "minutes_per_trial": study.trial.minutes,
+        "code_dirs": sorted({str(study.client_settings(c, study_file.parent).code_dir) for c in configurations}),
+    }
+    if json_out:
+        console.print_json(json.dumps(plan))
+        return
+    console.print(
+        f"{study_file}: a valid study; {plan['trials']} trials ({plan['search']}), metric {plan['metric']}, "
+        f"{parallel} at once ({escape(why)})"
+    )
+
+
+@app.command()
 def status(out: Annotated[Path, typer.Argument(help="the study's --out directory")]) -> None:
     """Show a study's progress: every trial's phase, episodes, reward, metric and why it ended.
 

@@ -25,6 +25,7 @@ import httpx2
 from agentjet_client.errors import StudyError
 
 STUDY_DEPTH = 4  # how deep under the root studies are looked for
+CHECK_TIMEOUT_S = 120.0  # a study file's check (it imports each agent)
 START_WAIT_S = 60.0  # a study started is answered once its runner wrote study.json
 
 
@@ -118,15 +119,29 @@ class Workspace:
         }
 
     def check_study(self, study_file: str) -> dict[str, Any]:
-        """Validate a study file (and its agents' code dirs) without running it."""
-        from agentjet_client.research.study import load_study
-
+        """Validate a study file and its agents' code dirs without running it: what it plans (trials,
+        search, metric, trials at once, code dirs). Checked in an interpreter of its own (``research
+        check``): loading an agent runs its code, and that never happens in this process."""
         path = self.path(study_file)
+        command = [sys.executable, "-m", "agentjet_client", "research", "check", "--json", str(path)]
         try:
-            study, _ = load_study(path)
-        except StudyError as exc:
-            raise ToolError(str(exc)) from exc
-        return {"study_file": self._relative(path), "trials": len(study.configurations()), "search": study.study.search}
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=CHECK_TIMEOUT_S,
+                cwd=str(path.parent),
+                env={**os.environ, "COLUMNS": "400"},
+            )
+        except subprocess.TimeoutExpired:
+            raise ToolError(
+                f"checking {study_file} took over {CHECK_TIMEOUT_S:.0f}s (an agent that hangs on import?)"
+            ) from None
+        if done.returncode != 0:
+            message = " ".join((done.stderr or done.stdout).split()).removeprefix("error: ")
+            raise ToolError(message or f"checking {study_file} failed (exit {done.returncode})")
+        plan: dict[str, Any] = json.loads(done.stdout)
+        return {"study_file": self._relative(path), **plan}
 
     def start_study(self, study_file: str, out: str) -> dict[str, Any]:
         """Start ``agentjet-client research run STUDY_FILE --out OUT`` in the background (its own
