@@ -76,6 +76,60 @@ def _all_failed(out: Path) -> str | None:
 
 
 @app.command()
+def auto(
+    topic: Annotated[str, typer.Option(help="the research topic, in words")],
+    code_dir: Annotated[Path, typer.Option(help="the agent's code dir (never changed: variants are copies)")],
+    out: Annotated[Path, typer.Option(help="everything the research writes (reuse it to continue)")],
+    llm_url: Annotated[
+        str | None, typer.Option(help="the researcher's endpoint (OpenAI- or Anthropic-compatible base URL)")
+    ] = None,
+    llm_model: Annotated[str, typer.Option(help="the researcher model's name")] = "gpt-5",
+    llm_api: Annotated[str, typer.Option(help="openai or anthropic (the endpoint's API)")] = "openai",
+    rounds: Annotated[int, typer.Option(min=1, help="rounds at most")] = 3,
+    trials: Annotated[int | None, typer.Option(min=1, help="trials at most, over every round")] = None,
+    cpu_hours: Annotated[float | None, typer.Option(min=0, help="CPU core-hours of trials at most")] = None,
+    gpu_hours: Annotated[float | None, typer.Option(min=0, help="GPU-hours of trials at most")] = None,
+    hours: Annotated[float | None, typer.Option(min=0, help="wall-clock hours at most")] = None,
+    tokens: Annotated[int | None, typer.Option(min=1, help="researcher tokens (prompt + answer) at most")] = None,
+    check_server: Annotated[
+        str | None, typer.Option(help="a server the plans' checks play against (default: the embedded model)")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+) -> None:
+    """Research a topic unattended: an LLM writes hypotheses, agent variants and studies; AgentJet runs them.
+
+    Each round the researcher plans (hypotheses, code variants, a study file), the plan is checked
+    (each variant plays one episode in its own interpreter; the study validates) and repaired from
+    the errors, the study runs, and the researcher judges each hypothesis from its report. The key
+    comes from AGENTJET_RESEARCH_API_KEY (or OPENAI_API_KEY / ANTHROPIC_API_KEY). Findings:
+    OUT/findings.md. Killed, the same command continues. Example (docs/research.md):
+
+    agentjet-client research auto --topic "which reward teaches digits fastest" \\
+      --code-dir examples/digits --out runs/auto --llm-url http://127.0.0.1:8001/v1 \\
+      --llm-model Qwen/Qwen3-32B --rounds 2 --trials 8
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agentjet_client.research.auto import AutoResearch, Budgets
+    from agentjet_client.research.researcher import Researcher
+
+    if llm_api not in ("openai", "anthropic"):
+        _fail(f"--llm-api {llm_api!r}: give openai or anthropic")
+
+    def say(message: str) -> None:
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(message)}")
+
+    budgets = Budgets(rounds, trials, cpu_hours, gpu_hours, hours, tokens)
+    researcher = Researcher(llm_url or "", llm_model, llm_api)  # type: ignore[arg-type]
+    try:
+        state = AutoResearch(topic, code_dir, out, researcher, budgets, check_server, say=say).run()
+    except AgentJetError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(code=130) from None
+    console.print(f"[bold]findings[/bold]: {out.resolve() / 'findings.md'} ({state.finished})")
+
+
+@app.command()
 def check(
     study_file: Annotated[Path, typer.Argument(help="the study (TOML) to check")],
     json_out: Annotated[bool, typer.Option("--json", help="print what it plans as JSON")] = False,
