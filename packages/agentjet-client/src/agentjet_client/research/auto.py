@@ -166,8 +166,8 @@ class AutoResearch:
 
     # -- planning ---------------------------------------------------------------------------------
     def _plan(self, round_: Round) -> None:
-        answered = bool(round_.messages) and round_.messages[-1]["role"] == "assistant"
-        if not answered:
+        answers = sum(m["role"] == "assistant" for m in round_.messages)  # every one of them a plan
+        if answers == round_.attempts:  # each answer so far was checked: ask for the next
             if round_.attempts == 0:
                 prompt = prompts.plan_prompt(
                     round_.number, self.topic, prompts.code_listing(self.code_dir), self._earlier(), self._budget_text()
@@ -231,6 +231,9 @@ class AutoResearch:
             try:
                 self.workspace.start_study(study_file, round_.study)
             except ToolError as exc:
+                now = self._status(round_)
+                if now is not None and now["runner"] != "not running":
+                    return  # a runner of its own took it meanwhile: followed from the next step
                 round_.phase = "abandoned"
                 round_.reason = f"its study would not start: {exc}"
                 self._log("decision", round_, decision="abandoned", problems=[str(exc)])

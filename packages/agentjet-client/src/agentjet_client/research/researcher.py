@@ -91,7 +91,7 @@ class Researcher:
         except Exception as exc:  # the SDKs' connection, status and timeout errors
             raise StudyError(
                 f"the researcher model ({self.style} API at {self.url or 'its default URL'}, model {self.model}) "
-                f"failed: {type(exc).__name__}: {exc}; check --llm-url, --llm-model and the key "
+                f"failed: {type(exc).__name__}: {str(exc)[:600]}; check --llm-url, --llm-model and the key "
                 "(AGENTJET_RESEARCH_API_KEY)"
             ) from exc
         self.usage.prompt += int(prompt or 0)

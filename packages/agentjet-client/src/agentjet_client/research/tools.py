@@ -167,8 +167,11 @@ class Workspace:
                 cwd=str(self.root),
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        deadline = time.monotonic() + START_WAIT_S  # until the runner has written its state (or has failed)
-        while not (target / "study.json").exists() and process.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + START_WAIT_S  # until the runner holds the study (or has failed)
+        lock = RunnerLock(target)
+        while process.poll() is None and time.monotonic() < deadline:
+            if (target / "study.json").exists() and lock.held_elsewhere():
+                break
             time.sleep(0.1)
         if process.poll() not in (None, 0):
             from agentjet_client.research.trial import last_lines
