@@ -316,3 +316,70 @@ def test_an_eval_reward_study_of_an_agent_without_eval_tasks_is_refused_before_i
     load_study(
         write(tmp_path, f'"server.lr" = [1e-3]\n"client.code_dir" = ["{code}"]', study='metric = "train_reward"')
     )
+
+
+def test_pbt_exploits_only_from_the_bottom_and_only_a_trial_that_leads_by_min_z_standard_errors():
+    from agentjet_client.research.tuning import Candidate, exploit_choice
+
+    def at(i: str, score: float, n: int = 800) -> Candidate:
+        return Candidate(i, score, n, score * (1 - score))
+
+    rng = random.Random(0)
+    population = [at("a", 0.6), at("b", 0.5), at("c", 0.3), at("d", 0.1)]
+    assert exploit_choice("d", population, 0.25, rng, min_z=2.0) == "a"  # the worst takes from the best
+    assert exploit_choice("c", population, 0.25, rng, min_z=2.0) is None  # not in the bottom quarter
+    assert {exploit_choice("c", population, 0.5, rng) for _ in range(50)} == {"a", "b"}  # the top half, at random
+    noisy = [at("a", 0.12, 320), at("b", 0.10, 320)]  # both at chance: a lead of 0.02 is luck
+    assert exploit_choice("b", noisy, 0.5, rng, min_z=2.0) is None
+    assert exploit_choice("b", noisy, 0.5, rng, min_z=0.0) == "a"
+    assert exploit_choice("a", [at("a", 0.5)], 0.5, rng) is None  # a population of one
+
+
+def test_explore_perturbs_numbers_keeps_integers_whole_and_resamples_from_the_space():
+    from agentjet_client.research.tuning import explore
+
+    rng = random.Random(1)
+    values = {"server.lr": 1e-3, "server.group_size": 8, "server.off_policy": "tis"}
+    seen = [explore(values, [0.8, 1.25], 0.0, lambda k: None, rng) for _ in range(40)]
+    assert {s["server.lr"] for s in seen} == {8e-4, 1.25e-3}
+    assert {s["server.group_size"] for s in seen} == {6, 10} and {s["server.off_policy"] for s in seen} == {"tis"}
+    drawn = explore(values, [0.8], 1.0, lambda k: f"drawn {k}", rng)
+    assert drawn == {k: f"drawn {k}" for k in values}
+
+
+def test_an_adjust_rule_fires_on_the_mean_of_its_last_steps_and_scales_or_sets_settings():
+    from agentjet_client.research.tuning import AdjustRule
+
+    rule = AdjustRule(when="approx_kl > 0.05", over=3, set={"lr": "x0.5", "entropy_coef": 0.01})
+    steps = [{"step": i, "approx_kl": kl} for i, kl in enumerate([0.2, 0.01, 0.01, 0.01], 1)]
+    assert rule.fires(steps) is None  # the last three: 0.01 on average
+    assert rule.fires(steps[:3]) == (pytest.approx((0.2 + 0.01 + 0.01) / 3), 3)  # with the spike: 0.073
+    assert rule.fires(steps[:2]) is None  # fewer steps than `over`
+    assert rule.fires([{"step": 1, "approx_kl": None}] * 3) is None  # a figure the steps lack
+    assert rule.new_values({"lr": 3e-3, "entropy_coef": 0.0}) == {"lr": 1.5e-3, "entropy_coef": 0.01}
+    for when in ("kl is high", "approx_kl >> 1", "approx_kl > x"):
+        with pytest.raises(ValueError, match="FIGURE > BOUND|is not a number"):
+            AdjustRule(when=when, set={"lr": "x0.5"})
+    with pytest.raises(ValueError, match='"x0.5" to multiply'):
+        AdjustRule(when="loss > 1", set={"lr": "half"})
+
+
+def test_pbt_and_adjust_problems_in_a_study_file_are_refused_with_what_to_change(tmp_path):
+    pbt = "\n[pbt]\nevery_episodes = 100\n"
+    path = write(tmp_path, '"server.lr" = [1e-3, 2e-3]', study='search = "halving"')
+    path.write_text(path.read_text() + pbt + '\n[[adjust]]\nwhen = "loss > 1"\nset = { port = 1 }\n')
+    with pytest.raises(StudyError) as caught:
+        load_study(path)
+    assert "[pbt] and halving" in str(caught.value) and "[[adjust]] sets port" in str(caught.value)
+    path = write(tmp_path, '"client.concurrency" = [8, 16]')
+    path.write_text(path.read_text() + pbt)
+    with pytest.raises(StudyError, match=r"\[pbt\] explores searched server settings"):
+        load_study(path)
+    path = write(tmp_path, '"server.lr" = [1e-3, 2e-3]')
+    path.write_text(path.read_text() + pbt + 'keys = ["client.concurrency"]\n')
+    with pytest.raises(StudyError, match=r"\[pbt\] keys client.concurrency"):
+        load_study(path)
+    path = write(tmp_path, '"server.lr" = [1e-3, 2e-3]')
+    path.write_text(path.read_text() + pbt)
+    study, _ = load_study(path)
+    assert study.pbt_keys() == ["server.lr"] and machine_parallel(study.study, 2)[0] == 2

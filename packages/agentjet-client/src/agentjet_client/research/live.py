@@ -83,33 +83,37 @@ class LiveTuner:
         )
 
     # -- population-based training ----------------------------------------------------------------
-    def _score(self, record: TrialRecord, live: Live) -> float | None:
-        """The mean of the trial's last ``points`` training reward windows since its last exploit."""
+    def _score(self, record: TrialRecord, live: Live) -> Candidate | None:
+        """The mean of the trial's last ``points`` training reward windows since its last exploit,
+        with the episodes it averages and the largest variance rewards in [reward_floor,
+        reward_ceiling] can have at that mean (as the collapse rule bounds it)."""
         assert self.study.pbt is not None
         points = live.series.train[record.scored_from :][-self.study.pbt.points :]
         if len(points) < self.study.pbt.points:
             return None
-        return sum(p.reward * p.n for p in points) / sum(p.n for p in points)
+        n = sum(p.n for p in points)
+        mean = sum(p.reward * p.n for p in points) / n
+        low, high = min(self.study.stop.reward_floor, mean), max(self.study.stop.reward_ceiling, mean)
+        return Candidate(record.id, mean, n, (mean - low) * (high - mean))
 
     def _pbt(self, training: list[TrialRecord], records: dict[str, TrialRecord], live: dict[str, Live]) -> None:
         pbt = self.study.pbt
         assert pbt is not None
-        scores = {r.id: s for r in training if (s := self._score(r, live[r.id])) is not None}
+        scores = {r.id: c for r in training if (c := self._score(r, live[r.id])) is not None}
         for record in training:
             if record.episodes - record.pbt_ready_at < pbt.every_episodes:
                 continue
             record.pbt_ready_at = record.episodes
             if record.id not in scores:
                 continue
-            population = [Candidate(trial_id, score) for trial_id, score in scores.items()]
-            donor = exploit_choice(record.id, population, pbt.quantile, self.rng)
+            donor = exploit_choice(record.id, list(scores.values()), pbt.quantile, self.rng, pbt.min_z)
             if donor is None:
                 continue
             if self._exploit(record, records[donor], live, scores):
                 scores.pop(record.id)  # its score starts again from its next windows
 
     def _exploit(
-        self, record: TrialRecord, donor: TrialRecord, live: dict[str, Live], scores: dict[str, float]
+        self, record: TrialRecord, donor: TrialRecord, live: dict[str, Live], scores: dict[str, Candidate]
     ) -> bool:
         assert self.study.pbt is not None
         own, other = live[record.id], live[donor.id]
@@ -138,7 +142,7 @@ class LiveTuner:
             f"{k.removeprefix('server.')} {mine.get(k.removeprefix('server.'))} -> {v}" for k, v in new.items()
         )
         step = adopted.get("source_step")
-        own_score, their_score = scores[record.id], scores[donor.id]
+        own_score, their_score = scores[record.id].score, scores[donor.id].score
         record.note(
             f"pbt: took {donor.id}'s checkpoint (its step {step}; score {their_score:.3f} against {own_score:.3f} "
             f"at {record.episodes} episodes); explore: {what}"

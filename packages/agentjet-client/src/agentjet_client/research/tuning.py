@@ -5,7 +5,8 @@ Two kinds of change, both carried out by ``live.LiveTuner`` through each trial s
 * **population-based training** (``[pbt]``): every trial of the study trains at once. Each time a
   trial has trained ``every_episodes`` more episodes it is *ready*; a ready trial among the worst
   ``quantile`` of the running trials (by its score: the mean of its last ``points`` training reward
-  windows since its last exploit) *exploits* one of the best ``quantile``, drawn at random: it takes
+  windows since its last exploit) *exploits* one of the best ``quantile`` that leads it by ``min_z``
+  standard errors, drawn at random: it takes
   that trial's newest checkpoint (weights and optimizer state, ``POST /v1/admin/adopt``), then
   *explores*: each of ``keys`` (searched ``server.*`` settings the server takes live) becomes the
   better trial's value times one of ``perturb``, or with probability ``resample`` a fresh draw from
@@ -58,6 +59,7 @@ class PbtSection(BaseModel):
     perturb: list[float] = Field(default_factory=lambda: [0.8, 1.25], min_length=1)
     resample: float = Field(default=0.0, ge=0, le=1, description="chance of a fresh draw from [space] instead")
     points: int = Field(default=2, ge=1, description="training reward windows a trial's score averages")
+    min_z: float = Field(default=2.0, ge=0, description="a better trial must lead by this many standard errors")
     keys: list[str] | None = Field(default=None, description="settings explore changes: server.* keys of [space]")
 
     @field_validator("perturb")
@@ -128,15 +130,22 @@ class AdjustRule(BaseModel):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A running trial as population-based training ranks it."""
+    """A running trial as population-based training ranks it: its score, the episodes it averages,
+    and the largest variance an episode's reward can have at that mean."""
 
     id: str
     score: float
+    n: int = 1
+    variance: float = 0.0
 
 
-def exploit_choice(ready: str, population: Sequence[Candidate], quantile: float, rng: random.Random) -> str | None:
+def exploit_choice(
+    ready: str, population: Sequence[Candidate], quantile: float, rng: random.Random, min_z: float = 0.0
+) -> str | None:
     """The trial ``ready`` takes its checkpoint from: one of the best ``quantile`` drawn at random,
-    when ``ready`` is among the worst ``quantile`` (and scores below it); else None."""
+    when ``ready`` is among the worst ``quantile`` and that trial leads it by ``min_z`` standard
+    errors at least (early on every trial is at chance: copying one that is ahead by luck only
+    shuffles the population); else None."""
     if len(population) < 2:
         return None
     ranked = sorted(population, key=lambda c: (-c.score, c.id))
@@ -144,8 +153,13 @@ def exploit_choice(ready: str, population: Sequence[Candidate], quantile: float,
     bottom = {c.id for c in ranked[-share:]}
     if ready not in bottom:
         return None
-    own = next(c.score for c in ranked if c.id == ready)
-    top = [c for c in ranked[:share] if c.id != ready and c.score > own]
+    own = next(c for c in ranked if c.id == ready)
+
+    def leads(c: Candidate) -> bool:
+        spread = math.sqrt(c.variance / max(1, c.n) + own.variance / max(1, own.n))
+        return c.score > own.score and (spread == 0 or (c.score - own.score) / spread >= min_z)
+
+    top = [c for c in ranked[:share] if c.id != ready and leads(c)]
     return rng.choice(top).id if top else None
 
 
