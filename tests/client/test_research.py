@@ -358,9 +358,9 @@ def test_an_adjust_rule_fires_on_the_mean_of_its_last_steps_and_scales_or_sets_s
     assert rule.fires([{"step": 1, "approx_kl": None}] * 3) is None  # a figure the steps lack
     assert rule.new_values({"lr": 3e-3, "entropy_coef": 0.0}) == {"lr": 1.5e-3, "entropy_coef": 0.01}
     for when in ("kl is high", "approx_kl >> 1", "approx_kl > x"):
-        with pytest.raises(ValueError, match="FIGURE > BOUND|is not a number"):
+        with pytest.raises(ValueError, match=r"FIGURE > BOUND|is not a number"):
             AdjustRule(when=when, set={"lr": "x0.5"})
-    with pytest.raises(ValueError, match='"x0.5" to multiply'):
+    with pytest.raises(ValueError, match=r"\"x0\.5\" to multiply"):
         AdjustRule(when="loss > 1", set={"lr": "half"})
 
 
