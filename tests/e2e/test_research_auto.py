@@ -193,6 +193,20 @@ def start(out: Path, url: str, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, stdout=f, stderr=f, env={**os.environ, "AGENTJET_CACHE_DIR": str(CACHE)})
 
 
+def leftovers(out: Path) -> list[str]:
+    """Live processes whose command line names the research directory."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(out) in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
 def trial(out: Path, round_: int, trial_id: str) -> dict[str, Any]:
     path = out / "rounds" / f"r{round_:02d}" / "study" / "trials" / trial_id / "trial.json"
     for _ in range(100):
@@ -229,6 +243,7 @@ def test_research_auto_plans_repairs_runs_judges_two_rounds_and_resumes_after_a_
         http.shutdown()
         http.server_close()
 
+    assert not leftovers(out), "processes of the research outlived it (a check server of the killed loop?)"
     keys = [key for key, _ in scripted.requests]
     assert asked == ["1:plan", "1:repair 1", "1:verdicts", "2:plan"]
     assert keys == [*asked, "2:verdicts"]  # nothing asked twice across the kill

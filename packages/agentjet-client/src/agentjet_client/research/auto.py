@@ -193,6 +193,7 @@ class AutoResearch:
             problems = write_round(folder, self.code_dir, plan) or self._check(round_, folder)
         self._log("check", round_, attempt=round_.attempts, problems=problems)
         if not problems:
+            self._stop_check_server()  # the study needs the machine; the next round starts another
             round_.phase = "running"
             round_.study = f"{round_.folder}/study"
             trials = (round_.checked or {}).get("trials")
@@ -201,6 +202,7 @@ class AutoResearch:
         round_.problems.append(problems)
         self.say(f"round {round_.number}: the plan failed its checks: {'; '.join(problems)[:600]}")
         if round_.attempts >= MAX_ATTEMPTS:
+            self._stop_check_server()
             round_.phase = "abandoned"
             round_.reason = f"its plan failed its checks {MAX_ATTEMPTS} times"
             self.say(f"round {round_.number}: abandoned ({round_.reason})")
@@ -415,7 +417,12 @@ class AutoResearch:
         command += ["--state-dir", str(self.out / "check-server"), "--fresh"]
         with log.open("ab") as f:
             self._check_process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         url = f"http://127.0.0.1:{port}"
         import httpx2
@@ -477,6 +484,16 @@ class AutoResearch:
         line = {"time": round(time.time(), 3), "round": round_.number, "kind": kind, **values}
         with (self.out / "log.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _die_with_parent() -> None:
+    """In the check server's process before exec (Linux): SIGTERM when the loop's process dies, even
+    by SIGKILL, so a killed loop leaves no server behind (elsewhere it is stopped on a clean exit)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _verdict_problem(answer: str, ids: list[str]) -> str | None:
