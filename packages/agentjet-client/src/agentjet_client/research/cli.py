@@ -81,10 +81,20 @@ def auto(
     code_dir: Annotated[Path, typer.Option(help="the agent's code dir (never changed: variants are copies)")],
     out: Annotated[Path, typer.Option(help="everything the research writes (reuse it to continue)")],
     llm_url: Annotated[
-        str | None, typer.Option(help="the researcher's endpoint (OpenAI- or Anthropic-compatible base URL)")
+        str | None,
+        typer.Option(
+            help="the researcher's endpoint (OpenAI- or Anthropic-compatible base URL)",
+            envvar="AGENTJET_RESEARCH_URL",
+            show_envvar=True,
+        ),
     ] = None,
-    llm_model: Annotated[str, typer.Option(help="the researcher model's name")] = "gpt-5",
-    llm_api: Annotated[str, typer.Option(help="openai or anthropic (the endpoint's API)")] = "openai",
+    llm_model: Annotated[
+        str, typer.Option(help="the researcher model's name", envvar="AGENTJET_RESEARCH_MODEL", show_envvar=True)
+    ] = "gpt-5",
+    llm_api: Annotated[
+        str,
+        typer.Option(help="openai or anthropic (the endpoint's API)", envvar="AGENTJET_RESEARCH_API", show_envvar=True),
+    ] = "openai",
     rounds: Annotated[int, typer.Option(min=1, help="rounds at most")] = 3,
     trials: Annotated[int | None, typer.Option(min=1, help="trials at most, over every round")] = None,
     cpu_hours: Annotated[float | None, typer.Option(min=0, help="CPU core-hours of trials at most")] = None,

@@ -71,7 +71,7 @@ class Researcher:
         try:
             if self.style == "anthropic":
                 reply = self.client().messages.create(
-                    model=self.model, system=system, messages=messages, max_tokens=max_tokens, temperature=0
+                    model=self.model, system=system, messages=messages, max_tokens=max_tokens
                 )
                 text = "".join(getattr(block, "text", "") for block in reply.content)
                 prompt, completion = reply.usage.input_tokens, reply.usage.output_tokens
@@ -103,7 +103,7 @@ class Researcher:
 def json_answer(text: str) -> dict[str, Any]:
     """The JSON object in a model's answer: the whole answer, a fenced ```json block, or the
     outermost braces. ValueError (what was wrong, for the model to fix) otherwise."""
-    candidates = [text.strip()]
+    candidates = [text.strip()] if text.strip()[:1] in ("{", "[") else []
     candidates += re.findall(r"```(?:json)?\s*\n(.*?)```", text, flags=re.DOTALL)
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:

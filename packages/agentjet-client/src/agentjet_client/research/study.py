@@ -319,17 +319,58 @@ def load_study(path: Path, check_code: bool = True) -> tuple[Study, str]:
     return study, hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_EVAL_TASKS = """
+import json, sys
+from pathlib import Path
+from agentjet_client.errors import AgentJetError
+from agentjet_client.loader import load_agent
+try:
+    agent, _ = load_agent(Path(sys.argv[1]))
+except AgentJetError as exc:
+    print(json.dumps({"error": str(exc)}))
+else:
+    print(json.dumps({"eval_tasks": agent.eval_tasks is not None}))
+"""
+
+
+_EVAL_TASKS_SEEN: dict[tuple[Path, str], list[str]] = {}  # (code dir, code version) -> its problems
+
+
 def _eval_tasks_problem(code_dir: Path) -> list[str]:
+    from agentjet_client.loader import code_version
+
+    key = (code_dir, code_version(code_dir))
+    if key not in _EVAL_TASKS_SEEN:
+        _EVAL_TASKS_SEEN[key] = _load_eval_tasks(code_dir)
+    return _EVAL_TASKS_SEEN[key]
+
+
+def _load_eval_tasks(code_dir: Path) -> list[str]:
     """Why the agent in ``code_dir`` cannot give ``metric = "eval_reward"``, if it cannot (an agent in its
-    own interpreter, ``agentjet.toml``, is checked by its first trial instead)."""
-    from agentjet_client.errors import AgentJetError
-    from agentjet_client.loader import load_agent
+    own interpreter, ``agentjet.toml``, is checked by its first trial instead). The agent is loaded in an
+    interpreter of its own, in its code dir: loading runs its code, and that never happens in the
+    runner's process."""
+    import subprocess
+    import sys
 
     try:
-        agent, _ = load_agent(code_dir)
-    except AgentJetError as exc:
-        return [str(exc)]
-    if agent.eval_tasks is None:
+        done = subprocess.run(
+            [sys.executable, "-c", _EVAL_TASKS, str(code_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(code_dir),
+        )
+    except subprocess.TimeoutExpired:
+        return [f"loading the agent in {code_dir} took over 120s"]
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        lines = [x for x in done.stderr.splitlines() if x.strip()]
+        return [f"loading the agent in {code_dir} failed: {' | '.join(lines[-3:])}"]
+    if "error" in answer:
+        return [str(answer["error"])]
+    if not answer["eval_tasks"]:
         return [
             f'metric = "eval_reward" needs held-out tasks, and the agent in {code_dir} has none: give it '
             '@swarm_agent(eval_tasks=...), or set [study] metric = "train_reward"'
