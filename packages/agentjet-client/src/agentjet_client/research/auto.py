@@ -121,7 +121,17 @@ class AutoResearch:
                 current = self._current()
                 if current is None:
                     break
-                self._advance(current)
+                try:
+                    self._advance(current)
+                except KeyboardInterrupt:
+                    if current.phase == "running" and current.study is not None:
+                        self.say(f"interrupted: stopping round {current.number}'s study (its trials checkpoint)")
+                        try:
+                            self.workspace.stop_study(current.study)
+                        except ToolError:
+                            pass
+                    self.say("run the same command to continue")
+                    raise
                 self._save()
                 write_findings(self.out, self.state)
         finally:
@@ -282,7 +292,14 @@ class AutoResearch:
         ids = [str(h.get("id")) for h in hypotheses]
         problem: str | None = None
         answer = ""
+        header = f"[research auto] round {round_.number}: verdicts"
+        kept = round_.messages[-2:] if len(round_.messages) >= 2 else []
+        if kept and kept[0]["content"].startswith(header) and kept[1]["role"] == "assistant":
+            answer = kept[1]["content"]  # answered before the loop was killed: not asked again
+            problem = _verdict_problem(answer, ids)
         for retry in range(FORMAT_RETRIES + 1):
+            if answer and problem is None:
+                break
             report = self.workspace.read_report(round_.study)
             status = self.workspace.study_status(round_.study)
             prompt = prompts.verdict_prompt(round_.number, hypotheses, report, status)
@@ -366,7 +383,8 @@ class AutoResearch:
     def _trials_left(self) -> int | None:
         if self.budgets.trials is None:
             return None
-        used = sum(int((r.checked or {}).get("trials", 0)) for r in self.state.rounds if r.phase != "planning")
+        ran = ("running", "judging", "done")  # an abandoned plan's trials never ran
+        used = sum(int((r.checked or {}).get("trials", 0)) for r in self.state.rounds if r.phase in ran)
         return max(0, self.budgets.trials - used)
 
     def _budget_text(self) -> str:
