@@ -119,7 +119,8 @@ def auto(
       --llm-model Qwen/Qwen3-32B --rounds 2 --trials 8
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from agentjet_client.research.auto import AutoResearch, Budgets
+    from agentjet_client.research.auto import AutoResearch
+    from agentjet_client.research.autostate import Budgets
     from agentjet_client.research.researcher import Researcher
 
     if llm_api not in ("openai", "anthropic"):

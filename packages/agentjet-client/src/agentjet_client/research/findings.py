@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentjet_client.research.autostate import AutoState, Round
 from agentjet_client.research.trial import write_atomic
-
-if TYPE_CHECKING:
-    from agentjet_client.research.auto import AutoState, Round
 
 
 def write_findings(out: Path, state: AutoState) -> Path:

@@ -61,6 +61,23 @@ def code_listing(code_dir: Path) -> str:
     return "".join(parts)
 
 
+def earlier_rounds(out: Path, rounds: list[Any]) -> list[dict[str, Any]]:
+    """What the next plan is derived from: each earlier round's verdicts and report (``rounds``:
+    ``autostate.Round`` s)."""
+    found = []
+    for round_ in rounds:
+        item: dict[str, Any] = {"number": round_.number, "verdicts": round_.verdicts, "next": round_.next}
+        if round_.phase == "abandoned":
+            item["outcome"] = f"abandoned: {round_.reason}"
+            item["errors"] = round_.problems[-1] if round_.problems else []
+        else:
+            item["outcome"] = f"{round_.decision}: {round_.reason or ''}"
+            report = out / str(round_.study) / "report.md"
+            item["report"] = report.read_text() if report.exists() else ""
+        found.append(item)
+    return found
+
+
 def plan_prompt(number: int, topic: str, code: str, earlier: list[dict[str, Any]], budget: str) -> str:
     lines = [
         f"[research auto] round {number}: plan",
@@ -122,3 +139,29 @@ def verdict_prompt(number: int, hypotheses: list[dict[str, Any]], report: str, s
             "decide whether another round is worth its budget. Answer with the verdicts (one JSON object).",
         ]
     )
+
+
+VERDICTS = ("confirmed", "refuted", "inconclusive")
+
+
+def verdict_problem(answer: str, ids: list[str]) -> str | None:
+    """What keeps ``answer`` from being the verdicts asked for (every hypothesis in ``ids`` judged), or None."""
+    from agentjet_client.research.researcher import json_answer
+
+    try:
+        verdict = json_answer(answer)
+    except ValueError as exc:
+        return str(exc)
+    given = verdict.get("verdicts")
+    if not isinstance(given, list):
+        return '"verdicts" must be a list of {"id", "verdict", "evidence"}'
+    named = {str(v.get("id")): v.get("verdict") for v in given if isinstance(v, dict)}
+    missing = [i for i in ids if i not in named]
+    if missing:
+        return f"no verdict for {', '.join(missing)}"
+    wrong = [i for i, v in named.items() if v not in VERDICTS]
+    if wrong:
+        return f"the verdict of {wrong[0]} must be one of {', '.join(VERDICTS)}"
+    if verdict.get("decision") not in ("continue", "stop"):
+        return '"decision" must be "continue" or "stop"'
+    return None

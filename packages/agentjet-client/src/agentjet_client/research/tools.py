@@ -33,7 +33,9 @@ class ToolError(Exception):
     """A tool could not do what was asked; the message says why and what to do instead."""
 
 
-class Workspace:
+class _Root:
+    """A workspace root and the paths in it."""
+
     def __init__(self, root: Path, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.root = root.resolve()
         self.api_key = api_key or os.environ.get("AGENTJET_ADMIN_KEY") or os.environ.get("AGENTJET_API_KEY")
@@ -58,7 +60,84 @@ class Workspace:
     def _relative(self, path: Path) -> str:
         return str(path.relative_to(self.root)) if path != self.root else "."
 
-    # -- studies ----------------------------------------------------------------------------------
+    def _walk(self, name: str) -> list[Path]:
+        found = []
+        for directory, subdirs, files in os.walk(self.root):
+            depth = len(Path(directory).relative_to(self.root).parts)
+            if name in files:
+                found.append(Path(directory) / name)
+                subdirs[:] = []  # a study's own trials are not studies
+            elif depth >= STUDY_DEPTH:
+                subdirs[:] = []
+            subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in ("node_modules", "__pycache__")]
+        return found
+
+
+class _Runs(_Root):
+    """The operations on runs: their servers' public and admin APIs."""
+
+    def url(self, run: str) -> str:
+        """A run's server URL: ``run`` itself, or the port of the study trial it names."""
+        if run.startswith(("http://", "https://")):
+            return run.rstrip("/")
+        study, _, trial_id = run.rstrip("/").rpartition("/")
+        if not study or not trial_id:
+            raise ToolError(f"{run!r}: name a run by its server URL or as STUDY_DIR/tNNN (list_runs names them)")
+        record = _trial(self.study_dir(study), trial_id)
+        if not record:
+            raise ToolError(f"the study {study} has no trial {trial_id}")
+        if record.get("port") is None or record.get("phase") in ("pending", "done", "interrupted"):
+            raise ToolError(f"{run} has no server running (phase {record.get('phase')})")
+        return f"http://127.0.0.1:{record['port']}"
+
+    def run_status(self, run: str) -> dict[str, Any]:
+        """A run's server status: policy version, learner step, trajectory counts, admission."""
+        return self._call(run, "GET", "/v1/status")  # type: ignore[no-any-return]
+
+    def run_metrics(self, run: str, kind: str = "step", since: int = 0, limit: int = 200) -> dict[str, Any]:
+        """A run's metrics history after line ``since``: learner steps (``step``), evaluation
+        episodes (``eval``), settings changes (``config``), adopted checkpoints (``adopt``)."""
+        query = f"/v1/metrics/history?since={int(since)}&kind={kind}&limit={max(1, min(int(limit), 5000))}"
+        return self._call(run, "GET", query)  # type: ignore[no-any-return]
+
+    def recent_trajectories(self, run: str, limit: int = 5) -> list[dict[str, Any]]:
+        """A run's newest trajectories (task, reward, policy version, the messages)."""
+        body = self._call(run, "GET", f"/v1/trajectories?limit={max(1, min(int(limit), 100))}")
+        return body.get("trajectories", [])  # type: ignore[no-any-return]
+
+    def set_live_setting(self, run: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """Change live settings of a running server (``{"lr": 0.0005}``); they apply from the next
+        learner step and are written to the run's metrics.jsonl as a ``config`` line."""
+        answer = self._call(run, "PATCH", "/v1/admin/config", settings)
+        return {"changes": answer.get("changes", [])[-1:], "live": answer.get("live", [])}
+
+    def pause_run(self, run: str) -> dict[str, Any]:
+        """Pause learning after the step in progress (serving and ingestion go on)."""
+        return self._call(run, "POST", "/v1/admin/pause")  # type: ignore[no-any-return]
+
+    def resume_run(self, run: str) -> dict[str, Any]:
+        """Start learning again after a pause."""
+        return self._call(run, "POST", "/v1/admin/resume")  # type: ignore[no-any-return]
+
+    def _call(self, run: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = self.url(run)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            response = httpx2.request(method, url + path, json=body, headers=headers, timeout=self.timeout)
+        except httpx2.HTTPError as exc:
+            raise ToolError(f"the server of {run} ({url}) did not answer: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:500]
+            raise ToolError(f"{run}: {method} {path} answered {response.status_code}: {message}")
+        return response.json()
+
+
+class Workspace(_Runs):
+    """Every operation on the studies and runs under ``root`` (see the module's docstring)."""
+
     def list_studies(self) -> list[dict[str, Any]]:
         """Every study directory under the root: its name, trials done, and whether its runner runs."""
         from agentjet_client.research.trial import RunnerLock, load_state
@@ -212,7 +291,6 @@ class Workspace:
             raise ToolError(f"{path} is not a file")
         return target.read_text(errors="replace")[-limit:]
 
-    # -- runs -------------------------------------------------------------------------------------
     def list_runs(self) -> list[dict[str, Any]]:
         """Every study trial under the root, with its server URL and phase."""
         runs = []
@@ -230,76 +308,6 @@ class Workspace:
                     }
                 )
         return runs
-
-    def url(self, run: str) -> str:
-        """A run's server URL: ``run`` itself, or the port of the study trial it names."""
-        if run.startswith(("http://", "https://")):
-            return run.rstrip("/")
-        study, _, trial_id = run.rstrip("/").rpartition("/")
-        if not study or not trial_id:
-            raise ToolError(f"{run!r}: name a run by its server URL or as STUDY_DIR/tNNN (list_runs names them)")
-        record = _trial(self.study_dir(study), trial_id)
-        if not record:
-            raise ToolError(f"the study {study} has no trial {trial_id}")
-        if record.get("port") is None or record.get("phase") in ("pending", "done", "interrupted"):
-            raise ToolError(f"{run} has no server running (phase {record.get('phase')})")
-        return f"http://127.0.0.1:{record['port']}"
-
-    def run_status(self, run: str) -> dict[str, Any]:
-        """A run's server status: policy version, learner step, trajectory counts, admission."""
-        return self._call(run, "GET", "/v1/status")  # type: ignore[no-any-return]
-
-    def run_metrics(self, run: str, kind: str = "step", since: int = 0, limit: int = 200) -> dict[str, Any]:
-        """A run's metrics history after line ``since``: learner steps (``step``), evaluation
-        episodes (``eval``), settings changes (``config``), adopted checkpoints (``adopt``)."""
-        query = f"/v1/metrics/history?since={int(since)}&kind={kind}&limit={max(1, min(int(limit), 5000))}"
-        return self._call(run, "GET", query)  # type: ignore[no-any-return]
-
-    def recent_trajectories(self, run: str, limit: int = 5) -> list[dict[str, Any]]:
-        """A run's newest trajectories (task, reward, policy version, the messages)."""
-        body = self._call(run, "GET", f"/v1/trajectories?limit={max(1, min(int(limit), 100))}")
-        return body.get("trajectories", [])  # type: ignore[no-any-return]
-
-    def set_live_setting(self, run: str, settings: dict[str, Any]) -> dict[str, Any]:
-        """Change live settings of a running server (``{"lr": 0.0005}``); they apply from the next
-        learner step and are written to the run's metrics.jsonl as a ``config`` line."""
-        answer = self._call(run, "PATCH", "/v1/admin/config", settings)
-        return {"changes": answer.get("changes", [])[-1:], "live": answer.get("live", [])}
-
-    def pause_run(self, run: str) -> dict[str, Any]:
-        """Pause learning after the step in progress (serving and ingestion go on)."""
-        return self._call(run, "POST", "/v1/admin/pause")  # type: ignore[no-any-return]
-
-    def resume_run(self, run: str) -> dict[str, Any]:
-        """Start learning again after a pause."""
-        return self._call(run, "POST", "/v1/admin/resume")  # type: ignore[no-any-return]
-
-    def _call(self, run: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        url = self.url(run)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        try:
-            response = httpx2.request(method, url + path, json=body, headers=headers, timeout=self.timeout)
-        except httpx2.HTTPError as exc:
-            raise ToolError(f"the server of {run} ({url}) did not answer: {exc}") from exc
-        if response.status_code >= 400:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text[:500]
-            raise ToolError(f"{run}: {method} {path} answered {response.status_code}: {message}")
-        return response.json()
-
-    def _walk(self, name: str) -> list[Path]:
-        found = []
-        for directory, subdirs, files in os.walk(self.root):
-            depth = len(Path(directory).relative_to(self.root).parts)
-            if name in files:
-                found.append(Path(directory) / name)
-                subdirs[:] = []  # a study's own trials are not studies
-            elif depth >= STUDY_DEPTH:
-                subdirs[:] = []
-            subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in ("node_modules", "__pycache__")]
-        return found
 
 
 def _trial(out: Path, trial_id: str) -> dict[str, Any]:

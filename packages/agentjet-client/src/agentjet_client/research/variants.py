@@ -21,12 +21,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.errors import StudyError
 from agentjet_client.research.tools import ToolError, Workspace
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -154,3 +157,84 @@ def _leaves(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(data, list):
         return [leaf for value in data for leaf in _leaves(value, prefix)]
     return [(prefix.rstrip("."), data)]
+
+
+class CheckServer:
+    """A server the checks play their episodes against: a given URL, or the embedded model serving
+    only (``agentjet-server up --serve-only``, state under ``out``), started when first needed."""
+
+    def __init__(self, out: Path, url: str | None = None) -> None:
+        self.out = out
+        self._check_url = url
+        self._check_process: subprocess.Popen[bytes] | None = None
+
+    def url(self) -> str:
+        """A server the checks play their episodes against: --check-server, or the embedded model
+        serving only (started once, stopped when the loop ends)."""
+        if self._check_url:
+            return self._check_url
+        from agentjet_client.research.launch import free_port
+
+        port = free_port()
+        log = self.out / "check-server.log"
+        command = [*_server_program(), "up", "--serve-only", "--port", str(port), "--log-level", "warning"]
+        command += ["--state-dir", str(self.out / "check-server"), "--fresh"]
+        with log.open("ab") as f:
+            self._check_process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        url = f"http://127.0.0.1:{port}"
+        import httpx2
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self._check_process.poll() is not None:
+                from agentjet_client.research.trial import last_lines
+
+                raise StudyError(f"the check server exited: {last_lines(log)}")
+            try:
+                if httpx2.get(url + "/healthz", timeout=2).status_code == 200:
+                    self._check_url = url
+                    return url
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise StudyError(f"the check server did not answer within 300s; see {log}")
+
+    def stop(self) -> None:
+        if self._check_process is None:
+            return
+        if self._check_process.poll() is None:
+            self._check_process.send_signal(signal.SIGTERM)
+            try:
+                self._check_process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._check_process.kill()
+        self._check_process = None
+        self._check_url = None  # the one it started
+
+
+def _die_with_parent() -> None:
+    """In the check server's process before exec (Linux): SIGTERM when the loop's process dies, even
+    by SIGKILL, so a killed loop leaves no server behind (elsewhere it is stopped on a clean exit)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _server_program() -> list[str]:
+    import shutil
+
+    found = shutil.which("agentjet-server") or shutil.which("agentjet-server", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise StudyError(
+            "checks need agentjet-server to serve a model: pip install agentjet-server, or --check-server URL"
+        )
+    return [found]
