@@ -64,7 +64,8 @@ def test_admin_routes_answer_401_without_a_key_403_to_a_client_key_200_to_an_adm
         ["--batch-groups", "1", "--group-size", "2", "--state-dir", str(state)], tmp_path / "s.log", env=env
     )
     try:
-        for method, path, body in [*ADMIN_ROUTES, ("POST", "/v1/admin/stop", None)]:
+        refused_only = [("POST", "/v1/admin/stop", None), ("POST", "/v1/admin/adopt", {"checkpoint": str(state)})]
+        for method, path, body in [*ADMIN_ROUTES, *refused_only]:
             assert admin(server.url, method, path, body).status_code == 401, path
             r = admin(server.url, method, path, body, CLIENT_KEY)
             assert r.status_code == 403 and "admin key" in r.json()["error"]["message"], (path, r.text)
