@@ -226,7 +226,7 @@ class Workspace(_Runs):
         """Start ``agentjet-client research run STUDY_FILE --out OUT`` in the background (its own
         session: it outlives this process). The same call on an ``out`` that holds a stopped study
         continues it."""
-        from agentjet_client.research.trial import RunnerLock
+        from agentjet_client.research.trial import Process, RunnerLock
 
         self.check_study(study_file)
         target = self.path(out, must_exist=False)
@@ -236,16 +236,9 @@ class Workspace(_Runs):
         log = target / "runner.log"
         command = [sys.executable, "-m", "agentjet_client", "research", "run", str(self.path(study_file))]
         command += ["--out", str(target)]
-        with log.open("ab") as f:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=str(self.root),
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        process = Process.spawn(command, log, env, str(target), cwd=str(self.root)).popen
+        assert process is not None
         deadline = time.monotonic() + START_WAIT_S  # until the runner holds the study (or has failed)
         lock = RunnerLock(target)
         while process.poll() is None and time.monotonic() < deadline:

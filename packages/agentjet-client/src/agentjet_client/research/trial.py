@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -221,7 +222,18 @@ class Process:
         self.popen = popen
 
     @classmethod
-    def spawn(cls, command: list[str], log: Path, env: dict[str, str], marker: str) -> Process:
+    def spawn(
+        cls,
+        command: list[str],
+        log: Path,
+        env: dict[str, str],
+        marker: str,
+        cwd: str | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> Process:
+        """``command`` in a session of its own (it outlives this process), its output appended to
+        ``log``; ``preexec`` runs in the child before exec (default: SIGINT and SIGTERM back to
+        their defaults)."""
         with log.open("ab") as out:
             out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             out.flush()
@@ -231,8 +243,9 @@ class Process:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
+                cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_default_signals,
+                preexec_fn=preexec or default_signals,
             )
         return cls(popen.pid, marker, popen)
 
@@ -262,7 +275,7 @@ class Process:
                 time.sleep(0.1)
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
     """In the child before exec: SIGINT and SIGTERM back to their defaults. A runner started in
     the background of a shell ignores SIGINT, and an ignored signal stays ignored across exec: the
     client would never see the SIGINT that asks it to stop."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from agentjet_client.errors import StudyError
 from agentjet_client.research.tools import ToolError, Workspace
+from agentjet_client.research.trial import Process, default_signals
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 READ_ONLY_KEYS = ("model", "reference", "chat_template")  # paths a study may read from anywhere
@@ -179,15 +180,9 @@ class CheckServer:
         log = self.out / "check-server.log"
         command = [*_server_program(), "up", "--serve-only", "--port", str(port), "--log-level", "warning"]
         command += ["--state-dir", str(self.out / "check-server"), "--fresh"]
-        with log.open("ab") as f:
-            self._check_process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        process = Process.spawn(command, log, dict(os.environ), str(self.out), preexec=_die_with_parent)
+        self._check_process = process.popen
+        assert self._check_process is not None
         url = f"http://127.0.0.1:{port}"
         import httpx2
 
@@ -222,6 +217,7 @@ class CheckServer:
 def _die_with_parent() -> None:
     """In the check server's process before exec (Linux): SIGTERM when the loop's process dies, even
     by SIGKILL, so a killed loop leaves no server behind (elsewhere it is stopped on a clean exit)."""
+    default_signals()
     if sys.platform.startswith("linux"):
         import ctypes
 
