@@ -194,3 +194,14 @@ def test_the_same_tools_answer_over_streamable_http(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_http_server_refuses_an_address_other_machines_reach_unless_asked(tmp_path):
+    from typer.testing import CliRunner
+
+    from agentjet_client.cli import app
+
+    result = CliRunner().invoke(app, ["mcp", "--root", str(tmp_path), "--http", "--host", "0.0.0.0"])
+    assert result.exit_code == 2 and "no authentication" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["mcp", "--root", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "is not a directory" in " ".join(result.output.split())

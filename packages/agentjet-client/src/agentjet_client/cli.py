@@ -612,6 +612,9 @@ def mcp(
     http: Annotated[bool, typer.Option(help="serve streamable HTTP (at /mcp) instead of stdio")] = False,
     host: Annotated[str, typer.Option(help="--http: the address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="--http: the port")] = 8765,
+    allow_remote: Annotated[
+        bool, typer.Option(help="--http on an address other machines reach (the tools have no authentication)")
+    ] = False,
 ) -> None:
     """Serve a Model Context Protocol server for coding agents: list, start, stop and read studies,
     read a run's status, metrics and trajectories, change its live settings, pause and resume it.
@@ -625,6 +628,11 @@ def mcp(
 
     if not root.is_dir():
         _fail(f"--root {root} is not a directory; give the folder your studies are in (or will be)")
+    if http and host not in ("127.0.0.1", "localhost", "::1") and not allow_remote:
+        _fail(
+            f"--host {host}: the MCP tools start studies and steer runs with no authentication of their own; serve "
+            "on 127.0.0.1 (reach it through an SSH tunnel), or pass --allow-remote on a network you trust"
+        )
     try:
         serve(root, http, host, port)
     except ToolError as exc:
