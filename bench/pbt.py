@@ -8,8 +8,8 @@ the same budget of ``--episodes`` training episodes per trial:
 
   fixed  a grid: each trial keeps its learning rate;
   pbt    the same grid with ``[pbt]``: every ``--every`` episodes the worse quarter of the trials
-         takes the checkpoint of one of the better quarter and explores its learning rate x0.8 or
-         x1.25.
+         takes the checkpoint of one of the better quarter (when it leads by 2 standard errors) and
+         explores its learning rate x0.8 or x1.25, or (one time in four) a fresh draw from the grid.
 
 Both studies of a run use the same seeds (``[server] seed`` and the client's ``--seed`` are the run
 number). Reported per run: each study's best trial by the final evaluation (100 episodes on the ten
@@ -65,6 +65,7 @@ PBT = """
 every_episodes = {every}
 quantile = 0.25
 perturb = [0.8, 1.25]
+resample = 0.25
 points = 2
 """
 

@@ -57,7 +57,7 @@ class PbtSection(BaseModel):
     every_episodes: int = Field(ge=1, description="a trial is ready each time it trained this many more episodes")
     quantile: float = Field(default=0.25, gt=0, le=0.5, description="the worst share exploits the best share")
     perturb: list[float] = Field(default_factory=lambda: [0.8, 1.25], min_length=1)
-    resample: float = Field(default=0.0, ge=0, le=1, description="chance of a fresh draw from [space] instead")
+    resample: float = Field(default=0.25, ge=0, le=1, description="chance of a fresh draw from [space] instead")
     points: int = Field(default=2, ge=1, description="training reward windows a trial's score averages")
     min_z: float = Field(default=2.0, ge=0, description="a better trial must lead by this many standard errors")
     keys: list[str] | None = Field(default=None, description="settings explore changes: server.* keys of [space]")
