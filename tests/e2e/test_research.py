@@ -288,7 +288,9 @@ def test_population_based_training_and_a_rule_change_trials_while_they_train(tmp
     study = study_file(tmp_path, '"server.lr" = [1e-6, 3e-3]', trial="episodes = 2400")
     with study.open("a") as f:
         f.write(
-            "\n[pbt]\nevery_episodes = 480\nquantile = 0.5\npoints = 2\nperturb = [0.5, 2.0]\n"
+            # min_z 1: this test is about the mechanism; resample 0: explore gives the donor's values x 0.5 or 1.5
+            "\n[pbt]\nevery_episodes = 480\nquantile = 0.5\npoints = 2\nperturb = [0.5, 1.5]\n"
+            "resample = 0.0\nmin_z = 1.0\n"
             '\n[[adjust]]\nwhen = "grad_norm >= 0"\nover = 2\nset = { lr = "x0.5" }\nmax_times = 1\n'
         )
     out, log = tmp_path / "out", tmp_path / "runner.log"
@@ -321,13 +323,16 @@ def test_population_based_training_and_a_rule_change_trials_while_they_train(tmp
     last = {c["trial"]: c for c in changes}
     for trial_id in ("t000", "t001"):
         trial = record(out, trial_id)
-        assert trial["status"] == "finished" and trial["metric"] is not None, trial
+        # a learning rate explored upwards may collapse and be stopped early: it is still evaluated
+        assert trial["status"] in ("finished", "stopped") and trial["metric"] is not None, trial
         if trial_id in last:  # its settings now: what the last change left
             after = last[trial_id]["after"]
             assert trial["changed"]["server.lr"] == after.get("server.lr", after.get("lr")), trial
     report = (out / "report.md").read_text()
     assert "## Live changes" in report and f"{len(exploits)} population-based training exploit" in report
     assert "took " in report and "grad_norm" in report and "(dotted: exploits)" not in report  # a plot title
-    best = tomllib.loads((out / "best-server.toml").read_text())
-    winner = max((record(out, t) for t in ("t000", "t001")), key=lambda t: t["metric"])
-    assert best["lr"] == winner["changed"].get("server.lr", winner["settings"]["server.lr"])
+    finished = [t for t in (record(out, "t000"), record(out, "t001")) if t["status"] == "finished"]
+    if finished:  # the best configuration is one that ran its budget
+        winner = max(finished, key=lambda t: t["metric"])
+        best = tomllib.loads((out / "best-server.toml").read_text())
+        assert best["lr"] == winner["changed"].get("server.lr", winner["settings"]["server.lr"])
