@@ -50,6 +50,7 @@ def write_round(folder: Path, code_dir: Path, plan: dict[str, Any]) -> list[str]
         variants = {}
     if not isinstance(study, str) or not study.strip():
         problems.append('"study" must be the study file as TOML text')
+    folder.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder / "variants", ignore_errors=True)
     for name, variant in variants.items():
         if not NAME.match(str(name)):
