@@ -619,9 +619,10 @@ def mcp(
     """Serve a Model Context Protocol server for coding agents: list, start, stop and read studies,
     read a run's status, metrics and trajectories, change its live settings, pause and resume it.
 
-    Example (a coding agent's MCP configuration starts it over stdio):
+    Examples (a coding agent's MCP configuration starts the first over stdio;
+    the second serves http://127.0.0.1:8765/mcp):
     agentjet-client mcp --root runs
-    agentjet-client mcp --root runs --http --port 8765   # then http://127.0.0.1:8765/mcp
+    agentjet-client mcp --root runs --http --port 8765
     """
     from agentjet_client.research.mcp_server import serve
     from agentjet_client.research.tools import ToolError

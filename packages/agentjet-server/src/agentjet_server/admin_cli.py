@@ -98,7 +98,8 @@ def admin_adopt(
     keeping this run's settings and step count: population-based training's exploit step. The
     path is read by the server, on its machine.
 
-    Example: agentjet-server admin adopt runs/better/checkpoints/step-00000040 --server http://127.0.0.1:8001
+    Example (the server at --server takes another run's checkpoint):
+    agentjet-server admin adopt runs/a/state/checkpoints/step-00000040
     """
     info = _call(server, api_key, "POST", "/v1/admin/adopt", {"checkpoint": checkpoint})
     Console(soft_wrap=True).print(

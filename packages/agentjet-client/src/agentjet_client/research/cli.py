@@ -108,15 +108,15 @@ def auto(
 ) -> None:
     """Research a topic unattended: an LLM writes hypotheses, agent variants and studies; AgentJet runs them.
 
-    Each round the researcher plans (hypotheses, code variants, a study file), the plan is checked
-    (each variant plays one episode in its own interpreter; the study validates) and repaired from
-    the errors, the study runs, and the researcher judges each hypothesis from its report. The key
-    comes from AGENTJET_RESEARCH_API_KEY (or OPENAI_API_KEY / ANTHROPIC_API_KEY). Findings:
-    OUT/findings.md. Killed, the same command continues. Example (docs/research.md):
-
-    agentjet-client research auto --topic "which reward teaches digits fastest" \\
-      --code-dir examples/digits --out runs/auto --llm-url http://127.0.0.1:8001/v1 \\
-      --llm-model Qwen/Qwen3-32B --rounds 2 --trials 8
+    Each round the researcher plans (hypotheses, code variants, a study
+    file), the plan is checked (each variant plays one episode in its own
+    interpreter; the study validates) and repaired from the errors, the
+    study runs, and the researcher judges each hypothesis from its report.
+    The key comes from AGENTJET_RESEARCH_API_KEY (or OPENAI_API_KEY /
+    ANTHROPIC_API_KEY). Findings: OUT/findings.md. Killed, the same command
+    continues. Example (the endpoint and model from AGENTJET_RESEARCH_URL
+    and AGENTJET_RESEARCH_MODEL, or --llm-url and --llm-model):
+    agentjet-client research auto --topic rewards --code-dir DIR --out runs/a
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agentjet_client.research.auto import AutoResearch
