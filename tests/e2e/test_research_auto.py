@@ -45,8 +45,8 @@ name = "{name}"
 poll_seconds = 0.5
 
 [trial]
-episodes = 1200
-eval_episodes = 32
+episodes = 640
+eval_episodes = 16
 
 [server]
 batch_groups = 4
@@ -89,7 +89,7 @@ def plan_round_2(best_variant: str) -> dict[str, Any]:
         "hypotheses": [
             {
                 "id": "h2",
-                "statement": f"with the {best_variant} reward, lr 3e-3 learns more than lr 1e-6 in 1200 episodes",
+                "statement": f"with the {best_variant} reward, lr 3e-3 learns more than lr 1e-6 in 640 episodes",
                 "confirm_if": "eval_reward at 3e-3 is at least 0.2 above 1e-6",
                 "refute_if": "it is not",
             }
