@@ -277,6 +277,7 @@ def test_research_auto_plans_repairs_runs_judges_two_rounds_and_resumes_after_a_
         "## What to try next",
         "more digits",
         "rounds/r01/study/plots/metric_vs_client.code_dir.png",
+        "- code dir: `rounds/r0",
     ):
         assert needle in findings, needle
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]

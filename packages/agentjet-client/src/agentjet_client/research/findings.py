@@ -41,7 +41,7 @@ def write_findings(out: Path, state: AutoState) -> Path:
             + ".",
             "",
             f"- job file: `{round_.study}/best-server.toml` (`agentjet-server up --config` it)",
-            f"- code dir: `{code if code else round_.folder + '/variants'}`",
+            f"- code dir: `{round_.folder}/{code if code else 'variants'}`",  # code dirs are relative to the study
             f"- study report: [{round_.study}/report.md]({round_.study}/report.md)",
         ]
     for round_ in state.rounds:
