@@ -65,6 +65,29 @@ class EpisodeRecorder:
             rewards = dict(self._rewards)
         return [t.model_copy(update={"reward": rewards[i]}) if i in rewards else t for i, t in enumerate(turns)]
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._turns)
+
+    def entries(self, start: int = 0) -> list[dict[str, Any]]:
+        """The captured calls from turn ``start`` on as JSON data, each turn with the answer it gave and
+        the tools its request showed: what ``restore`` needs to go on matching later calls to them."""
+        with self._lock:
+            rows = list(zip(self._turns, self._answers, self._tools, strict=True))[start:]
+        return [{"turn": turn.model_dump(mode="json"), "answer": answer, "tools": tools} for turn, answer, tools in rows]
+
+    def restore(self, entries: list[dict[str, Any]]) -> None:
+        """Append turns kept by ``entries`` (of another recorder, say before a restart)."""
+        for entry in entries:
+            said = entry.get("answer")
+            answer: Answer | None = None
+            if said is not None:
+                answer = (str(said[0]), tuple((str(name), str(args)) for name, args in said[1]))
+            with self._lock:
+                self._turns.append(Turn.model_validate(entry["turn"]))
+                self._answers.append(answer)
+                self._tools.append(str(entry.get("tools") or "[]"))
+
     def reward_turn(self, reward: float, agent: str | None = None) -> None:
         """Add ``reward`` to the newest captured call (of ``agent``, if given): a reward that arrives
         with that turn (PPO places it at the turn's last token), on top of the episode's."""

@@ -640,6 +640,93 @@ def mcp(
         _fail(str(exc))
 
 
+@app.command(name="gateway")
+def gateway_command(
+    server: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="<url>",
+            help="the swarm server for every agent; NAME=URL (repeatable) sends agent NAME's calls to another "
+            "[default: http://127.0.0.1:8000]",
+        ),
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="server API key", envvar="AGENTJET_API_KEY")] = None,
+    host: Annotated[str, typer.Option(help="the address deployed agents reach the gateway at")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="the gateway's port")] = 8100,
+    spool_dir: Annotated[
+        Path | None,
+        typer.Option(help="its journal and spools; a restart with the same folder goes on [default: data dir]"),
+    ] = None,
+    idle: Annotated[float, typer.Option(min=0.001, help="seconds without a call after which a session ends")] = 600.0,
+    ttl: Annotated[
+        float, typer.Option(min=0.001, help="seconds after its last call that a session waits for its reward")
+    ] = 21600.0,
+    fan_out: Annotated[
+        int, typer.Option(min=0, help="sample a session's first call N times; the user gets the first")
+    ] = 0,
+    opt_in: Annotated[
+        bool, typer.Option("--opt-in", help="train only sessions whose calls send X-AgentJet-Train: yes")
+    ] = False,
+    redact: Annotated[
+        str | None,
+        typer.Option(
+            metavar="<module:function>",
+            help="str -> str, applied to every text of a request before it leaves the gateway",
+        ),
+    ] = None,
+    fallback: Annotated[
+        str | None,
+        typer.Option(metavar="<url>", help="an OpenAI base URL to answer from while the server is down"),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(metavar="<name=reward>", help="a feedback label and its reward (repeatable)"),
+    ] = None,
+    group_by: Annotated[
+        str,
+        typer.Option(help="GRPO siblings: prompt (same first request), header (X-AgentJet-Group), session"),
+    ] = "prompt",
+    tag: Annotated[str | None, typer.Option(help="the task tag of its episodes (a multi-task mix)")] = None,
+    log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+) -> None:
+    """Serve the server's API to deployed agents and train on their sessions.
+
+    Point an agent's base_url at http://HOST:PORT/v1. Its calls are captured
+    per session (X-AgentJet-Session header, or the request's user); POST
+    /v1/feedback {"session": ID, "reward": R} trains it. See docs/online.md.
+    Example:
+    agentjet-client gateway --server http://127.0.0.1:8000 --port 8100
+    """
+    from agentjet_client.gateway.command import load_hook, parse_labels
+    from agentjet_client.gateway.service import Gateway, GatewayConfig
+    from agentjet_client.spool import default_spool_dir
+
+    _logging(log_level, err)
+    try:
+        default, agents = parse_servers(server or [])
+        config = GatewayConfig(
+            server=default,
+            agents=agents,
+            api_key=api_key,
+            spool_dir=(spool_dir or default_spool_dir() / "gateway" / str(port)).expanduser(),
+            idle_s=idle,
+            ttl_s=ttl,
+            fan_out=fan_out,
+            opt_in=opt_in,
+            redact=load_hook(redact) if redact else None,
+            fallback=fallback,
+            labels=parse_labels(label or []),
+            group_by=group_by,
+            task_tag=tag,
+        )
+        made = Gateway(config, progress=lambda line: err.print(escape(line), highlight=False))
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    _say(f"gateway {made.book.gateway_id} on http://{host}:{port}/v1 -> {made.client.server_url}; journal {made.journal.path}")
+    made.serve(host, port)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,50 @@
+"""What ``agentjet-client gateway`` reads from its command line: the redaction hook, the label table."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def load_hook(spec: str) -> Callable[[str], str]:
+    """``module:function`` (importable from the working directory) or ``path/to/file.py:function``."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"--redact {spec}: give MODULE:FUNCTION or FILE.py:FUNCTION")
+    if where.endswith(".py"):
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"--redact {spec}: no file {path}")
+        loaded = importlib.util.spec_from_file_location(f"agentjet_redact_{path.stem}", path)
+        assert loaded is not None and loaded.loader is not None
+        module: Any = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    else:
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise ValueError(f"--redact {spec}: cannot import {where} ({exc})") from exc
+    hook = getattr(module, name, None)
+    if not callable(hook):
+        raise ValueError(f"--redact {spec}: {where} has no function {name}")
+    return hook  # type: ignore[no-any-return]
+
+
+def parse_labels(values: list[str]) -> dict[str, float]:
+    from agentjet_client.gateway.service import DEFAULT_LABELS
+
+    labels = dict(DEFAULT_LABELS)
+    for value in values:
+        name, sep, number = value.partition("=")
+        try:
+            labels[name.strip()] = float(number)
+        except ValueError:
+            raise ValueError(f"--label {value}: give NAME=REWARD, say thumbs_up=1") from None
+        if not sep or not name.strip():
+            raise ValueError(f"--label {value}: give NAME=REWARD, say thumbs_up=1")
+    return labels
