@@ -47,6 +47,8 @@ _HOP = {
     "transfer-encoding",
     "authorization",
     "accept-encoding",
+    "date",
+    "server",
 }
 _YES, _NO = {"1", "yes", "true", "on"}, {"0", "no", "false", "off"}
 TEXT_FIELDS = ("messages", "input", "prompt", "system", "instructions")
@@ -280,7 +282,10 @@ class Forwarder:
         if found is not None:
             await asyncio.to_thread(self.book.drop, found, "opted_out")
         await asyncio.to_thread(self.book.journal.count, "untrained_calls")
-        return await self._stream_plain(request, f"{self.server_for(agent)}/v1/{path}", body, agent)
+        response = await self._stream_plain(request, f"{self.server_for(agent)}/v1/{path}", body, agent)
+        if key is not None:
+            response.headers[SESSION_HEADER] = key
+        return response
 
     async def _stream_plain(self, request: Request, url: str, body: bytes, agent: str) -> Response:
         try:
