@@ -7,7 +7,7 @@ digits) with the embedded model, one trial per learning rate, every trial of a s
 the same budget of ``--episodes`` training episodes per trial:
 
   fixed  a grid: each trial keeps its learning rate;
-  pbt    the same grid with ``[pbt]``: every ``--every`` episodes the worse quarter of the trials
+  pbt    the same grid with ``[pbt]``: every ``--every`` episodes (from ``--burn-in`` on) the worse quarter of the trials
          takes the checkpoint of one of the better quarter (when it leads by 2 standard errors) and
          explores its learning rate x0.8 or x1.25, or (one time in four) a fresh draw from the grid.
 
@@ -63,6 +63,7 @@ window = 400
 PBT = """
 [pbt]
 every_episodes = {every}
+burn_in_episodes = {burn_in}
 quantile = 0.25
 perturb = [0.8, 1.25]
 resample = 0.25
@@ -81,7 +82,7 @@ def run_study(kind: str, args: argparse.Namespace, run: int) -> dict[str, Any]:
         seed=run,
         code_dir=ROOT / "examples" / "digits",
         lrs=", ".join(repr(x) for x in lrs),
-        pbt=PBT.format(every=args.every) if kind == "pbt" else "",
+        pbt=PBT.format(every=args.every, burn_in=args.burn_in) if kind == "pbt" else "",
     )
     study = folder / "study.toml"
     study.write_text(text)
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=8000, help="training episodes per trial")
     parser.add_argument("--every", type=int, default=1600, help="PBT: episodes between a trial's ready points")
+    parser.add_argument("--burn-in", type=int, default=0, help="PBT: episodes before a trial is first ready")
     parser.add_argument("--lrs", default="1e-4,3e-4,1e-3,3e-3")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-pbt"))
     parser.add_argument("--json", type=Path, default=None)

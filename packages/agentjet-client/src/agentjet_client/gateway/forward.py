@@ -162,13 +162,26 @@ class Forwarder:
                 return error(500, f"the gateway's redaction hook failed ({type(exc).__name__}: {exc}); fix the hook")
             if changed:
                 body = json.dumps(data).encode()
+        previous = data.get("previous_response_id") if api == "responses" else None
+        if isinstance(previous, str):  # the server keeps no responses: the gateway sends the whole conversation
+            prior = await asyncio.to_thread(self.book.journal.response_items, previous)
+            if prior is None:
+                return error(
+                    400,
+                    f"previous_response_id '{previous}' is no response of an unfinished session of this gateway; send "
+                    "the whole conversation in 'input' instead",
+                    "invalid_request_error",
+                )
+            given = data.get("input")
+            items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+            data = {**{k: v for k, v in data.items() if k != "previous_response_id"}, "input": [*prior, *items]}
+            body = json.dumps(data).encode()
         chat = chat_form(api, data) if api is not None and data else None
         if api is None or chat is None:
             return await self._plain(request, agent, path, body)
         if not self.trains(request):
             return await self._untrained(request, agent, path, body, data)
         key = session_key(request, data)
-        previous = data.get("previous_response_id") if api == "responses" else None
         session, new = await asyncio.to_thread(self.book.session_for, key, previous if isinstance(previous, str) else None)
         fan = 0
         if new and self.fan_out > 1 and api in ("chat", "completions") and data.get("n") in (None, 1):
@@ -201,9 +214,11 @@ class Forwarder:
             **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP | {"content-encoding"}},
             **tagged,
         }
-        note = {"group_key": group_key, "fanout": fan or None}
+        note: dict[str, Any] = {"group_key": group_key, "fanout": fan or None}
+        asked = data.get("input") if api == "responses" else None
+        history = [{"role": "user", "content": asked}] if isinstance(asked, str) else list(asked or [])
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
-            relay = self._relay(upstream, session, agent, chat, api, started, fan, note)
+            relay = self._relay(upstream, session, agent, chat, api, started, fan, {**note, "response_items": history})
             return StreamingResponse(relay, status_code=200, headers=out_headers)
         raw = await upstream.aread()
         await upstream.aclose()
@@ -214,8 +229,9 @@ class Forwarder:
         except ValueError:
             parsed = None
         session.recorder.record_response(agent, chat, parsed, started, api)
-        response_id = parsed.get("id") if api == "responses" and isinstance(parsed, dict) else None
-        await asyncio.to_thread(self.book.note_call, session, response_id=response_id, **note)
+        if api == "responses" and isinstance(parsed, dict):
+            note.update(response_id=parsed.get("id"), response_items=[*history, *(parsed.get("output") or [])])
+        await asyncio.to_thread(self.book.note_call, session, **note)
         if fan and isinstance(parsed, dict) and parsed.get("choices"):
             parsed = {**parsed, "choices": [c for c in parsed["choices"] if int(c.get("index") or 0) == 0]}
             raw = json.dumps(parsed).encode()
@@ -249,11 +265,13 @@ class Forwarder:
         finally:
             await upstream.aclose()
         session.recorder.record_chunks(agent, chat, collector.chunks, started, api)
-        response_id = next(
-            (str(c["response"]["id"]) for c in collector.chunks if isinstance(c.get("response"), dict) and c["response"].get("id")),
-            None,
-        )
-        await asyncio.to_thread(self.book.note_call, session, response_id=response_id, **note)
+        final = [c["response"] for c in collector.chunks if c.get("type") == "response.completed" and isinstance(c.get("response"), dict)]
+        if api == "responses" and final:
+            history = [*note.pop("response_items"), *(final[-1].get("output") or [])]
+            note.update(response_id=final[-1].get("id"), response_items=history)
+        else:
+            note.pop("response_items", None)
+        await asyncio.to_thread(self.book.note_call, session, **note)
         if fan and buffer.strip():
             buffer = first_choice_only(buffer) or b""
         if held + buffer:
@@ -282,19 +300,23 @@ class Forwarder:
         if found is not None:
             await asyncio.to_thread(self.book.drop, found, "opted_out")
         await asyncio.to_thread(self.book.journal.count, "untrained_calls")
-        response = await self._stream_plain(request, f"{self.server_for(agent)}/v1/{path}", body, agent)
+        routed = with_claim(body, {"agent": agent})  # routed by a client: the agent's own model name is taken
+        response = await self._stream_plain(request, f"{self.server_for(agent)}/v1/{path}", routed, agent, body)
         if key is not None:
             response.headers[SESSION_HEADER] = key
         return response
 
-    async def _stream_plain(self, request: Request, url: str, body: bytes, agent: str) -> Response:
+    async def _stream_plain(
+        self, request: Request, url: str, body: bytes, agent: str, fallback_body: bytes | None = None
+    ) -> Response:
+        """Forward as it is, streamed through; while the server is down, to the fallback (``fallback_body``)."""
         try:
             upstream = await self.http.send(
                 self.http.build_request(request.method, url, content=body, headers=self._headers(request)), stream=True
             )
         except httpx2.TransportError as exc:
             if self.fallback is not None and not url.startswith(self.fallback):
-                return await self._stream_plain(request, self._fallback_url(url, agent), body, agent)
+                return await self._stream_plain(request, self._fallback_url(url, agent), fallback_body or body, agent)
             return self._no_server(agent, str(exc))
         out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP | {"content-encoding"}}
 

@@ -78,7 +78,7 @@ class Journal:
             CREATE TABLE IF NOT EXISTS calls (
                 session TEXT NOT NULL, seq INTEGER NOT NULL, entry TEXT NOT NULL, PRIMARY KEY (session, seq)
             );
-            CREATE TABLE IF NOT EXISTS responses (response_id TEXT PRIMARY KEY, session TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS responses (response_id TEXT PRIMARY KEY, session TEXT NOT NULL, items TEXT);
             CREATE TABLE IF NOT EXISTS finished (
                 session TEXT PRIMARY KEY, key TEXT NOT NULL, outcome TEXT NOT NULL, reward REAL, at REAL NOT NULL,
                 ids TEXT NOT NULL, body TEXT
@@ -142,10 +142,13 @@ class Journal:
         last: float,
         *,
         response_id: str | None = None,
+        response_items: list[Any] | None = None,
         update: dict[str, Any] | None = None,
     ) -> None:
         """Append a call's captured ``entries`` (numbered from ``first_seq``), note the session's last activity,
-        the call's Responses id, and any change to the session's row (``group_key``, ``fanout``, ``tainted``)."""
+        the call's Responses id with its conversation so far (``response_items``: what a later
+        ``previous_response_id`` stands for), and any change to the session's row (``group_key``, ``fanout``,
+        ``tainted``)."""
         with self._write() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO calls (session, seq, entry) VALUES (?, ?, ?)",
@@ -159,7 +162,10 @@ class Journal:
                 (*changes.values(), session),
             )
             if response_id is not None:
-                db.execute("INSERT OR REPLACE INTO responses (response_id, session) VALUES (?, ?)", (response_id, session))
+                db.execute(
+                    "INSERT OR REPLACE INTO responses (response_id, session, items) VALUES (?, ?, ?)",
+                    (response_id, session, json.dumps(response_items or [])),
+                )
             self._bump(db, "calls")
 
     def end_session(self, session: str, at: float) -> None:
@@ -182,6 +188,12 @@ class Journal:
         with self._lock:
             row = self._db.execute("SELECT session FROM responses WHERE response_id = ?", (response_id,)).fetchone()
         return None if row is None else str(row[0])
+
+    def response_items(self, response_id: str) -> list[Any] | None:
+        """The conversation a Responses id stands for (its input items and its output), if the gateway made it."""
+        with self._lock:
+            row = self._db.execute("SELECT items FROM responses WHERE response_id = ?", (response_id,)).fetchone()
+        return None if row is None else list(json.loads(row[0] or "[]"))
 
     # ------------------------------------------------------------------ endings
 

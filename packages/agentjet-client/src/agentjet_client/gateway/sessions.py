@@ -139,6 +139,7 @@ class SessionBook:
         session: LiveSession,
         *,
         response_id: str | None = None,
+        response_items: list[Any] | None = None,
         group_key: str | None = None,
         fanout: int | None = None,
         tainted: str | None = None,
@@ -155,7 +156,13 @@ class SessionBook:
             entries = session.recorder.entries(session.journaled)
             session.row.last = self.clock()
             self.journal.add_calls(
-                session.row.id, session.journaled, entries, session.row.last, response_id=response_id, update=update
+                session.row.id,
+                session.journaled,
+                entries,
+                session.row.last,
+                response_id=response_id,
+                response_items=response_items,
+                update=update,
             )
             session.journaled += len(entries)
 

@@ -101,7 +101,7 @@ class LiveTuner:
         assert pbt is not None
         scores = {r.id: c for r in training if (c := self._score(r, live[r.id])) is not None}
         for record in training:
-            if record.episodes - record.pbt_ready_at < pbt.every_episodes:
+            if record.episodes < pbt.burn_in_episodes or record.episodes - record.pbt_ready_at < pbt.every_episodes:
                 continue
             record.pbt_ready_at = record.episodes
             if record.id not in scores:

@@ -55,6 +55,9 @@ class PbtSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     every_episodes: int = Field(ge=1, description="a trial is ready each time it trained this many more episodes")
+    burn_in_episodes: int = Field(
+        default=0, ge=0, description="no trial is ready before it trained this many (an early leader may stall)"
+    )
     quantile: float = Field(default=0.25, gt=0, le=0.5, description="the worst share exploits the best share")
     perturb: list[float] = Field(default_factory=lambda: [0.8, 1.25], min_length=1)
     resample: float = Field(default=0.25, ge=0, le=1, description="chance of a fresh draw from [space] instead")
