@@ -133,6 +133,10 @@ class Sender:
             try:
                 answer = await self._push([t for _, t in batch])
             except RejectedRequest as exc:  # the server refused the request itself: resending cannot help
+                if exc.status_code == 413 and len(batch) > 1:  # too many at once for its buffer: send fewer
+                    self._batch = max(1, len(batch) // 2)
+                    logger.warning("%s takes at most %d trajectories per push; sending fewer", self.server, self._batch)
+                    continue
                 logger.error("%s refused a batch of %d trajectories: %s", self.server, len(batch), exc.message)
                 self.report.reject_reasons[exc.message] += len(batch)
                 await self._settle({item_id: "rejected" for item_id in ids})

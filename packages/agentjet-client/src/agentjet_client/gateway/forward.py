@@ -209,6 +209,8 @@ class Forwarder:
             reason = (await upstream.aread()).decode(errors="replace")[:300]
             await upstream.aclose()
             return await self._unreachable(request, path, body, session, agent, reason, tagged)
+        if upstream.status_code != 200:
+            self.book.release(session)
         self.reachable = True
         out_headers = {
             **{k: v for k, v in upstream.headers.items() if k.lower() not in _HOP | {"content-encoding"}},
@@ -220,7 +222,13 @@ class Forwarder:
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
             relay = self._relay(upstream, session, agent, chat, api, started, fan, {**note, "response_items": history})
             return StreamingResponse(relay, status_code=200, headers=out_headers)
-        raw = await upstream.aread()
+        try:
+            raw = await upstream.aread()
+        except httpx2.HTTPError as exc:
+            await upstream.aclose()
+            if upstream.status_code == 200:
+                self.book.release(session)
+            return error(502, f"the server's answer broke off: {exc}")
         await upstream.aclose()
         if upstream.status_code != 200:
             return Response(raw, status_code=upstream.status_code, headers=out_headers)
@@ -251,6 +259,7 @@ class Forwarder:
         """Relay the stream; its last bytes go out only once the call is in the journal."""
         collector = SSECollector()
         buffer, held = b"", b""  # a partial event; the newest whole one (released once journaled)
+        finished = False
         try:
             async for chunk in upstream.aiter_bytes():
                 collector.feed(chunk)
@@ -262,8 +271,11 @@ class Forwarder:
                     out, held = held + b"".join(events[:-1]), events[-1]
                     if out:
                         yield out
+            finished = True
         finally:
             await upstream.aclose()
+            if not finished:  # the server's stream broke off, or the caller left: nothing was answered
+                self.book.release(session)
         session.recorder.record_chunks(agent, chat, collector.chunks, started, api)
         final = [c["response"] for c in collector.chunks if c.get("type") == "response.completed" and isinstance(c.get("response"), dict)]
         if api == "responses" and final:
@@ -299,9 +311,10 @@ class Forwarder:
         found = self.book.find(key) if key is not None else None
         if found is not None:
             await asyncio.to_thread(self.book.drop, found, "opted_out")
-        await asyncio.to_thread(self.book.journal.count, "untrained_calls")
         routed = with_claim(body, {"agent": agent})  # routed by a client: the agent's own model name is taken
         response = await self._stream_plain(request, f"{self.server_for(agent)}/v1/{path}", routed, agent, body)
+        if response.status_code == 200:
+            await asyncio.to_thread(self.book.journal.count, "untrained_calls")
         if key is not None:
             response.headers[SESSION_HEADER] = key
         return response
@@ -346,6 +359,7 @@ class Forwarder:
         """The training server did not answer: the fallback endpoint answers (and the session is no longer
         trainable), or a 503 says so."""
         if self.fallback is None:
+            self.book.release(session)
             return self._no_server(agent, reason, tagged)
         await asyncio.to_thread(self.book.note_call, session, tainted=f"answered by the fallback endpoint: {reason[:200]}")
         response = await self._stream_plain(request, f"{self.fallback}/{path}", body, agent)

@@ -125,14 +125,13 @@ class Journal:
 
     # ------------------------------------------------------------------ sessions
 
-    def open_session(self, row: SessionRow) -> None:
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO sessions (id, key, opened, last, ended, group_key, fanout, tainted)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (row.id, row.key, row.opened, row.last, row.ended, row.group_key, row.fanout, row.tainted),
-            )
-            self._bump(db, "sessions")
+    def _insert_session(self, db: sqlite3.Connection, row: SessionRow) -> None:
+        db.execute(
+            "INSERT INTO sessions (id, key, opened, last, ended, group_key, fanout, tainted)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (row.id, row.key, row.opened, row.last, row.ended, row.group_key, row.fanout, row.tainted),
+        )
+        self._bump(db, "sessions")
 
     def add_calls(
         self,
@@ -144,12 +143,15 @@ class Journal:
         response_id: str | None = None,
         response_items: list[Any] | None = None,
         update: dict[str, Any] | None = None,
+        opened: SessionRow | None = None,
     ) -> None:
         """Append a call's captured ``entries`` (numbered from ``first_seq``), note the session's last activity,
         the call's Responses id with its conversation so far (``response_items``: what a later
         ``previous_response_id`` stands for), and any change to the session's row (``group_key``, ``fanout``,
-        ``tainted``)."""
+        ``tainted``); with ``opened``, the session's first answered call: its row is written first."""
         with self._write() as db:
+            if opened is not None:
+                self._insert_session(db, opened)
             db.executemany(
                 "INSERT OR REPLACE INTO calls (session, seq, entry) VALUES (?, ?, ?)",
                 [(session, first_seq + k, json.dumps(entry)) for k, entry in enumerate(entries)],

@@ -49,6 +49,8 @@ class LiveSession:
     row: SessionRow
     recorder: EpisodeRecorder = field(default_factory=EpisodeRecorder)
     journaled: int = 0  # entries of ``recorder`` already in the journal
+    saved: bool = False  # in the journal: a call of it was answered
+    inflight: int = 0  # its calls being answered now
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -96,7 +98,7 @@ class SessionBook:
     def restore(self) -> int:
         """Read back the sessions a killed gateway left open or waiting; how many."""
         for row, entries in self.journal.open_sessions():
-            session = LiveSession(row)
+            session = LiveSession(row, saved=True)
             session.recorder.restore(entries)
             session.journaled = len(entries)
             self._sessions[row.id] = session
@@ -117,22 +119,32 @@ class SessionBook:
 
     def session_for(self, key: str | None, previous_response_id: str | None) -> tuple[LiveSession, bool]:
         """The open session a call of ``key`` (or continuing ``previous_response_id``) belongs to, opened if
-        there is none; and whether it was opened now."""
+        there is none; and whether it was opened now. A new session reaches the journal with its first
+        answered call (``note_call``); every call taken here ends in ``note_call`` or ``release``."""
         now = self.clock()
+        earlier = self.journal.session_of_response(previous_response_id) if previous_response_id else None
         with self._lock:
-            if key is None and previous_response_id is not None:
-                earlier = self.journal.session_of_response(previous_response_id)
-                if earlier is not None and earlier in self._sessions and self._sessions[earlier].open:
-                    return self._sessions[earlier], False
-            if key is not None and key in self._open_by_key:
-                return self._sessions[self._open_by_key[key]], False
+            found: LiveSession | None = None
+            if key is None and earlier is not None and earlier in self._sessions and self._sessions[earlier].open:
+                found = self._sessions[earlier]
+            elif key is not None and key in self._open_by_key:
+                found = self._sessions[self._open_by_key[key]]
+            if found is not None:
+                found.inflight += 1
+                return found, False
             made = uuid.uuid4().hex
-            row = SessionRow(id=made, key=key or made, opened=now, last=now)
-            session = LiveSession(row)
+            session = LiveSession(SessionRow(id=made, key=key or made, opened=now, last=now), inflight=1)
             self._sessions[made] = session
-            self._open_by_key[row.key] = made
-        self.journal.open_session(row)
+            self._open_by_key[session.row.key] = made
         return session, True
+
+    def release(self, session: LiveSession) -> None:
+        """A call of ``session`` ended unanswered: a session none of whose calls was answered is forgotten."""
+        with self._lock:
+            session.inflight -= 1
+            gone = not session.saved and session.inflight == 0
+        if gone:
+            self._forget(session)
 
     def note_call(
         self,
@@ -145,6 +157,21 @@ class SessionBook:
         tainted: str | None = None,
     ) -> None:
         """Journal what ``session``'s recorder captured since the last call (before the answer is released)."""
+        try:
+            self._note(session, response_id, response_items, group_key, fanout, tainted)
+        finally:
+            with self._lock:
+                session.inflight -= 1
+
+    def _note(
+        self,
+        session: LiveSession,
+        response_id: str | None,
+        response_items: list[Any] | None,
+        group_key: str | None,
+        fanout: int | None,
+        tainted: str | None,
+    ) -> None:
         with session.lock:
             update: dict[str, Any] = {}
             if group_key is not None and session.row.group_key is None:
@@ -163,7 +190,9 @@ class SessionBook:
                 response_id=response_id,
                 response_items=response_items,
                 update=update,
+                opened=None if session.saved else session.row,
             )
+            session.saved = True
             session.journaled += len(entries)
 
     def end(self, session: LiveSession) -> None:
@@ -179,7 +208,8 @@ class SessionBook:
     def drop(self, session: LiveSession, outcome: str) -> None:
         """Finish ``session`` untrained (``opted_out``, ``expired``)."""
         self._forget(session)
-        self.journal.finish(session.row.id, session.row.key, outcome)
+        if session.saved:
+            self.journal.finish(session.row.id, session.row.key, outcome)
 
     def _forget(self, session: LiveSession) -> None:
         with self._lock:
@@ -195,6 +225,8 @@ class SessionBook:
             sessions = list(self._sessions.values())
         ended = expired = 0
         for session in sessions:
+            if session.inflight or not session.saved:  # a call is being answered: not idle
+                continue
             if now - session.row.last >= self.ttl_s:
                 self.drop(session, "expired")
                 expired += 1
