@@ -7,7 +7,8 @@ digits) with the embedded model, one trial per learning rate, every trial of a s
 the same budget of ``--episodes`` training episodes per trial:
 
   fixed  a grid: each trial keeps its learning rate;
-  pbt    the same grid with ``[pbt]``: every ``--every`` episodes (from ``--burn-in`` on) the worse quarter of the trials
+  pbt    the same grid with ``[pbt]``: every ``--every`` episodes (from ``--burn-in`` on) the worse quarter of
+         the trials
          takes the checkpoint of one of the better quarter (when it leads by 2 standard errors) and
          explores its learning rate x0.8 or x1.25, or (one time in four) a fresh draw from the grid.
 

@@ -61,7 +61,8 @@ class Users:
         rate = sum(self.recent) / len(self.recent)
         if self.reached is None and len(self.recent) == self.recent.maxlen and rate >= self.args.target:
             self.reached = time.monotonic() - self.started
-            print(f"users' success rate {rate:.2f} >= {self.args.target} after {self.asked} sessions, {self.reached:.0f} s")
+            done = f"after {self.asked} sessions, {self.reached:.0f} s"
+            print(f"users' success rate {rate:.2f} >= {self.args.target} {done}", flush=True)
         job = asyncio.create_task(self.give_feedback(http, session, reward))
         self.feedback.add(job)
         job.add_done_callback(self.feedback.discard)

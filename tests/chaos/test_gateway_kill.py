@@ -44,7 +44,9 @@ class GatewayProcess:
         self.log = log
         exe = str(Path(sys.executable).parent / "agentjet-client")
         self._out = log.open("a")
-        self.proc = subprocess.Popen([exe, "gateway", "--port", str(port), *args], stdout=self._out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [exe, "gateway", "--port", str(port), *args], stdout=self._out, stderr=subprocess.STDOUT
+        )
         wait_healthy(self.proc, self.url + "/healthz", log, 60, poll=0.1)
 
     def status(self) -> dict:  # type: ignore[type-arg]
@@ -83,7 +85,10 @@ class Users:
                 await asyncio.sleep(0.3)
                 continue
             if reply.status_code == 503:
-                assert "not answering" in reply.json()["error"]["message"] or "starting" in reply.json()["error"]["message"]
+                assert (
+                    "not answering" in reply.json()["error"]["message"]
+                    or "starting" in reply.json()["error"]["message"]
+                )
                 self.unavailable += 1
                 await asyncio.sleep(0.3)
                 continue
@@ -164,7 +169,9 @@ def test_gateway_and_server_killed_under_200_sessions_lose_nothing(tmp_path):
             await asyncio.sleep(1.0)  # the gateway answers 503 meanwhile
             health = await http.get(gateway.url + "/healthz")
             assert health.status_code == 200
-            server = await asyncio.to_thread(ServerProcess, [*args, "--resume"], tmp_path / "server.log", port=server_port)
+            server = await asyncio.to_thread(
+                ServerProcess, [*args, "--resume"], tmp_path / "server.log", port=server_port
+            )
             await asyncio.gather(*jobs)
 
     try:

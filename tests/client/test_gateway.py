@@ -69,12 +69,18 @@ def test_every_api_through_the_gateway_becomes_one_session_and_one_episode(serve
         headers = {"X-AgentJet-Session": "conv-1"}
         oa = openai.OpenAI(base_url=base, api_key="k", default_headers=headers)
         first = oa.chat.completions.create(model="m", messages=ASK, max_tokens=4)
-        again = [*ASK, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Once more."}]
+        again = [
+            *ASK,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Once more."},
+        ]
         stream = oa.chat.completions.create(model="m", messages=again, max_tokens=4, stream=True)
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         reply = oa.responses.create(model="m", input=ASK, max_output_tokens=4)
         chained = openai.OpenAI(base_url=base, api_key="k")  # no header: the previous_response_id names the session
-        follow = chained.responses.create(model="m", input="And eight?", previous_response_id=reply.id, max_output_tokens=4)
+        follow = chained.responses.create(
+            model="m", input="And eight?", previous_response_id=reply.id, max_output_tokens=4
+        )
         claude = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key="k", default_headers=headers)
         with claude.messages.stream(model="m", max_tokens=4, messages=ASK) as s:
             s.get_final_message()
@@ -120,7 +126,11 @@ def test_feedback_errors_and_repeats_say_what_is_wrong(server, tmp_path):
         first = feedback(base, session=session_id, label="up").json()
         assert first["outcome"] == "trained" and first["reward"] == 1.0 and not first["repeated"]
         again = feedback(base, session="user:alice", reward=1.0)
-        assert again.status_code == 200 and again.json()["repeated"] and again.json()["trajectories"] == first["trajectories"]
+        assert (
+            again.status_code == 200
+            and again.json()["repeated"]
+            and again.json()["trajectories"] == first["trajectories"]
+        )
         other = feedback(base, session=session_id, reward=0.0)
         assert other.status_code == 409 and "already ended with reward 1" in other.json()["error"]["message"]
         status = httpx2.get(base + "/gateway/status").json()
@@ -133,7 +143,9 @@ def test_fan_out_returns_one_answer_and_pushes_the_group_with_its_rewards(server
         reply = oa.chat.completions.create(model="m", messages=ASK, max_tokens=4)
         assert len(reply.choices) == 1 and reply.choices[0].index == 0
         view = httpx2.get(base + "/sessions/fan").json()
-        assert len(view["candidates"]) == 4 and view["candidates"][0] == (reply.choices[0].message.content or "").strip()
+        assert (
+            len(view["candidates"]) == 4 and view["candidates"][0] == (reply.choices[0].message.content or "").strip()
+        )
         streamed = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan-stream"})
         chunks = list(streamed.chat.completions.create(model="m", messages=ASK, max_tokens=4, stream=True))
         assert {c.index for chunk in chunks for c in chunk.choices} == {0}
@@ -142,7 +154,11 @@ def test_fan_out_returns_one_answer_and_pushes_the_group_with_its_rewards(server
         # a fan-out session that goes on past its first call trains the path the user saw
         longer = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan-long"})
         first = longer.chat.completions.create(model="m", messages=ASK, max_tokens=4)
-        more = [*ASK, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Again."}]
+        more = [
+            *ASK,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Again."},
+        ]
         longer.chat.completions.create(model="m", messages=more, max_tokens=4)
         path = feedback(base, session="fan-long", reward=0.0).json()
         status = httpx2.get(base + "/gateway/status").json()
@@ -183,7 +199,11 @@ def test_a_restarted_gateway_goes_on_with_its_open_sessions(server, tmp_path):
         first = oa.chat.completions.create(model="m", messages=ASK, max_tokens=4)
     with gateway(server.url, tmp_path) as base:
         oa = ask(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "long"})
-        more = [*ASK, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Again."}]
+        more = [
+            *ASK,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Again."},
+        ]
         oa.chat.completions.create(model="m", messages=more, max_tokens=4)
         result = feedback(base, session="long", reward=1.0).json()
         trajectory = pushed(server, result["trajectories"][0])
@@ -198,7 +218,9 @@ def test_opted_out_calls_are_recorded_nowhere(server, tmp_path):
         oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "private"})
         oa.chat.completions.create(model="m", messages=ASK, max_tokens=3)
         missing = feedback(base, session="private", reward=1.0)
-        yes = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "ok", "X-AgentJet-Train": "yes"})
+        yes = openai.OpenAI(
+            base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "ok", "X-AgentJet-Train": "yes"}
+        )
         yes.chat.completions.create(model="m", messages=ASK, max_tokens=3)
         counts = httpx2.get(base + "/gateway/status").json()["counts"]
     assert missing.status_code == 404

@@ -74,18 +74,14 @@ class EpisodeRecorder:
         the tools its request showed: what ``restore`` needs to go on matching later calls to them."""
         with self._lock:
             rows = list(zip(self._turns, self._answers, self._tools, strict=True))[start:]
-        return [{"turn": turn.model_dump(mode="json"), "answer": answer, "tools": tools} for turn, answer, tools in rows]
+        return [{"turn": t.model_dump(mode="json"), "answer": answer, "tools": tools} for t, answer, tools in rows]
 
     def restore(self, entries: list[dict[str, Any]]) -> None:
         """Append turns kept by ``entries`` (of another recorder, say before a restart)."""
         for entry in entries:
-            said = entry.get("answer")
-            answer: Answer | None = None
-            if said is not None:
-                answer = (str(said[0]), tuple((str(name), str(args)) for name, args in said[1]))
             with self._lock:
                 self._turns.append(Turn.model_validate(entry["turn"]))
-                self._answers.append(answer)
+                self._answers.append(answer_from(entry.get("answer")))
                 self._tools.append(str(entry.get("tools") or "[]"))
 
     def reward_turn(self, reward: float, agent: str | None = None) -> None:
@@ -325,6 +321,13 @@ class SSECollector:
 
 
 Answer = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def answer_from(data: Any) -> Answer | None:
+    """An ``Answer`` read back from JSON (``EpisodeRecorder.entries``)."""
+    if data is None:
+        return None
+    return str(data[0]), tuple((str(name), str(arguments)) for name, arguments in data[1])
 
 
 def answer_of(content: Any, tool_calls: Any) -> Answer:

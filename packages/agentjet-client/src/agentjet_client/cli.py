@@ -723,7 +723,10 @@ def gateway_command(
     except ValueError as exc:
         _fail(str(exc))
         return
-    _say(f"gateway {made.book.gateway_id} on http://{host}:{port}/v1 -> {made.client.server_url}; journal {made.journal.path}")
+    _say(
+        f"gateway {made.book.gateway_id} on http://{host}:{port}/v1 -> {made.client.server_url}; "
+        f"journal {made.journal.path}"
+    )
     made.serve(host, port)
 
 

@@ -54,7 +54,9 @@ _YES, _NO = {"1", "yes", "true", "on"}, {"0", "no", "false", "off"}
 TEXT_FIELDS = ("messages", "input", "prompt", "system", "instructions")
 
 
-def error(status: int, message: str, kind: str = "gateway_error", headers: dict[str, str] | None = None) -> JSONResponse:
+def error(
+    status: int, message: str, kind: str = "gateway_error", headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": None, "code": None}}, status_code=status, headers=headers
     )
@@ -76,7 +78,10 @@ def redact_body(data: dict[str, Any], redact: Callable[[str], str]) -> tuple[dic
         if isinstance(value, list):
             return [walk(v) for v in value]
         if isinstance(value, dict):
-            return {k: (v if k in ("role", "type", "id", "call_id", "name", "tool_call_id") else walk(v)) for k, v in value.items()}
+            return {
+                k: (v if k in ("role", "type", "id", "call_id", "name", "tool_call_id") else walk(v))
+                for k, v in value.items()
+            }
         return value
 
     return {k: walk(v) if k in TEXT_FIELDS else v for k, v in data.items()}, changed
@@ -111,6 +116,55 @@ def first_choice_only(event: bytes) -> bytes | None:
     return b"data: " + json.dumps({**data, "choices": kept}).encode() + b"\n\n"
 
 
+async def captured_stream(
+    book: SessionBook,
+    upstream: httpx2.Response,
+    session: LiveSession,
+    agent: str,
+    chat: dict[str, Any],
+    api: str,
+    started: float,
+    fan: int,
+    note: dict[str, Any],
+) -> AsyncIterator[bytes]:
+    """Relay the stream; its last bytes go out only once the call is in the journal."""
+    collector = SSECollector()
+    buffer, held = b"", b""  # a partial event; the newest whole one (released once journaled)
+    finished = False
+    try:
+        async for chunk in upstream.aiter_bytes():
+            collector.feed(chunk)
+            *whole, buffer = (buffer + chunk).split(b"\n\n")
+            events = [event + b"\n\n" for event in whole]
+            if fan:
+                events = [kept for kept in map(first_choice_only, events) if kept is not None]
+            if events:
+                out, held = held + b"".join(events[:-1]), events[-1]
+                if out:
+                    yield out
+        finished = True
+    finally:
+        await upstream.aclose()
+        if not finished:  # the server's stream broke off, or the caller left: nothing was answered
+            book.release(session)
+    session.recorder.record_chunks(agent, chat, collector.chunks, started, api)
+    final = [
+        c["response"]
+        for c in collector.chunks
+        if c.get("type") == "response.completed" and isinstance(c.get("response"), dict)
+    ]
+    if api == "responses" and final:
+        history = [*note.pop("response_items"), *(final[-1].get("output") or [])]
+        note.update(response_id=final[-1].get("id"), response_items=history)
+    else:
+        note.pop("response_items", None)
+    await asyncio.to_thread(book.note_call, session, **note)
+    if fan and buffer.strip():
+        buffer = first_choice_only(buffer) or b""
+    if held + buffer:
+        yield held + buffer
+
+
 class Forwarder:
     """Forwards and captures the calls of deployed agents (see the module docstring)."""
 
@@ -143,7 +197,11 @@ class Forwarder:
         return said in _YES or not self.opt_in
 
     def _headers(self, request: Request) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP and not k.lower().startswith("x-agentjet-")}
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP and not k.lower().startswith("x-agentjet-")
+        }
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
         elif "authorization" in request.headers:
@@ -182,7 +240,9 @@ class Forwarder:
         if not self.trains(request):
             return await self._untrained(request, agent, path, body, data)
         key = session_key(request, data)
-        session, new = await asyncio.to_thread(self.book.session_for, key, previous if isinstance(previous, str) else None)
+        session, new = await asyncio.to_thread(
+            self.book.session_for, key, previous if isinstance(previous, str) else None
+        )
         fan = 0
         if new and self.fan_out > 1 and api in ("chat", "completions") and data.get("n") in (None, 1):
             fan = self.fan_out
@@ -199,7 +259,9 @@ class Forwarder:
         tagged = {SESSION_HEADER: session.row.key, SESSION_ID_HEADER: session.row.id}
         try:
             upstream = await self.http.send(
-                self.http.build_request(request.method, url, content=sent, headers=headers, params=request.query_params),
+                self.http.build_request(
+                    request.method, url, content=sent, headers=headers, params=request.query_params
+                ),
                 stream=True,
             )
         except httpx2.TransportError as exc:
@@ -220,7 +282,9 @@ class Forwarder:
         asked = data.get("input") if api == "responses" else None
         history = [{"role": "user", "content": asked}] if isinstance(asked, str) else list(asked or [])
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
-            relay = self._relay(upstream, session, agent, chat, api, started, fan, {**note, "response_items": history})
+            relay = captured_stream(
+                self.book, upstream, session, agent, chat, api, started, fan, {**note, "response_items": history}
+            )
             return StreamingResponse(relay, status_code=200, headers=out_headers)
         try:
             raw = await upstream.aread()
@@ -244,50 +308,6 @@ class Forwarder:
             parsed = {**parsed, "choices": [c for c in parsed["choices"] if int(c.get("index") or 0) == 0]}
             raw = json.dumps(parsed).encode()
         return Response(raw, status_code=200, headers=out_headers)
-
-    async def _relay(
-        self,
-        upstream: httpx2.Response,
-        session: LiveSession,
-        agent: str,
-        chat: dict[str, Any],
-        api: str,
-        started: float,
-        fan: int,
-        note: dict[str, Any],
-    ) -> AsyncIterator[bytes]:
-        """Relay the stream; its last bytes go out only once the call is in the journal."""
-        collector = SSECollector()
-        buffer, held = b"", b""  # a partial event; the newest whole one (released once journaled)
-        finished = False
-        try:
-            async for chunk in upstream.aiter_bytes():
-                collector.feed(chunk)
-                *whole, buffer = (buffer + chunk).split(b"\n\n")
-                events = [event + b"\n\n" for event in whole]
-                if fan:
-                    events = [kept for kept in map(first_choice_only, events) if kept is not None]
-                if events:
-                    out, held = held + b"".join(events[:-1]), events[-1]
-                    if out:
-                        yield out
-            finished = True
-        finally:
-            await upstream.aclose()
-            if not finished:  # the server's stream broke off, or the caller left: nothing was answered
-                self.book.release(session)
-        session.recorder.record_chunks(agent, chat, collector.chunks, started, api)
-        final = [c["response"] for c in collector.chunks if c.get("type") == "response.completed" and isinstance(c.get("response"), dict)]
-        if api == "responses" and final:
-            history = [*note.pop("response_items"), *(final[-1].get("output") or [])]
-            note.update(response_id=final[-1].get("id"), response_items=history)
-        else:
-            note.pop("response_items", None)
-        await asyncio.to_thread(self.book.note_call, session, **note)
-        if fan and buffer.strip():
-            buffer = first_choice_only(buffer) or b""
-        if held + buffer:
-            yield held + buffer
 
     async def _plain(self, request: Request, agent: str, path: str, body: bytes) -> Response:
         """Forward without capture (not a sampling call, or not one the server would take)."""
@@ -361,7 +381,9 @@ class Forwarder:
         if self.fallback is None:
             self.book.release(session)
             return self._no_server(agent, reason, tagged)
-        await asyncio.to_thread(self.book.note_call, session, tainted=f"answered by the fallback endpoint: {reason[:200]}")
+        await asyncio.to_thread(
+            self.book.note_call, session, tainted=f"answered by the fallback endpoint: {reason[:200]}"
+        )
         response = await self._stream_plain(request, f"{self.fallback}/{path}", body, agent)
         response.headers.update(tagged)
         return response

@@ -221,7 +221,8 @@ class Journal:
             db.execute("DELETE FROM responses WHERE session = ?", (session,))
             body = json.dumps([t.model_dump(mode="json") for t in made]) if made else None
             db.execute(
-                "INSERT OR REPLACE INTO finished (session, key, outcome, reward, at, ids, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO finished (session, key, outcome, reward, at, ids, body)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (session, key, outcome, reward, now or time.time(), json.dumps([t.id for t in made]), body),
             )
             self._bump(db, outcome)

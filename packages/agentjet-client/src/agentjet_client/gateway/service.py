@@ -37,9 +37,10 @@ from starlette.routing import Route
 from agentjet_client.client import SwarmClient
 from agentjet_client.delivery import Sender
 from agentjet_client.errors import AgentJetError
+from agentjet_client.gateway.episodes import FeedbackError
 from agentjet_client.gateway.forward import AGENT_HEADER, Forwarder, error
 from agentjet_client.gateway.journal import Journal
-from agentjet_client.gateway.sessions import FeedbackError, SessionBook
+from agentjet_client.gateway.sessions import SessionBook
 from agentjet_client.protocol import (
     ClientReport,
     Feedback,
@@ -116,7 +117,13 @@ class Gateway:
         )
         self.report = RunReport()
         self.senders = {
-            server: Sender(self.client, server, Spool(config.spool_dir / "spool" / spool_key(server)), self.report, self._client_report)
+            server: Sender(
+                self.client,
+                server,
+                Spool(config.spool_dir / "spool" / spool_key(server)),
+                self.report,
+                self._client_report,
+            )
             for server in self.client.servers
         }
         self.app = Starlette(
@@ -167,7 +174,7 @@ class Gateway:
         while True:
             await asyncio.sleep(self.config.sweep_s)
             try:
-                ended, expired = await asyncio.to_thread(self.book.sweep)
+                _, expired = await asyncio.to_thread(self.book.sweep)
                 if expired:
                     logger.info("gateway: %d sessions expired without a reward (--ttl)", expired)
                 await asyncio.to_thread(self.journal.forget_finished, time.time() - 24 * 3600)
@@ -253,7 +260,9 @@ class Gateway:
             done = self.journal.finished(request.path_params["session"])
             if done is None:
                 return error(404, f"no session '{request.path_params['session']}' on this gateway")
-            return JSONResponse({"session": done.session, "key": done.key, "outcome": done.outcome, "reward": done.reward})
+            return JSONResponse(
+                {"session": done.session, "key": done.key, "outcome": done.outcome, "reward": done.reward}
+            )
         answers = session.recorder.answers()
         n = session.row.fanout
         return JSONResponse(
@@ -269,16 +278,19 @@ class Gateway:
 
     async def _status(self, request: Request) -> Response:
         counts = await asyncio.to_thread(self.journal.counts)
-        spooled = sum([await asyncio.to_thread(lambda s=s: s.spool.depth) for s in self.senders.values()])
+        spooled = await asyncio.to_thread(lambda: sum(sender.spool.depth for sender in self.senders.values()))
         status = GatewayStatus(
             gateway_id=self.book.gateway_id,
             servers={"default": self.client.server_url, **self.client.agent_servers},
             counts=GatewayCounts(**counts),
             spooled=spooled,
-            answers={"accepted": self.report.accepted, "duplicate": self.report.duplicate, "rejected": self.report.rejected},
+            answers={
+                "accepted": self.report.accepted,
+                "duplicate": self.report.duplicate,
+                "rejected": self.report.rejected,
+            },
             fan_out=self.config.fan_out,
             group_size=self.group_size,
             server_reachable=self.forwarder.reachable,
         )
         return JSONResponse(status.model_dump(mode="json"))
-
