@@ -289,8 +289,8 @@ def test_population_based_training_and_a_rule_change_trials_while_they_train(tmp
     with study.open("a") as f:
         f.write(
             # min_z 1: this test is about the mechanism; resample 0: explore gives the donor's values x 0.5 or 1.5
-            "\n[pbt]\nevery_episodes = 480\nquantile = 0.5\npoints = 2\nperturb = [0.5, 1.5]\n"
-            "resample = 0.0\nmin_z = 1.0\n"
+            "\n[pbt]\nevery_episodes = 480\nburn_in_episodes = 700\nquantile = 0.5\npoints = 2\n"
+            "perturb = [0.5, 1.5]\nresample = 0.0\nmin_z = 1.0\n"
             '\n[[adjust]]\nwhen = "grad_norm >= 0"\nover = 2\nset = { lr = "x0.5" }\nmax_times = 1\n'
         )
     out, log = tmp_path / "out", tmp_path / "runner.log"
@@ -311,6 +311,7 @@ def test_population_based_training_and_a_rule_change_trials_while_they_train(tmp
         configs = metrics_lines(out, change["trial"], "config")
         assert any(c["changes"] == {"lr": change["after"]["lr"]} for c in configs), configs
     for change in exploits:
+        assert change["episodes"] >= 700  # none before the burn-in
         taker, donor = record(out, change["trial"]), change["donor"]
         assert change["donor_score"] > change["score"] and taker["exploits"] >= 1
         assert any(e.split(" ", 1)[1].startswith(f"pbt: took {donor}'s checkpoint") for e in taker["events"])
