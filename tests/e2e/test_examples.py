@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,44 @@ def test_example_runs_and_does_not_drift(example, tmp_path, request):
         f"sent back edited by the framework, {retooled} with other tools listed), 0 drift; "
         f"tokens per call {per_call}, merged {merged}"
     )
+
+
+def test_the_online_example_trains_through_the_gateway_alone(tmp_path):
+    """examples/online_digits: scripted users talk to a gateway only; every session they give feedback for
+    is pushed, and the server trains on them."""
+    from tests.chaos.test_gateway_kill import GatewayProcess
+    from tests.conftest import free_port
+
+    # feedback up to 1 s late, at many updates a second: as docs/online.md says, staleness must cover it
+    server = ServerProcess(
+        ["--group-size", "4", "--batch-groups", "2", "--max-staleness", "64"], tmp_path / "server.log"
+    )
+    gateway = GatewayProcess(
+        ["--server", server.url, "--spool-dir", str(tmp_path / "gw")], tmp_path / "gw.log", free_port()
+    )
+    try:
+        script = Path(__file__).resolve().parents[2] / "examples" / "online_digits" / "users.py"
+        command = [sys.executable, str(script), "--gateway", gateway.url, "--sessions", "64", "--max-delay", "1"]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=300, env={**os.environ, "AGENTJET_DIGITS": "3,8"}
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "sessions 64" in done.stdout and "feedback given 64, waiting 0, refused 0" in done.stdout, done.stdout
+        counts = gateway.status()["counts"]
+        # groups fill per prompt (two digits here): at most 3 sessions of each wait in an unfilled group, and
+        # at most one filled group waits for a second to make a batch of 2
+        deadline = time.monotonic() + 120
+        while not settled(trajectories := server.status()["trajectories"], least_trained=64 - 2 * 3 - 4):
+            assert time.monotonic() < deadline, f"the server did not accept and train them: {trajectories}"
+            time.sleep(0.3)
+        step = server.status()["learner"]["step"]
+    finally:
+        gateway.stop()
+        server.stop()
+    assert counts["trained"] == 64 and counts["sessions"] == 64 and counts["expired"] == 0
+    assert trajectories["accepted"] == 64 and trajectories["rejected"] == 0
+    assert trajectories["trained"] % 8 == 0 and step >= 1
+
+
+def settled(trajectories: dict[str, Any], least_trained: int) -> bool:
+    return bool(trajectories["accepted"] == 64 and trajectories["trained"] >= least_trained)
