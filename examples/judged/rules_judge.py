@@ -6,8 +6,9 @@ without a judge model; point ``AGENTJET_JUDGE_URL`` at a real one (``vllm serve`
     python examples/judged/rules_judge.py --port 8100 --rule digits
 
 Rules:
-- ``digits``: 1 for the digit the task's ``word`` names, 0.2 for another single digit, 0 otherwise
-  (the knowledge a judge model brings; the agent itself has no checker);
+- ``digits``: 1 for the digit the task's ``word`` names (or the conversation's "Write WORD as a digit."),
+  0.2 for another single digit, 0 otherwise (the knowledge a judge model brings; the agent itself has no
+  checker);
 - ``length``: longer is better (each candidate's length over the longest), for tests of the ranking.
 
 ``GET /calls`` answers how many chat calls it has served.
@@ -41,10 +42,19 @@ def score(rule: str, task: str, candidate: str, longest: int) -> float:
     if rule == "length":
         return round(len(candidate) / max(1, longest), 4)
     try:
-        word = json.loads(task).get("word")
+        shown = json.loads(task)
     except ValueError:
-        word = None
+        shown = task
+    word = shown.get("word") if isinstance(shown, dict) else None
+    if word is None:  # a conversation (a gateway's session): the digit word its user asked for
+        asked = re.search(r"Write (\w+) as a digit", task)
+        word = asked.group(1) if asked else None
     answer = candidate.strip()
+    if answer.startswith("[{"):  # a whole conversation: its final answer counts
+        try:
+            answer = str(json.loads(answer)[-1].get("content") or "").strip()
+        except (ValueError, AttributeError, IndexError):
+            pass
     if word in WORDS and answer == str(WORDS.index(word)):
         return 1.0
     return 0.2 if len(answer) == 1 and answer.isdigit() else 0.0

@@ -9,7 +9,8 @@ Nothing here knows about training: the gateway captures the calls and the feedba
     python examples/online_digits/users.py --gateway http://127.0.0.1:8100 --sessions 30000
 
 It prints the users' success rate (the last 1,000 answers they saw) every few seconds, and when it
-first reaches ``--target``. Set ``AGENTJET_DIGITS`` (e.g. ``3,8``) to ask for some digits only.
+first reaches ``--target`` (``--until-target`` stops there). Set ``AGENTJET_DIGITS`` (e.g. ``3,8``)
+to ask for some digits only.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class Users:
 
             pending: set[asyncio.Task[None]] = set()
             for _ in range(self.args.sessions):
+                if self.reached is not None and self.args.until_target:
+                    break
                 await slots.acquire()
                 slots.release()
                 job = asyncio.create_task(one())
@@ -128,6 +131,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="calls in flight at once")
     parser.add_argument("--max-delay", type=float, default=30.0, help="feedback arrives 0..this many seconds later")
     parser.add_argument("--target", type=float, default=0.8, help="report when the success rate first reaches it")
+    parser.add_argument("--until-target", action="store_true", help="open no more sessions once it is reached")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between progress lines")
     parser.add_argument("--seed", type=int, default=0)
     asyncio.run(Users(parser.parse_args()).run())

@@ -243,6 +243,92 @@ def test_without_the_server_it_answers_503_or_from_the_fallback(server, tmp_path
     assert result["outcome"] == "fallback" and result["trajectories"] == [] and counts["fallback"] == 1
 
 
+def wait_outcome(base: str, session: str, limit: float = 20) -> dict:  # type: ignore[type-arg]
+    """The session's view once it has ended one way or another (a judge works in the background)."""
+    deadline = time.monotonic() + limit
+    while "outcome" not in (view := httpx2.get(base + f"/sessions/{session}").json()):
+        assert time.monotonic() < deadline, f"session {session} still unfinished: {view}"
+        time.sleep(0.05)
+    return view  # type: ignore[no-any-return]
+
+
+def digit_score(answer: str) -> float:
+    """The rules judge's ``digits`` rule for "Write seven as a digit."."""
+    answer = answer.strip()
+    return 1.0 if answer == "7" else 0.2 if len(answer) == 1 and answer.isdigit() else 0.0
+
+
+def test_a_judge_rewards_the_sessions_without_feedback(server, tmp_path):
+    from agentjet_client.judges import Judge
+    from tests.conftest import RulesJudge
+
+    rules = RulesJudge("digits")
+    try:
+        judge = Judge(rules.url, "rules", "The digit the user asked for.", retries=0)
+        with gateway(server.url, tmp_path / "a", judge=judge, judge_after_s=0.3, idle_s=0.5) as base:
+            oa = openai.OpenAI(base_url=base, api_key="k")
+            one = oa.chat.completions.with_raw_response.create(
+                model="m", messages=ASK, max_tokens=3, extra_headers={"X-AgentJet-Session": "quiet"}
+            )
+            httpx2.post(base + "/sessions/quiet/close")
+            told = oa.chat.completions.create(
+                model="m", messages=ASK, max_tokens=3, extra_headers={"X-AgentJet-Session": "told"}
+            )
+            given = feedback(base, session="told", reward=0.7).json()  # feedback first: never judged
+            first = oa.chat.completions.create(
+                model="m", messages=ASK, max_tokens=3, extra_headers={"X-AgentJet-Session": "long"}
+            )
+            more = [
+                *ASK,
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "Again."},
+            ]
+            last = oa.chat.completions.create(
+                model="m", messages=more, max_tokens=3, extra_headers={"X-AgentJet-Session": "long"}
+            )  # then idle: it ends by --idle and is judged by its final answer
+            quiet, long = wait_outcome(base, "quiet"), wait_outcome(base, "long")
+            late = feedback(base, session="quiet", reward=quiet["reward"] + 0.5)
+            counts = httpx2.get(base + "/gateway/status").json()["counts"]
+            calls = rules.calls()
+        answer = one.parse().choices[0].message.content or ""
+        assert quiet["outcome"] == "trained" and quiet["reward"] == digit_score(answer)
+        assert long["reward"] == digit_score(last.choices[0].message.content or "")
+        assert given["outcome"] == "trained" and given["reward"] == 0.7 and told.choices
+        assert late.status_code == 409 and "judge" in late.json()["error"]["message"]
+        assert counts["judged"] == 2 and counts["trained"] == 3 and calls == 2
+        assert pushed(server, quiet["trajectories"][0])["reward"] == quiet["reward"]
+        assert len(pushed(server, long["trajectories"][0])["turns"]) == 2
+    finally:
+        rules.stop()
+
+
+def test_a_judge_scores_fan_out_candidates_side_by_side_and_a_failing_judge_leaves_the_ttl(server, tmp_path):
+    from agentjet_client.judges import Judge
+    from tests.conftest import RulesJudge
+
+    rules = RulesJudge("digits")
+    try:
+        judge = Judge(rules.url, "rules", "The digit the user asked for.", retries=0)
+        with gateway(server.url, tmp_path / "a", judge=judge, judge_after_s=0.0, fan_out=4) as base:
+            oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan"})
+            oa.chat.completions.create(model="m", messages=ASK, max_tokens=3)
+            candidates = httpx2.get(base + "/sessions/fan").json()["candidates"]
+            httpx2.post(base + "/sessions/fan/close")
+            view = wait_outcome(base, "fan")
+            group = [pushed(server, t) for t in view["trajectories"]]
+    finally:
+        rules.stop()
+    assert [t["reward"] for t in group] == [digit_score(c) for c in candidates]
+    assert len({t["task_id"] for t in group}) == 1 and len(group) == 4
+    down = Judge(f"http://127.0.0.1:{free_port()}/v1", "rules", "anything", retries=0, timeout=2)
+    with gateway(server.url, tmp_path / "b", judge=down, judge_after_s=0.0, idle_s=0.2, ttl_s=1.0) as base:
+        oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "unjudged"})
+        oa.chat.completions.create(model="m", messages=ASK, max_tokens=3)
+        view = wait_outcome(base, "unjudged")
+        counts = httpx2.get(base + "/gateway/status").json()["counts"]
+    assert view["outcome"] == "expired" and counts["expired"] == 1 and counts["judged"] == 0
+
+
 def test_redaction_reaches_every_text_field_and_first_choice_only_filters_streams():
     body = {
         "model": "m",

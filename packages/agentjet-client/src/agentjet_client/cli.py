@@ -687,6 +687,17 @@ def gateway_command(
         typer.Option(help="GRPO siblings: prompt (same first request), header (X-AgentJet-Group), session"),
     ] = "prompt",
     tag: Annotated[str | None, typer.Option(help="the task tag of its episodes (a multi-task mix)")] = None,
+    judge_url: Annotated[
+        str | None,
+        typer.Option(metavar="<url>", help="an OpenAI base URL whose model rewards sessions without feedback"),
+    ] = None,
+    judge_model: Annotated[str | None, typer.Option(help="the judge's model name")] = None,
+    judge_criteria: Annotated[
+        str, typer.Option(help="what the judge rewards; @FILE reads it from a file")
+    ] = "Score how well the assistant's final answer serves the user's request.",
+    judge_after: Annotated[
+        float, typer.Option(min=0.0, help="seconds an ended session waits for feedback before it is judged")
+    ] = 60.0,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
 ) -> None:
     """Serve the server's API to deployed agents and train on their sessions.
@@ -697,7 +708,7 @@ def gateway_command(
     Example:
     agentjet-client gateway --server http://127.0.0.1:8000 --port 8100
     """
-    from agentjet_client.gateway.command import load_hook, parse_labels
+    from agentjet_client.gateway.command import load_hook, make_judge, parse_labels
     from agentjet_client.gateway.service import Gateway, GatewayConfig
     from agentjet_client.spool import default_spool_dir
 
@@ -718,6 +729,8 @@ def gateway_command(
             labels=parse_labels(label or []),
             group_by=group_by,
             task_tag=tag,
+            judge=make_judge(judge_url, judge_model, judge_criteria),
+            judge_after_s=judge_after,
         )
         made = Gateway(config, progress=lambda line: err.print(escape(line), highlight=False))
     except ValueError as exc:

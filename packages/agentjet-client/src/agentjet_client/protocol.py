@@ -1029,6 +1029,7 @@ class GatewayCounts(_Strict):
     sessions: int = 0
     calls: int = 0
     trained: int = 0
+    judged: int = Field(default=0, description="of those trained, the sessions a judge rewarded (--judge-url)")
     expired: int = 0
     opted_out: int = 0
     fallback: int = 0

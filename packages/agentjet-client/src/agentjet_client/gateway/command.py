@@ -1,4 +1,4 @@
-"""What ``agentjet-client gateway`` reads from its command line: the redaction hook, the label table."""
+"""What ``agentjet-client gateway`` reads from its command line: the redaction hook, the label table, the judge."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentjet_client.judges import Judge
 
 
 def load_hook(spec: str) -> Callable[[str], str]:
@@ -48,3 +51,24 @@ def parse_labels(values: list[str]) -> dict[str, float]:
         if not sep or not name.strip():
             raise ValueError(f"--label {value}: give NAME=REWARD, say thumbs_up=1")
     return labels
+
+
+def make_judge(url: str | None, model: str | None, criteria: str) -> Judge | None:
+    """The judge of ``--judge-url``/``--judge-model``/``--judge-criteria`` (``@FILE`` reads the criteria), or
+    None without a URL. Its API key comes from ``AGENTJET_JUDGE_API_KEY``."""
+    if url is None:
+        if model is not None:
+            raise ValueError("--judge-model names the judge's model: give its endpoint with --judge-url too")
+        return None
+    if not model:
+        raise ValueError(f"--judge-url {url}: name the judge's model with --judge-model")
+    if criteria.startswith("@"):
+        path = Path(criteria[1:]).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--judge-criteria {criteria}: no file {path}")
+        criteria = path.read_text()
+    if not criteria.strip():
+        raise ValueError("--judge-criteria is empty: say what the judge rewards")
+    from agentjet_client.judges import Judge
+
+    return Judge(url, model, criteria)

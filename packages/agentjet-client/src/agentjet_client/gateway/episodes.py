@@ -62,7 +62,9 @@ class Episodes:
             raise FeedbackError(410, f"session '{feedback.session}' expired without a reward (--ttl); it was dropped")
         if done.outcome in ("trained", "fallback") and done.reward != reward:
             raise FeedbackError(
-                409, f"session '{feedback.session}' already ended with reward {done.reward:g}; a reward is given once"
+                409,
+                f"session '{feedback.session}' already ended with reward {done.reward:g} (its feedback's, or a "
+                "judge's with --judge-url); a reward is given once",
             )
         outcome = done.outcome if done.outcome in ("trained", "expired", "opted_out", "fallback") else "trained"
         return FeedbackResult(

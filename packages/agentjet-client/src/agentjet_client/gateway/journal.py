@@ -30,7 +30,17 @@ from typing import Any
 from agentjet_client.protocol import Trajectory
 
 KEEP_FINISHED_S = 24 * 3600.0
-COUNTERS = ("sessions", "calls", "trained", "expired", "opted_out", "fallback", "candidates_dropped", "untrained_calls")
+COUNTERS = (
+    "sessions",
+    "calls",
+    "trained",
+    "judged",
+    "expired",
+    "opted_out",
+    "fallback",
+    "candidates_dropped",
+    "untrained_calls",
+)
 
 
 @dataclass

@@ -40,7 +40,9 @@ from agentjet_client.errors import AgentJetError
 from agentjet_client.gateway.episodes import FeedbackError
 from agentjet_client.gateway.forward import AGENT_HEADER, Forwarder, error
 from agentjet_client.gateway.journal import Journal
+from agentjet_client.gateway.judge import SessionJudge
 from agentjet_client.gateway.sessions import SessionBook
+from agentjet_client.judges import Judge
 from agentjet_client.protocol import (
     ClientReport,
     Feedback,
@@ -72,6 +74,8 @@ class GatewayConfig:
     labels: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_LABELS))
     group_by: str = "prompt"
     task_tag: str | None = None
+    judge: Judge | None = None  # rewards the sessions that get no feedback (``gateway.judge``)
+    judge_after_s: float = 0.0
     sweep_s: float = 1.0
     status_s: float = 5.0
 
@@ -115,6 +119,7 @@ class Gateway:
             redact=config.redact,
             fallback=config.fallback,
         )
+        self.judging = SessionJudge(config.judge, self.book, config.judge_after_s) if config.judge else None
         self.report = RunReport()
         self.senders = {
             server: Sender(
@@ -152,6 +157,8 @@ class Gateway:
         for session, made in await asyncio.to_thread(self.journal.unspooled):
             await self._spool(session, made)
         self._tasks += [asyncio.create_task(self._sweep()), asyncio.create_task(self._watch_server())]
+        if self.judging is not None:
+            self._tasks.append(asyncio.create_task(self._judge(self.judging)))
         if self._progress is not None:
             self._tasks.append(asyncio.create_task(self._report_progress(self._progress)))
         try:
@@ -160,6 +167,8 @@ class Gateway:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.judging is not None:
+                await self.judging.aclose()
             await self.forwarder.aclose()
             await self.client.aclose_pool()
             for sender in self.senders.values():
@@ -181,6 +190,16 @@ class Gateway:
             except Exception:  # a failed sweep is tried again next time; the gateway keeps serving
                 logger.exception("gateway: sweeping sessions failed")
 
+    async def _judge(self, judging: SessionJudge) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_s)
+            judging.start(self._judged)
+
+    async def _judged(self, feedback: Feedback) -> None:
+        result, made = await asyncio.to_thread(self.book.finish, feedback, True)
+        if made:
+            await self._spool(result.session, made)
+
     async def _watch_server(self) -> None:
         while True:
             try:
@@ -197,9 +216,10 @@ class Gateway:
         while True:
             await asyncio.sleep(every)
             c = await asyncio.to_thread(self.journal.counts)
+            judged = f" ({c['judged']} judged)" if self.judging is not None else ""
             line = (
                 f"sessions {c['sessions']}: {c['open']} open, {c['waiting']} waiting for feedback, {c['trained']} "
-                f"trained, {c['expired']} expired, {c['opted_out']} opted out, {c['fallback']} fallback; calls "
+                f"trained{judged}, {c['expired']} expired, {c['opted_out']} opted out, {c['fallback']} fallback; calls "
                 f"{c['calls']}; server answered {self.report.accepted} accepted, {self.report.rejected} rejected"
                 + ("" if self.forwarder.reachable else "; the server is not answering")
             )
@@ -261,7 +281,13 @@ class Gateway:
             if done is None:
                 return error(404, f"no session '{request.path_params['session']}' on this gateway")
             return JSONResponse(
-                {"session": done.session, "key": done.key, "outcome": done.outcome, "reward": done.reward}
+                {
+                    "session": done.session,
+                    "key": done.key,
+                    "outcome": done.outcome,
+                    "reward": done.reward,
+                    "trajectories": done.trajectories,
+                }
             )
         answers = session.recorder.answers()
         n = session.row.fanout

@@ -226,6 +226,17 @@ class SessionBook:
                 ended += 1
         return ended, expired
 
+    def waiting(self, ended_before: float) -> list[LiveSession]:
+        """Sessions that ended at or before ``ended_before`` and wait for their reward, with calls that can be
+        trained (for a judge)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        return [
+            s
+            for s in sessions
+            if s.row.ended is not None and s.row.ended <= ended_before and s.saved and s.row.tainted is None
+        ]
+
     @property
     def live(self) -> int:
         with self._lock:
@@ -233,9 +244,10 @@ class SessionBook:
 
     # ------------------------------------------------------------------ feedback
 
-    def finish(self, feedback: Feedback) -> tuple[FeedbackResult, list[Trajectory]]:
+    def finish(self, feedback: Feedback, judged: bool = False) -> tuple[FeedbackResult, list[Trajectory]]:
         """The feedback's session rewarded and ended: its trajectories (already in the journal, to be spooled
-        by the caller, then ``journal.spooled``). Raises ``FeedbackError`` for feedback it cannot take."""
+        by the caller, then ``journal.spooled``); ``judged``: the reward is a judge's. Raises ``FeedbackError``
+        for feedback it cannot take."""
         reward = self.episodes.reward_of(feedback)
         session = self.find(feedback.session)
         if session is None:
@@ -258,7 +270,7 @@ class SessionBook:
                 "trained",
                 reward=reward,
                 trajectories=made,
-                counts={"candidates_dropped": dropped},
+                counts={"candidates_dropped": dropped, "judged": int(judged)},
                 group=group,
             )
         return FeedbackResult(
