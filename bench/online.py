@@ -7,7 +7,8 @@ seconds after each answer. Reported per run: the seconds and sessions until the 
 (their last 1,000 answers) first reached the target, the server's accepted/rejected/trained counts and
 its policy version then, and the gateway's counts.
 
-    .venv/bin/python bench/online.py [--runs 3] [--max-delay 30] [--concurrency 64] [--max-staleness 64]
+    .venv/bin/python bench/online.py [--runs 3] [--max-delay 30] [--concurrency 64]
+                                     [--max-staleness 64] [--batch-groups 40]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def one_run(args: argparse.Namespace, seed: int, model_dir: Path) -> dict[str, Any]:
-    extra = ["--max-staleness", str(args.max_staleness), "--seed", str(seed)]
+    extra = ["--max-staleness", str(args.max_staleness), "--batch-groups", str(args.batch_groups), "--seed", str(seed)]
     with served(model_dir, *extra) as server, tempfile.TemporaryDirectory() as spool:
         proc, gateway = gateway_process(server, Path(spool))
         try:
@@ -78,11 +79,12 @@ def one_run(args: argparse.Namespace, seed: int, model_dir: Path) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sessions", type=int, default=60000, help="most sessions a run may take")
+    parser.add_argument("--sessions", type=int, default=150000, help="most sessions a run may take")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-delay", type=float, default=30.0)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--max-staleness", type=int, default=64)
+    parser.add_argument("--batch-groups", type=int, default=40, help="the server's groups per update")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     from agentjet_server.embedded import ensure_embedded_model

@@ -210,7 +210,7 @@ def demo(args: list[str]) -> None:
 
 def pytest(bin_dir: Path, args: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["--durations=15", *args]  # the 15 slowest tests, at the end of every run
+    args = ["--durations=40", *args]  # the 40 slowest tests, at the end of every run
     print("+ pytest", " ".join(args), flush=True)
     return subprocess.run([str(bin_dir / "python"), "-m", "pytest", *args], cwd=ROOT, env=env).returncode
 

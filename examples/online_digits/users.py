@@ -4,13 +4,15 @@ Each user opens a session, asks the deployed model "Write seven as a digit." (a 
 reads the answer, and gives feedback 0-30 s later: reward 1 when the answer is the digit, else 0.
 Nothing here knows about training: the gateway captures the calls and the feedback trains them.
 
-    agentjet-server up --port 8000 --max-staleness 64
+    agentjet-server up --port 8000 --max-staleness 64 --batch-groups 40
     agentjet-client gateway --server http://127.0.0.1:8000 --port 8100
-    python examples/online_digits/users.py --gateway http://127.0.0.1:8100 --sessions 30000
+    python examples/online_digits/users.py --gateway http://127.0.0.1:8100 --sessions 100000
 
-It prints the users' success rate (the last 1,000 answers they saw) every few seconds, and when it
-first reaches ``--target`` (``--until-target`` stops there). Set ``AGENTJET_DIGITS`` (e.g. ``3,8``)
-to ask for some digits only.
+Feedback 0-30 s late is 20-40 policy versions late at the server's default 10 groups per update, and
+the policy then swings (up to 0.7 and back to 0); 40 groups per update keep it to a handful of versions
+and it climbs steadily (docs/online.md, "Late rewards and staleness"). It prints the users' success rate
+(the last 1,000 answers they saw) every few seconds, and when it first reaches ``--target``
+(``--until-target`` stops there). Set ``AGENTJET_DIGITS`` (e.g. ``3,8``) to ask for some digits only.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class Users:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gateway", default="http://127.0.0.1:8100")
-    parser.add_argument("--sessions", type=int, default=30000, help="sessions in all")
+    parser.add_argument("--sessions", type=int, default=100000, help="sessions in all")
     parser.add_argument("--concurrency", type=int, default=64, help="calls in flight at once")
     parser.add_argument("--max-delay", type=float, default=30.0, help="feedback arrives 0..this many seconds later")
     parser.add_argument("--target", type=float, default=0.8, help="report when the success rate first reaches it")
