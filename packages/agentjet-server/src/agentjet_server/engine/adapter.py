@@ -46,17 +46,22 @@ class LoraSpec:
         return asdict(self)
 
 
-def write_adapter(directory: Path, adapter: dict[str, torch.Tensor], spec: LoraSpec, base: str) -> None:
-    """``adapter`` in peft's on-disk format (``adapter_model.safetensors``, ``adapter_config.json``)."""
+def write_adapter(
+    directory: Path, adapter: dict[str, torch.Tensor], spec: LoraSpec, base: str, name: str = ADAPTER
+) -> None:
+    """``adapter`` (the tensors of adapter ``name``) in peft's on-disk format (``adapter_model.safetensors``,
+    ``adapter_config.json``): a standalone adapter, loadable on its own."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {
-        "base_model.model." + name.replace(f".{ADAPTER}.", "."): t.detach().contiguous() for name, t in adapter.items()
+        "base_model.model."
+        + key.replace(f".lora_A.{name}.", ".lora_A.").replace(f".lora_B.{name}.", ".lora_B."): t.detach().contiguous()
+        for key, t in adapter.items()
     }
     save_file(tensors, str(directory / "adapter_model.safetensors"))
     # the layers that have adapters (what all-linear resolved to)
-    targets = sorted({name.split(".lora_A.")[0].rsplit(".", 1)[-1] for name in adapter if ".lora_A." in name})
+    targets = sorted({key.split(".lora_A.")[0].rsplit(".", 1)[-1] for key in adapter if ".lora_A." in key})
     config = {
         "peft_type": "LORA",
         "base_model_name_or_path": base,
