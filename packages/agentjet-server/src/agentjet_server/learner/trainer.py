@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
+from agentjet_server.learner.adapters import activate, adapter_tensors, attach_adapters
 from agentjet_server.learner.advantages import ppo_advantages
 from agentjet_server.learner.attention import use_learner_attention
 from agentjet_server.learner.batch import Batch, Sequence
@@ -80,6 +81,7 @@ class LearnerConfig:
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     gradient_checkpointing: bool = False  # keep only each decoder layer's input; recompute the rest in backward
     lora: LoraSpec | None = None  # train a LoRA adapter on the frozen model instead of every weight
+    adapters: tuple[str, ...] = ()  # with lora: one adapter per name, each step trains one (learner.adapters)
     # FSDP2 CPU offload (also in one process): weights, gradients and AdamW state in host memory, the
     # optimizer step on the CPU; each unit's weights are gathered onto the device to compute it
     cpu_offload: bool = False
@@ -134,7 +136,13 @@ class Learner:
         self.device = torch.device(self.ctx.device) if config.cpu_offload else next(model.parameters()).device
         self.lora = config.lora
         use_learner_attention(model)  # fp32 on CUDA: attention linear in length (see learner.attention)
-        if self.lora is not None:
+        if config.adapters and self.lora is None:
+            raise ValueError("an adapter per agent needs LoRA: give --lora-rank")
+        if config.adapters and (self.ctx.enabled or config.cpu_offload):
+            raise ValueError("an adapter per agent runs in one learner process, without --cpu-offload")
+        if self.lora is not None and config.adapters:
+            attach_adapters(model, self.lora, config.adapters)
+        elif self.lora is not None:
             attach(model, self.lora)  # in place: ``model`` keeps its interface, only the adapter trains
         if config.gradient_checkpointing:
             _checkpoint_layers(model)
@@ -188,13 +196,20 @@ class Learner:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on CPU (gathered from every rank; empty on ranks other than 0),
         under the model's own names: with LoRA, each adapter merged into its base weight."""
+        if self.config.adapters:
+            raise ValueError("with an adapter per agent there is no one merged model: take adapter_weights(name)")
         state = full_state_dict(self.model, self.ctx)
         return merged(state, self.lora) if self.lora is not None and state else state
 
-    def adapter_weights(self) -> dict[str, torch.Tensor]:
-        """With LoRA: the adapter's tensors on CPU (collective under FSDP, like ``full_state_dict``)."""
+    def adapter_weights(self, name: str | None = None) -> dict[str, torch.Tensor]:
+        """With LoRA: the adapter's tensors on CPU (collective under FSDP, like ``full_state_dict``); with
+        an adapter per agent, those of adapter ``name``."""
         if self.lora is None:
             raise ValueError("the learner trains every weight (no --lora-rank): it has no adapter")
+        if self.config.adapters:
+            if name not in self.config.adapters:
+                raise ValueError(f"no adapter {name!r}: this learner has {', '.join(self.config.adapters)}")
+            return adapter_tensors(full_state_dict(self.model, self.ctx), name)
         return adapter_state(full_state_dict(self.model, self.ctx))
 
     @property
@@ -257,7 +272,7 @@ class Learner:
         real = [m for m in micro if m is not None]
         all_current = version is not None and all(bool((m.versions == version).all()) for m in real)
         # the same on every rank: each holds the whole batch's versions only for its share, so agree
-        need_prox = config.off_policy == "decoupled" and not self._all_ranks(all_current)
+        need_prox = config.off_policy == "decoupled" and not _all_ranks(self.ctx, all_current)
         need_values = config.algorithm == "ppo"
         if need_prox or need_values:
             with torch.no_grad():
@@ -287,20 +302,16 @@ class Learner:
         if need_values:
             ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", self.ctx)
 
-    def _all_ranks(self, flag: bool) -> bool:
-        if not self.ctx.enabled:
-            return flag
-        import torch.distributed as dist
-
-        value = torch.tensor([1 if flag else 0], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return bool(value.item())
-
     # -- the update -------------------------------------------------------------------------------
 
-    def step(self, batch: Batch) -> StepStats:
+    def step(self, batch: Batch, adapter: str | None = None) -> StepStats:
+        """One policy update on ``batch``; with an adapter per agent, of adapter ``adapter`` alone: the
+        others need no gradient, get none, and AdamW skips parameters without one, so they stay as they
+        were to the bit."""
         if not batch.sequences:
             raise ValueError("the batch has no trainable sequence (every group had equal rewards)")
+        if adapter is not None or self.config.adapters:
+            activate(self.model, adapter, self.config.adapters)
         started = time.perf_counter()
         plan, processed = self._plan(batch.sequences)
         self.policy.eval()
@@ -332,7 +343,7 @@ class Learner:
                 if self._head:
                     torch.nn.utils.clip_grad_norm_(self._head, self.config.max_grad_norm)
                 self.optimizer.step()
-        loss_sum, extra = self._sum_over_ranks(loss_sum, extra)
+        loss_sum, extra = _sum_over_ranks(self.ctx, loss_sum, extra)
         self.policy.eval()
         self.steps += 1
         mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
@@ -349,15 +360,27 @@ class Learner:
             prepare_seconds=prepare_seconds,
         )
 
-    def _sum_over_ranks(self, loss: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:
-        if not self.ctx.enabled:
-            return loss, extra
-        import torch.distributed as dist
 
-        keys = sorted(extra)
-        values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(values)
-        return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))
+def _all_ranks(ctx: DistContext, flag: bool) -> bool:
+    """``flag`` on every rank (the minimum over ranks)."""
+    if not ctx.enabled:
+        return flag
+    import torch.distributed as dist
+
+    value = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def _sum_over_ranks(ctx: DistContext, loss: float, extra: dict[str, float]) -> tuple[float, dict[str, float]]:
+    if not ctx.enabled:
+        return loss, extra
+    import torch.distributed as dist
+
+    keys = sorted(extra)
+    values = torch.tensor([loss] + [extra[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(values)
+    return float(values[0]), dict(zip(keys, values[1:].tolist(), strict=True))
 
 
 def _checkpoint_layers(model: torch.nn.Module) -> None:
