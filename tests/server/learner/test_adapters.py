@@ -20,8 +20,8 @@ def _model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir)
 
 
-def _learner(model_dir, **config):
-    torch.manual_seed(0)
+def _learner(model_dir, seed=0, **config):
+    torch.manual_seed(seed)
     model = _model(model_dir)
     settings = {"lr": 1e-2, "weight_decay": 0.01, "lora": SPEC, "adapters": ("planner", "executor"), **config}
     return model, Learner(model, LearnerConfig(**settings), pad_id=0)
@@ -91,3 +91,53 @@ def test_each_adapter_loads_with_peft_and_computes_what_the_learner_computes(mod
             loaded = PeftModel.from_pretrained(_model(model_dir), str(tmp_path / name))
             assert float((loaded(input_ids=IDS).logits - outputs[name]).abs().max()) < 1e-5
     assert float((outputs["planner"] - outputs["executor"]).abs().max()) > 1e-4  # two different adapters
+
+
+def test_a_checkpoint_holds_each_adapter_apart_and_resume_restores_both_and_their_moments(model_dir, tmp_path):
+    from peft import PeftModel
+
+    from agentjet_server.batching.buffer import BufferSnapshot
+    from agentjet_server.state.checkpoint import CheckpointMeta, StateDir
+
+    model, trained = _learner(model_dir)
+    for shift, name in enumerate(("planner", "executor", "planner")):
+        trained.step(_batch(shift), name)
+    state_dir = StateDir.open(tmp_path / "state")
+    try:
+        meta = CheckpointMeta(
+            step=3, version=3, next_lsn=0, buffer=BufferSnapshot(), trained=0, skipped_batches=0, segment=2
+        )
+        path = state_dir.write(meta, trained.training_state(), model, model_dir, keep=2)
+        checkpoint = state_dir.latest()
+        assert checkpoint is not None
+        saved = checkpoint.trainer_state()
+    finally:
+        state_dir.close()
+    assert sorted(p.name for p in (path / "adapters").iterdir()) == ["executor", "planner"]
+    base = _model(model_dir).state_dict()
+    assert saved["weights"].keys() == base.keys()  # model/ is the base, unmerged and unchanged
+    assert all(torch.equal(saved["weights"][k], base[k]) for k in base)
+    with torch.no_grad():  # each adapter dir loads with peft and computes what the learner computed
+        activate(model, "executor")
+        expected = model(input_ids=IDS).logits
+        loaded = PeftModel.from_pretrained(_model(model_dir), str(path / "adapters" / "executor"))
+        assert float((loaded(input_ids=IDS).logits - expected).abs().max()) < 1e-5
+    _, restored = _learner(model_dir, seed=99)  # its adapters start elsewhere: loading must overwrite them
+    assert not torch.equal(*(next(iter(x.adapter_weights("planner").values())) for x in (trained, restored)))
+    restored.load_training_state(saved)
+    assert restored.steps == 3
+    for name in ("planner", "executor"):
+        a, b = trained.adapter_weights(name), restored.adapter_weights(name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for (name, p), q in zip(trained.model.named_parameters(), restored.model.parameters(), strict=True):
+        if p.requires_grad or ".lora_" in name:
+            sa, sb = trained.optimizer.state.get(p, {}), restored.optimizer.state.get(q, {})
+            assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), name
+    trained.step(_batch(5), "executor")  # one more step from each: the same weights to the bit
+    restored.step(_batch(5), "executor")
+    a, b = trained.adapter_weights("executor"), restored.adapter_weights("executor")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="resume it with --adapters planner,executor"):
+        _learner(model_dir, adapters=("planner", "critic"))[1].load_training_state(saved)
+    with pytest.raises(ValueError, match="resume it without --adapters"):
+        _learner(model_dir)[1].load_training_state({**saved, "adapters": None, "adapter": saved["adapters"]["planner"]})

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.adapter import LoraSpec
+from agentjet_server.engine.adapter import ADAPTER, LoraSpec
 from agentjet_server.learner.lora import adapter_of, attach, lora_config
 
 
@@ -25,6 +25,8 @@ def attach_adapters(model: torch.nn.Module, spec: LoraSpec, names: Sequence[str]
     """One LoRA adapter of ``spec`` per name on ``model`` (in place; the base frozen); peft's wrapper."""
     if not names or len(set(names)) != len(names):
         raise ValueError(f"adapters need distinct names, got {list(names)}")
+    if ADAPTER in names:
+        raise ValueError(f"'{ADAPTER}' names the one adapter of --lora-rank without --adapters: choose another name")
     config = lora_config(spec, model)  # resolved before wrapping: after it, the LoRA layers are linear too
     peft = attach(model, spec, names[0])
     for name in names[1:]:
@@ -43,6 +45,11 @@ def adapter_names(model: torch.nn.Module) -> list[str]:
         if adapter is not None:
             seen.setdefault(adapter, None)
     return list(seen)
+
+
+def agent_adapters(model: torch.nn.Module) -> tuple[str, ...]:
+    """The adapters per agent on ``model`` (none for a plain model, or the one adapter of plain LoRA)."""
+    return tuple(name for name in adapter_names(model) if name != ADAPTER)
 
 
 def activate(model: torch.nn.Module, name: str | None, names: Sequence[str] | None = None) -> None:

@@ -92,3 +92,8 @@ def merged(state: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Te
             tensor = (tensor.float() + (b @ a) * spec.scaling).to(tensor.dtype)
         out[f"{layer}.{leaf}"] = tensor
     return out
+
+
+def base_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A LoRA-wrapped model's state dict without its adapters, under the plain model's names (the base)."""
+    return {name.replace(".base_layer.", "."): tensor for name, tensor in state.items() if not is_adapter(name)}

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
+from agentjet_server.learner.adapters import adapter_tensors, agent_adapters
 from agentjet_server.learner.distributed import DistContext, full_state_dict
-from agentjet_server.learner.lora import adapter_state, merged
+from agentjet_server.learner.lora import adapter_state, base_weights, merged
 from agentjet_server.learner.policy import PolicyModel
 
 
@@ -26,13 +27,18 @@ def training_state(
 ) -> dict[str, Any]:
     """Everything a resumed learner needs, whole, on rank 0 (collective under FSDP; ``{}``
     elsewhere): model weights (HF names), the critic's value head, optimizer state (by
-    parameter name, so it loads into any world size), step count and RNG state."""
+    parameter name, so it loads into any world size), step count and RNG state. With an adapter per
+    agent, the weights are the base's and each adapter is kept apart (``adapters``)."""
+    adapters = agent_adapters(model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     optimizer_state = get_optimizer_state_dict(policy, optimizer, options=options)
     raw = full_state_dict(model, ctx)
-    weights = merged(raw, lora) if lora is not None and raw else raw
+    if lora is not None and raw:
+        weights = base_weights(raw) if adapters else merged(raw, lora)
+    else:
+        weights = raw
     critic = full_state_dict(policy.value_head, ctx) if policy.value_head is not None else None
     if not ctx.is_main:
         return {}
@@ -45,7 +51,10 @@ def training_state(
     }
     if critic is not None:
         state["critic"] = critic
-    if lora is not None:
+    if lora is not None and adapters:
+        state["adapters"] = {name: adapter_tensors(raw, name) for name in adapters}
+        state["lora"] = lora.as_dict()
+    elif lora is not None:
         state["adapter"] = adapter_state(raw)
         state["lora"] = lora.as_dict()
     return state
@@ -68,13 +77,16 @@ def load_training_state(
     )
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=ctx.enabled)
+    adapters = agent_adapters(model)
     if state:
         check_lora(state.get("lora"), lora)
+        check_adapters(state.get("adapters"), adapters)
     weights: dict[str, Any] = {}
     if state and lora is not None:
-        # the base is the run's --model, as it was; only the adapter was trained
+        # the base is the run's --model, as it was; only the adapters were trained
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=ctx.enabled, strict=False)
-        weights = {f"lm.{k}": v for k, v in state["adapter"].items()}
+        kept = list(state["adapters"].values()) if adapters else [state["adapter"]]
+        weights = {f"lm.{k}": v for tensors in kept for k, v in tensors.items()}
     elif state:
         weights = {f"lm.{k}": v for k, v in _complete_tied(model, state["weights"]).items()}
     if state and policy.value_head is not None:
@@ -124,6 +136,10 @@ def check_donor(model: torch.nn.Module, policy: PolicyModel, lora: LoraSpec | No
     """ValueError, saying why, when another run's training state cannot be loaded into this learner
     (checked before anything is loaded: a refused state leaves the learner as it was)."""
     check_lora(state.get("lora"), lora)
+    if "adapters" in state or any(
+        ".lora_A." in name and ".default." not in name for name, _ in model.named_parameters()
+    ):
+        raise ValueError("adopting another run's checkpoint is not supported with an adapter per agent")
     if policy.value_head is not None and "critic" not in state:
         raise ValueError("the checkpoint has no critic (it was trained with --algorithm grpo) and this run is PPO")
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
@@ -155,3 +171,16 @@ def check_lora(saved: dict[str, Any] | None, current: LoraSpec | None) -> None:
         )
     if LoraSpec(**saved) != current:
         raise ValueError(f"the checkpoint's adapter was trained with {saved}; resume with the same --lora-* settings")
+
+
+def check_adapters(saved: dict[str, Any] | None, current: tuple[str, ...]) -> None:
+    """A checkpoint with an adapter per agent resumes only with the same adapters, and one without only
+    without them."""
+    if not saved and not current:
+        return
+    if not saved:
+        raise ValueError(f"the checkpoint has no adapter per agent; resume it without --adapters {','.join(current)}")
+    if set(saved) != set(current):
+        raise ValueError(
+            f"the checkpoint holds the adapters {','.join(saved)}; resume it with --adapters {','.join(saved)}"
+        )

@@ -10,6 +10,7 @@
       checkpoints/step-00000020/
         model/                  HF safetensors + config + tokenizer: loadable by transformers
         adapter/                with --lora-rank: the LoRA adapter in peft's format (vLLM loads it too)
+        adapters/NAME/          with an adapter per agent: each adapter so (model/ holds the base)
         trainer.pt              optimizer state (by parameter name), learner step, RNG (and the adapter)
         state.json              policy version, log position, buffered trajectories, counts
 
@@ -264,6 +265,12 @@ class StateDir:
 
                 spec = LoraSpec(**trainer_state["lora"])
                 write_adapter(tmp / "adapter", trainer_state["adapter"], spec, str(source_model))
+            if "adapters" in trainer_state:  # an adapter per agent: each alone, as peft and vLLM load it
+                from agentjet_server.engine.adapter import LoraSpec, write_adapter
+
+                spec = LoraSpec(**trainer_state["lora"])
+                for name, tensors in trainer_state["adapters"].items():
+                    write_adapter(tmp / "adapters" / name, tensors, spec, str(source_model), name=name)
             rest = {k: v for k, v in trainer_state.items() if k != "weights"}
             torch.save(rest, tmp / "trainer.pt")
             meta.created = time.time()
