@@ -1,8 +1,11 @@
 """Two learner steps on a fixed batch, run under torchrun; rank 0 saves the weights.
 
     torchrun --nproc_per_node 2 tests/server/learner/dist_step.py --model DIR --out W.safetensors [--resume-at 1]
+    torchrun ... dist_step.py --model DIR --runs '[["A.safetensors", ["--algorithm", "ppo"]], ...]'
 
-Used by test_distributed.py to compare a sharded step with a single-process one.
+Used by test_distributed.py to compare a sharded step with a single-process one. ``--runs`` runs several
+settings one after the other in one launch (one process group; each run starts from the same seed and a
+fresh model), which saves a launch (and the imports) per setting.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def fixed_groups(model: torch.nn.Module, groups: int, size: int, seed: int = 0) 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--runs", help="JSON: [[out, [arguments...]], ...], each a run of its own")
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2)
@@ -73,6 +77,21 @@ def main() -> None:
     parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
     ctx = distributed.init_from_env(args.device)
+    if args.runs:
+        runs = [
+            parser.parse_args(["--model", args.model, "--out", out, *extra]) for out, extra in json.loads(args.runs)
+        ]
+    else:
+        runs = [args]
+    reports = [run(ctx, one) for one in runs]
+    if ctx.is_main:
+        print(json.dumps({"world_size": ctx.world_size, "runs": reports}), flush=True)
+    distributed.shutdown(ctx)
+
+
+def run(ctx: distributed.DistContext, args: argparse.Namespace) -> list[dict[str, float]]:
+    """One setting's steps from seed 0 and a fresh model; rank 0 saves the weights and gradients to
+    ``args.out``; the steps' figures."""
     torch.manual_seed(0)
     if ctx.device == "cpu":
         torch.use_deterministic_algorithms(True)
@@ -116,9 +135,8 @@ def main() -> None:
         grads["grad." + name] = grad.detach().cpu().clone()
     if ctx.is_main:
         save_file({k: v.contiguous() for k, v in {**weights, **grads}.items()}, args.out)
-        print(json.dumps({"world_size": ctx.world_size, "stats": stats}), flush=True)
     del learner, model, weights, grads, batches  # nothing refers to the process group any more
-    distributed.shutdown(ctx)
+    return stats
 
 
 if __name__ == "__main__":

@@ -18,14 +18,48 @@ from agentjet_server.learner.packing import pack
 SCRIPT = Path(__file__).with_name("dist_step.py")
 
 
-def run_steps(model_dir: Path, out: Path, nproc: int, *extra: str) -> dict:
+def launch(model_dir: Path, nproc: int, runs: list[tuple[Path, list[str]]]) -> dict[Path, list[dict]]:  # type: ignore[type-arg]
+    """Every run in one torchrun launch of ``nproc`` processes; each run's step figures by its output file."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    cmd += [str(SCRIPT), "--model", str(model_dir), "--out", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    cmd += [str(SCRIPT), "--model", str(model_dir), "--runs", json.dumps([[str(out), extra] for out, extra in runs])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["world_size"] == nproc
-    return report
+    assert report["world_size"] == nproc and len(report["runs"]) == len(runs)
+    return {out: stats for (out, _), stats in zip(runs, report["runs"], strict=True)}
+
+
+CASES = [
+    (["--off-policy", "none"], 1e-5),
+    # uneven micro-batch counts (idle passes) and the entropy term; see the note below on AdamW
+    (["--micro-batch-tokens", "60", "--entropy-coef", "0.01", "--steps", "1"], 1e-4),
+    # the default objective: step 2's batch is stale, so the proximal pass and importance weights run
+    (["--off-policy", "decoupled"], 1e-4),
+    # PPO: the critic (compared as critic.*), GAE and whitening across ranks, idle passes; many
+    # micro-batches, so AdamW amplifies summation order as noted below (3.5e-5 measured on weights)
+    (["--algorithm", "ppo", "--micro-batch-tokens", "60"], 1e-4),
+    # the KL penalty against a frozen reference on every rank, truncated IS, two optimizer steps per batch
+    (["--kl-coef", "0.1", "--off-policy", "tis", "--mini-batches", "2"], 1e-4),
+    # FSDP2 CPU offload on both sides (alone: a process group of one), dense trees as when sharded;
+    # the default objective, so its 1e-4 (1.06e-5 measured)
+    (["--cpu-offload", "--tree-attention", "dense"], 1e-4),
+]
+ROUND_TRIPS = [[], ["--algorithm", "ppo"]]
+
+
+@pytest.fixture(scope="module")
+def launched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[Path, list[dict]]]:  # type: ignore[type-arg]
+    """Every setting below, single-process in one launch and over 2 ranks in another (a launch and its
+    imports cost more than a setting's steps)."""
+    out = tmp_path_factory.mktemp("dist")
+    single = [(out / f"one-{i}.safetensors", extra) for i, (extra, _) in enumerate(CASES)]
+    double = [(out / f"two-{i}.safetensors", extra) for i, (extra, _) in enumerate(CASES)]
+    for j, extra in enumerate(ROUND_TRIPS):
+        double += [
+            (out / f"straight-{j}.safetensors", extra),
+            (out / f"resumed-{j}.safetensors", ["--resume-at", "1", *extra]),
+        ]
+    return out, {**launch(model_dir, 1, single), **launch(model_dir, 2, double)}
 
 
 def test_partition_balances_tokens_and_keeps_every_micro_batch():
@@ -38,25 +72,8 @@ def test_partition_balances_tokens_and_keeps_every_micro_batch():
     assert partition(packed[:1], 3, lambda p: p.size)[1:] == [[], []]  # fewer micro-batches than ranks
 
 
-@pytest.mark.parametrize(
-    ("extra", "weight_tol"),
-    [
-        (["--off-policy", "none"], 1e-5),
-        # uneven micro-batch counts (idle passes) and the entropy term; see the note below on AdamW
-        (["--micro-batch-tokens", "60", "--entropy-coef", "0.01", "--steps", "1"], 1e-4),
-        # the default objective: step 2's batch is stale, so the proximal pass and importance weights run
-        (["--off-policy", "decoupled"], 1e-4),
-        # PPO: the critic (compared as critic.*), GAE and whitening across ranks, idle passes; many
-        # micro-batches, so AdamW amplifies summation order as noted below (3.5e-5 measured on weights)
-        (["--algorithm", "ppo", "--micro-batch-tokens", "60"], 1e-4),
-        # the KL penalty against a frozen reference on every rank, truncated IS, two optimizer steps per batch
-        (["--kl-coef", "0.1", "--off-policy", "tis", "--mini-batches", "2"], 1e-4),
-        # FSDP2 CPU offload on both sides (alone: a process group of one), dense trees as when sharded;
-        # the default objective, so its 1e-4 (1.06e-5 measured)
-        (["--cpu-offload", "--tree-attention", "dense"], 1e-4),
-    ],
-)
-def test_two_process_fsdp_step_equals_single_process(model_dir, tmp_path, extra, weight_tol):
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_two_process_fsdp_step_equals_single_process(model_dir, launched, case):
     """Same batch, same seed: FSDP2 over 2 gloo ranks vs 1 process.
 
     Gradients agree to float32 summation order (1e-6). Weights agree within 1e-5 on the plain
@@ -66,9 +83,10 @@ def test_two_process_fsdp_step_equals_single_process(model_dir, tmp_path, extra,
     second step of the decoupled objective weights each token by pi_prox / pi_behaviour, which moves
     more of those tiny-gradient entries (2.8e-5 measured), so it is held to 1e-4 as well.
     """
-    one = run_steps(model_dir, tmp_path / "one.safetensors", 1, *extra)
-    two = run_steps(model_dir, tmp_path / "two.safetensors", 2, *extra)
-    a, b = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
+    extra, weight_tol = CASES[case]
+    out, reports = launched
+    one, two = reports[out / f"one-{case}.safetensors"], reports[out / f"two-{case}.safetensors"]
+    a, b = load_file(out / f"one-{case}.safetensors"), load_file(out / f"two-{case}.safetensors")
     assert a.keys() == b.keys() and len(a) > 20
     grads = [k for k in a if k.startswith("grad.")]
     worst_grad = max(float((a[k] - b[k]).abs().max()) for k in grads)
@@ -88,7 +106,7 @@ def test_two_process_fsdp_step_equals_single_process(model_dir, tmp_path, extra,
     assert (
         max(float((a[k] - before[k]).abs().max()) for k in weights if k in before) > 1e-4
     )  # the steps did move the weights
-    for s1, s2 in zip(one["stats"], two["stats"], strict=True):
+    for s1, s2 in zip(one, two, strict=True):
         assert s1["loss"] == pytest.approx(s2["loss"], rel=1e-5, abs=1e-7)
         assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-5)
 
@@ -111,13 +129,12 @@ def test_small_micro_batches_make_ranks_pad_with_idle_passes(model_dir):
     assert any(len(set(c)) > 1 for c in counts), counts
 
 
-@pytest.mark.parametrize("extra", [[], ["--algorithm", "ppo"]])
-def test_sharded_training_state_round_trips_exactly(model_dir, tmp_path, extra):
+@pytest.mark.parametrize("trip", range(len(ROUND_TRIPS)))
+def test_sharded_training_state_round_trips_exactly(launched, trip):
     """2 ranks: gather the full training state after step 1, load it into a new sharded learner
     (weights, critic and optimizer broadcast from rank 0), take step 2: same weights as never stopping."""
-    run_steps(model_dir, tmp_path / "straight.safetensors", 2, *extra)
-    run_steps(model_dir, tmp_path / "resumed.safetensors", 2, "--resume-at", "1", *extra)
-    a, b = load_file(tmp_path / "straight.safetensors"), load_file(tmp_path / "resumed.safetensors")
+    extra, (out, _) = ROUND_TRIPS[trip], launched
+    a, b = load_file(out / f"straight-{trip}.safetensors"), load_file(out / f"resumed-{trip}.safetensors")
     weights = [k for k in a if not k.startswith("grad.")]
     if "ppo" in extra:
         assert {"critic.weight", "critic.bias"} <= set(weights)
