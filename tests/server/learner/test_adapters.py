@@ -6,12 +6,16 @@ import pytest
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec, write_adapter
-from agentjet_server.learner.adapters import activate, adapter_names, adapter_parameters, adapter_tensors
+from agentjet_server.learner.adapters import activate, adapter_names, adapter_tensors
 from agentjet_server.learner.batch import Batch, Sequence
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 SPEC = LoraSpec(rank=4, alpha=8.0)
 IDS = torch.tensor([[1, 5, 9, 40, 77, 3, 12, 30, 31, 2]])
+
+
+def adapter_parameters(model, name):
+    return [p for n, p in model.named_parameters() if f".lora_A.{name}." in n or f".lora_B.{name}." in n]
 
 
 def _model(model_dir):

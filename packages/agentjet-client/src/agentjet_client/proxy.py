@@ -31,7 +31,8 @@ from agentjet_client.capture import EpisodeRecorder, SSECollector, api_of, chat_
 
 logger = logging.getLogger(__name__)
 
-_HOP_HEADERS = {
+# headers of one hop, not passed on (the client sets its own length, encoding and key)
+HOP_HEADERS = {
     "host",
     "content-length",
     "connection",
@@ -141,7 +142,7 @@ class CaptureProxy:
         if recorder is None and episode is not None:
             return _error(404, f"episode '{episode}' is not open in this client; use the base_url of a live episode")
         body = await request.body()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
         elif "authorization" in request.headers:
@@ -161,9 +162,7 @@ class CaptureProxy:
             upstream = await self._http().send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
             return _error(502, f"could not reach the AgentJet server of agent '{agent}' at {server}: {exc}")
-        out_headers = {
-            k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS | {"content-encoding"}
-        }
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
         if "text/event-stream" in upstream.headers.get("content-type", "") and upstream.status_code == 200:
             relay = (
                 self._relay(upstream, agent, recorder, chat, started, api)

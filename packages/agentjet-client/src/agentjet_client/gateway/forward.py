@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from agentjet_client.capture import SSECollector, api_of, chat_form, parse_request_body, with_claim
 from agentjet_client.gateway.sessions import LiveSession, SessionBook, prompt_key
+from agentjet_client.proxy import HOP_HEADERS
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +40,7 @@ SESSION_ID_HEADER = "x-agentjet-session-id"
 GROUP_HEADER = "x-agentjet-group"
 TRAIN_HEADER = "x-agentjet-train"
 AGENT_HEADER = "x-agentjet-agent"
-_HOP = {
-    "host",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "authorization",
-    "accept-encoding",
-    "date",
-    "server",
-}
+_HOP = HOP_HEADERS | {"date", "server"}  # and the upstream server's own response headers
 _YES, _NO = {"1", "yes", "true", "on"}, {"0", "no", "false", "off"}
 TEXT_FIELDS = ("messages", "input", "prompt", "system", "instructions")
 

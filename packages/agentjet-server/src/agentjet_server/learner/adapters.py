@@ -69,10 +69,6 @@ def activate(model: torch.nn.Module, name: str | None, names: Sequence[str] | No
         param.requires_grad_(adapter == name)
 
 
-def adapter_parameters(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
-    return [p for n, p in model.named_parameters() if adapter_of(n) == name]
-
-
 def adapter_tensors(state: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
     """Adapter ``name``'s tensors of a state dict (peft's names, with the adapter's name in them)."""
     return {n: t for n, t in state.items() if adapter_of(n) == name}
