@@ -46,7 +46,7 @@ SERVER_LAYERS = [
     "ingest",
     "batching",
     "engine",
-    "connections | settings | errors",
+    "connections | settings | errors | versions",
 ]
 MAX_CLASS = 250
 MAX_CREATE_APP = 60

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec, write_adapter
-from agentjet_server.learner.adapters import activate, adapter_names, adapter_tensors
+from agentjet_server.engine.lora_layers import activate, adapter_names, adapter_tensors
 from agentjet_server.learner.batch import Batch, Sequence
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
-from agentjet_server.learner.lora import adapter_state, attach, merged
+from agentjet_server.engine.lora_layers import attach
+from agentjet_server.learner.lora import adapter_state, merged
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 from agentjet_server.settings import ServerSettings
 

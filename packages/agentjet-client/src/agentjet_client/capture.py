@@ -39,6 +39,21 @@ API_PATHS = (
 )
 
 
+# what a turn copies of the server's extension, as it came: the tokens, their log-probs and versions, the
+# signature over them, and how (processed distribution) and by what (adapter) they were sampled
+SAMPLED = (
+    "policy_version",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+    "completion_versions",
+    "finish_reason",
+    "signature",
+    "sampled_from",
+    "adapter",
+)
+
+
 class EpisodeRecorder:
     """Thread-safe list of one episode's turns, in the order their responses completed."""
 
@@ -162,17 +177,10 @@ class EpisodeRecorder:
             agent=agent,
             model=model,
             requested_model=asked[:256] if isinstance(asked, str) and asked != model else None,
-            policy_version=ext.policy_version,
             request_messages=list(request.get("messages") or []),
-            prompt_token_ids=ext.prompt_token_ids,
-            completion_token_ids=ext.completion_token_ids,
-            completion_logprobs=ext.completion_logprobs,
-            completion_versions=ext.completion_versions,
-            finish_reason=ext.finish_reason,
-            signature=ext.signature,
-            sampled_from=ext.sampled_from,
             started_at=started,
             latency_s=max(0.0, time.time() - started),
+            **{name: getattr(ext, name) for name in SAMPLED},
         )
         with self._lock:
             self._turns.append(turn)

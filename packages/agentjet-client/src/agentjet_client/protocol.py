@@ -417,6 +417,9 @@ class AgentJetExtension(_Open):
     # "processed": sampled from the model's distribution as the request's settings changed it (logit_bias,
     # penalties, ...); completion_logprobs are then that distribution's: copy it into the Turn
     sampled_from: Literal["processed"] | None = None
+    # the LoRA adapter that sampled it (a server with an adapter per agent): its versions are that adapter's
+    # own count; copy it into the Turn
+    adapter: str | None = None
 
 
 class Choice(_Open):
@@ -601,6 +604,12 @@ class Turn(_Strict):
         default=None,
         description="the choice's agentjet.sampled_from: 'processed' when the request's sampling settings changed "
         "the model's distribution; completion_logprobs are then that distribution's (the behaviour policy)",
+    )
+    adapter: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the choice's agentjet.adapter: the adapter that sampled it on a server with an adapter per "
+        "agent; its policy versions count that adapter's updates",
     )
 
     @field_validator("prompt_token_ids", "completion_token_ids", mode="before")
@@ -862,6 +871,9 @@ class ServerStatus(_Strict):
     )
     serve_only: bool = Field(default=False, description="started with --serve-only: serves, never trains")
     tasks: list[TaskRate] = Field(default_factory=list, description="per task, the most recently trained first")
+    adapters: dict[str, int] = Field(
+        default_factory=dict, description="an adapter per agent (--adapters): each adapter's own policy version"
+    )
 
     def budget_for(self, tag: str | None) -> int:
         """Episodes of task ``tag`` a runner may start now: the tag's own budget under ``--mix``,

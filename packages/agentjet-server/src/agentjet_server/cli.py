@@ -388,6 +388,10 @@ def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> 
         if adapters:
             options["lora"] = learner_config(settings).lora
             options["version"] = 0
+        if settings.adapter_names():  # an adapter per agent: the base, and the runtime gives each its weights
+            options["lora"] = learner_config(settings).lora
+            options["adapters"] = settings.adapter_names()
+            adapters = True
         # the engine starts from the checkpoint's weights (HF format) when resuming
         engine_path = checkpoint.model_dir if checkpoint and not adapters else path
         if checkpoint:

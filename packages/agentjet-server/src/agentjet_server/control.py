@@ -74,6 +74,7 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
             if settings.lora_rank
             else None
         ),
+        adapters=settings.adapter_names(),
     )
 
 

@@ -200,6 +200,7 @@ class SwarmRuntime:
             self.buffer,
             engine,
             version=resumed.meta.version if resumed else engine.version,
+            adapter_versions=resumed.meta.adapter_versions if resumed else None,
             on_trained=self.store.mark_trained,
             on_version=self.store.record_version,
             save=self._save_checkpoint if self.recovery is not None else None,
@@ -273,7 +274,7 @@ class SwarmRuntime:
     def ingest(self, batch: TrajectoryBatch) -> TrajectoryBatchResult:
         if self.settings.serve_only:  # the API refuses the push first; this guards other callers
             raise ConflictError("this server runs with --serve-only and trains nothing")
-        results = self.store.admit_batch(batch.trajectories, self.version)
+        results = self.store.admit_batch(batch.trajectories, self.loop.served)
         now = time.time()
         for trajectory, result in zip(batch.trajectories, results, strict=True):
             if result.status == "accepted":
@@ -299,6 +300,7 @@ class SwarmRuntime:
             tool_calls=self.telemetry.tool_calls.status(),
             serve_only=self.settings.serve_only,
             tasks=self.telemetry.tasks.status(),
+            adapters=self.loop.served.as_dict(),
         )
 
     def close(self, checkpoint: bool = True) -> None:
@@ -355,7 +357,13 @@ def create_runtime(
         checkpoint = state.resumed
         trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
         learner = None if settings.serve_only else build_learner(settings, model_path, ctx, resume_from=trainer_state)
-        if checkpoint is not None and engine.version != checkpoint.meta.version:
+        if checkpoint is not None and engine.adapters:
+            # an adapter per agent: the engine holds the base; each adapter's weights at its own version
+            assert trainer_state is not None
+            counts = checkpoint.meta.adapter_versions
+            for name, tensors in trainer_state["adapters"].items():
+                engine.update_named_adapter(name, tensors, counts.get(name, 0))
+        elif checkpoint is not None and engine.version != checkpoint.meta.version:
             # an engine built from the original model: give it the checkpoint's weights and version
             assert trainer_state is not None
             if engine.serves_adapters:  # the base model, and the trained adapter

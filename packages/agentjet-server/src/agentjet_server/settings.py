@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -301,6 +302,11 @@ class LearnerOptions(OptionGroup):
     lora_targets: str = setting(
         "all-linear", "LoRA: layers that get adapters: all-linear, or module names (q_proj,v_proj)"
     )
+    adapters: str | None = setting(
+        None,
+        "an adapter per agent on one frozen base (with --lora-rank): names, e.g. planner,executor; a call is "
+        "sampled with the adapter its model or agent names, and each adapter trains on its own turns alone",
+    )
     micro_batch_tokens: int = setting(8192, "tokens per learner micro-batch (activation memory grows with it)", ge=64)
     memory_budget_gb: float | None = setting(
         None, "plan for this many GiB per device instead of the device's total memory", gt=0
@@ -422,6 +428,7 @@ class ServerSettings(
             self.lora_alpha is not None or self.lora_dropout or self.lora_targets != "all-linear"
         ):
             raise ValueError("--lora-alpha, --lora-dropout and --lora-targets shape an adapter: add --lora-rank R")
+        self._check_adapters()
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
             raise ValueError("--tensor-parallel-size splits a model over devices with vLLM: it needs --engine vllm")
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
@@ -433,6 +440,33 @@ class ServerSettings(
                 "--api-key KEY), or pass --insecure to serve without one"
             )
         return self
+
+    def adapter_names(self) -> tuple[str, ...]:
+        """``--adapters`` as names (none without it)."""
+        return tuple(n.strip() for n in (self.adapters or "").split(",") if n.strip())
+
+    def _check_adapters(self) -> None:
+        names = self.adapter_names()
+        if not names:
+            if self.adapters is not None:
+                raise ValueError("--adapters names no adapter: give names, e.g. --adapters planner,executor")
+            return
+        if self.lora_rank == 0:
+            raise ValueError("--adapters puts one LoRA adapter per agent on the frozen model: add --lora-rank R")
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", n) or n == "default"]
+        if bad or len(set(names)) != len(names):
+            raise ValueError(
+                f"--adapters {self.adapters}: names must be distinct agent names (letters, digits, '_', '.', '-'), "
+                f"not 'default' ('default' is the one adapter of --lora-rank alone)"
+            )
+        refused = {
+            "--engine vllm (serves one adapter so far)": self.engine == "vllm",
+            f"--engine-replicas {self.engine_replicas}": self.engine_replicas > 1,
+            "--algorithm ppo (a value head per adapter)": self.algorithm == "ppo",
+        }
+        for what, on in refused.items():
+            if on:
+                raise ValueError(f"--adapters runs on one transformers engine with GRPO for now, not with {what}")
 
     @property
     def engine_device(self) -> str:

@@ -44,8 +44,9 @@ def check_model(request: Request, body: ChatCompletionRequest | CompletionReques
     # a call that comes through an AgentJet client's capture (it carries the ``agentjet``
     # extension) was routed here for its agent: agent code written for another model name
     # (``gpt-4o-mini``) trains unchanged, and its turn records both names
-    served = runtime_of(request).engine.model_name
-    if body.agentjet is None and body.model not in (None, "", served, "default"):
+    engine = runtime_of(request).engine
+    served = engine.model_name
+    if body.agentjet is None and body.model not in (None, "", served, "default", *engine.adapters):
         raise InvalidRequestError(
             f"model '{body.model}' is not served here; this server serves '{served}' (see GET /v1/models)",
             param="model",
@@ -99,8 +100,8 @@ async def whole(request: Request, body: ChatCompletionRequest, shape: Callable[[
 async def models(request: Request) -> Response:
     authorize(request)
     rt = runtime_of(request)
-    card = ModelCard(id=rt.engine.model_name, created=int(rt.started))
-    return JSONResponse(ModelList(data=[card]).model_dump())
+    cards = [ModelCard(id=name, created=int(rt.started)) for name in (rt.engine.model_name, *rt.engine.adapters)]
+    return JSONResponse(ModelList(data=cards).model_dump())
 
 
 async def chat_completions(request: Request) -> Response:

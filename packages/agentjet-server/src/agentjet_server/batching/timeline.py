@@ -10,8 +10,9 @@ compacted or retried, re-tokenised text that drifted, another conversation) the 
 timeline. Tokens are compared, never text, so every trained token is the token that was sampled,
 at the position and after exactly the context it was sampled with.
 
-Agents keep separate timelines. Sharing between timelines (GRPO siblings' prompt, agents' common
-system prompt) is the packer's job (``learner.packing``), not merging's.
+Agents keep separate timelines, and so do adapters (a model name may pick another agent's
+adapter). Sharing between timelines (GRPO siblings' prompt, agents' common system prompt) is the
+packer's job (``learner.packing``), not merging's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Timeline:
     """One agent's merged calls: ``tokens``, and which of them were sampled (trained)."""
 
     agent: str
+    adapter: str | None = None  # the adapter that sampled its calls (an adapter per agent), trained with them
     tokens: list[int] = field(default_factory=list)
     trained: list[int] = field(default_factory=list)  # positions in ``tokens`` of sampled tokens
     old_logprobs: list[float] = field(default_factory=list)  # behaviour log-prob of each trained token
@@ -46,11 +48,11 @@ def build_timelines(turns: Sequence[Turn]) -> list[Timeline]:
     timelines: list[Timeline] = []
     for index, turn in enumerate(turns):
         prompt = turn.prompt_token_ids
-        candidates = [t for t in timelines if t.agent == turn.agent and t.extends(prompt)]
+        candidates = [t for t in timelines if (t.agent, t.adapter) == (turn.agent, turn.adapter) and t.extends(prompt)]
         if candidates:
             timeline = max(candidates, key=lambda t: len(t.tokens))
         else:
-            timeline = Timeline(turn.agent)
+            timeline = Timeline(turn.agent, turn.adapter)
             timelines.append(timeline)
         timeline.tokens.extend(prompt[len(timeline.tokens) :])
         start = len(timeline.tokens)

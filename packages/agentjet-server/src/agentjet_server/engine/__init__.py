@@ -36,9 +36,13 @@ def create_engine(
     tensor_parallel_size: int = 1,
     lora: LoraSpec | None = None,
     sleep_mode: bool = False,
+    adapters: tuple[str, ...] = (),
+    adapter_versions: tuple[tuple[str, int], ...] = (),
 ) -> Engine:
     """The engine ``agentjet-server up --engine KIND`` serves with. ``lora``: vLLM serves the LoRA
-    adapter the learner trains (the transformers engine always takes merged weights)."""
+    adapter the learner trains (the transformers engine takes merged weights); with ``adapters`` (an
+    adapter per agent, each at its version in ``adapter_versions``), the transformers engine serves them
+    all on one frozen base, each adapter of ``lora``."""
     options = EngineOptions(
         model_name=model_name,
         device=device,
@@ -46,6 +50,9 @@ def create_engine(
         max_batch=max_batch,
         version=version,
         chat_template=chat_template,
+        adapters=adapters,
+        lora=lora if adapters else None,
+        adapter_versions=adapter_versions,
     )
     if kind == "vllm":
         from agentjet_server.engine.vllm import VLLMEngine

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 
+from agentjet_server.engine.adapter import LoraSpec
 from agentjet_server.engine.tokens import ChatTokenizer, Messages, ToolSpecs, check_model_dir
 
 FinishReason = Literal["stop", "length"]
@@ -51,6 +52,7 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     grammar: tuple[str, str] | None = None  # response_format: ("json_object", "") or ("json_schema", schema)
+    adapter: str | None = None  # an adapter per agent (``Engine.adapters``): the one this request samples with
 
     @property
     def processed(self) -> bool:
@@ -104,6 +106,11 @@ class EngineOptions:
     max_batch: int = 64  # requests sampled together
     version: int = 0  # the policy version of the weights it starts from
     chat_template: str | None = None  # Jinja source in place of the tokenizer's own
+    # an adapter per agent (``--adapters``, with the LoRA ``lora``): one adapter per name on the frozen
+    # base, each starting at the version in ``adapter_versions`` (0 if not there)
+    adapters: tuple[str, ...] = ()
+    lora: LoraSpec | None = None
+    adapter_versions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -200,6 +207,21 @@ class Engine(abc.ABC):
     def update_adapter(self, adapter: Mapping[str, torch.Tensor], version: int) -> None:
         """Load a new LoRA adapter at ``version`` (only where ``serves_adapters``)."""
         raise NotImplementedError(f"{type(self).__name__} serves merged weights, not adapters")
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """An adapter per agent: the adapters it serves on its frozen base, each with its own version; a
+        request names one in ``SamplingParams.adapter``. None for an engine that serves one model."""
+        return ()
+
+    def adapter_version(self, name: str) -> int:
+        """The version of adapter ``name``'s weights that new tokens of its requests are sampled from."""
+        raise ValueError(f"{type(self).__name__} serves no adapter per agent (asked for {name!r})")
+
+    def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new weights of adapter ``name`` (an adapter per agent) at its own ``version``; the other
+        adapters and the base stay as they are. Returns once they are live."""
+        raise NotImplementedError(f"{type(self).__name__} serves no adapter per agent")
 
     def replica_status(self) -> list[dict[str, Any]]:
         """One entry per engine replica (``--engine-replicas``) for ``/v1/status``; none for one engine."""

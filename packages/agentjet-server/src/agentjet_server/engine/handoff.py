@@ -64,6 +64,7 @@ class WeightUpdate:
     version: int
     applied: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    adapter: str | None = None  # an adapter per agent: the adapter these weights are (at its own version)
 
 
 class WeightSlot:
@@ -72,14 +73,27 @@ class WeightSlot:
         self._pending: WeightUpdate | None = None
 
     def offer(
-        self, state_dict: Mapping[str, torch.Tensor], version: int, wake: Callable[[], None], closed: threading.Event
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        version: int,
+        wake: Callable[[], None],
+        closed: threading.Event,
+        adapter: str | None = None,
     ) -> None:
-        """Leave weights for the engine thread and wait until they are live (or superseded)."""
-        update = WeightUpdate(state_dict, version)
-        with self._lock:
-            if self._pending is not None:
-                self._pending.applied.set()  # superseded: the newer weights win
-            self._pending = update
+        """Leave weights (of ``adapter``, with an adapter per agent) for the engine thread and wait until they
+        are live (or superseded by newer weights of the same adapter)."""
+        update = WeightUpdate(state_dict, version, adapter=adapter)
+        while True:
+            with self._lock:
+                pending = self._pending
+                if pending is None or pending.adapter == adapter:
+                    if pending is not None:
+                        pending.applied.set()  # superseded: the newer weights win
+                    self._pending = update
+                    break
+            wake()  # another adapter's weights wait: they go first
+            if not pending.applied.wait(0.5) and closed.is_set():
+                raise EngineError("the engine shut down before the weights were loaded")
         wake()
         while not update.applied.wait(0.5):
             if closed.is_set():

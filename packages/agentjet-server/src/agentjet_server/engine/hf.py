@@ -55,17 +55,31 @@ class TransformersEngine(Engine):
             self.model = model.to(options.device).eval()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"could not load model weights from {self.model_path}: {exc}") from exc
+        # an adapter per agent: peft's adapters on the frozen base (``self.model`` keeps the plain model's
+        # interface and names; ``forward`` is peft's wrapper, which runs each row with its own adapter)
+        self._adapters: dict[str, int] = {}
+        forward: Any = self.model
+        if options.adapters:
+            if options.lora is None:
+                raise ValueError("an adapter per agent needs the adapters' LoRA settings (--lora-rank)")
+            from agentjet_server.engine.lora_layers import attach_adapters
+
+            forward = attach_adapters(self.model, options.lora, options.adapters).eval()
+            forward.requires_grad_(False)
+            counts = dict(options.adapter_versions)
+            self._adapters = {name: counts.get(name, 0) for name in options.adapters}
         self.device = torch.device(options.device)
         self.max_batch = options.max_batch
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.continuous = continuous
         # the running batch, and its counters (prefills, prompts_run, forward_passes; prompts.hits)
         self.batches = BatchRunner(
-            self.model,
+            forward,
             self.device,
             Sampler(self.chat, self.max_context),
             continuous,
             prompt_cache=(self.max_batch, self.max_batch * PROMPT_CACHE_TOKENS),
+            adapters=bool(self._adapters),
         )
         self._grammars = Grammars(self.chat, int(self.model.config.vocab_size))
         self._requests: queue.Queue[Request | object] = queue.Queue()
@@ -79,6 +93,10 @@ class TransformersEngine(Engine):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
             raise EngineError("the engine is shut down")
+        if (params.adapter is not None or self._adapters) and params.adapter not in self._adapters:
+            raise EngineError(
+                f"no adapter {params.adapter!r} in this engine (it serves {', '.join(self._adapters) or 'no adapters'})"
+            )
         generator = torch.Generator()
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -98,7 +116,33 @@ class TransformersEngine(Engine):
                 yield event
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        if self._adapters:
+            raise EngineError("this engine serves an adapter per agent: update them with update_named_adapter")
         self._weights.offer(state_dict, version, lambda: self._requests.put(_WAKE), self._closed)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(self._adapters)
+
+    def adapter_version(self, name: str) -> int:
+        try:
+            return self._adapters[name]
+        except KeyError:
+            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._adapters) or 'none'})") from None
+
+    def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
+        if name not in self._adapters:
+            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._adapters) or 'none'})")
+        from agentjet_server.engine.lora_layers import adapter_of
+
+        own = {key for key, _ in self.model.named_parameters() if adapter_of(key) == name}
+        wrong, missing = sorted(set(adapter) - own), sorted(own - set(adapter))
+        if wrong or missing:
+            raise ValueError(
+                f"adapter {name!r}: tensors that are not its {wrong[:3]}, or of its own missing {missing[:3]}"
+            )
+        wake = lambda: self._requests.put(_WAKE)  # noqa: E731
+        self._weights.offer(adapter, version, wake, self._closed, adapter=name)
 
     @property
     def processed_settings(self) -> frozenset[str]:
@@ -131,12 +175,26 @@ class TransformersEngine(Engine):
             return
         try:
             with torch.no_grad():
-                self.model.load_state_dict(dict(update.state_dict), strict=True)
-            self._version = update.version
+                if update.adapter is None:
+                    self.model.load_state_dict(dict(update.state_dict), strict=True)
+                    self._version = update.version
+                else:  # one adapter's tensors, under the names the learner's model gives them
+                    self._load_adapter(update.state_dict)
+                    self._adapters[update.adapter] = update.version
         except Exception as exc:  # reported to the learner that asked for it
             update.error = exc
         finally:
             update.applied.set()
+
+    def _load_adapter(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """One adapter's tensors (checked by ``update_named_adapter``) into its parameters, in place."""
+        params = dict(self.model.named_parameters())
+        for key, tensor in tensors.items():
+            params[key].copy_(tensor)
+
+    def _versions(self) -> int | dict[str, int]:
+        """The versions rows are sampled from now: the model's, or with adapters each adapter's."""
+        return dict(self._adapters) if self._adapters else self._version
 
     def _take(self, room: int, wait: bool) -> list[Request]:
         """Up to ``room`` waiting requests; blocks briefly for the first one only when ``wait``."""
@@ -164,10 +222,10 @@ class TransformersEngine(Engine):
                 newcomers = self._take(room, wait=running is None)
             try:
                 if newcomers:
-                    joined = batches.prefill(newcomers, self._version)
+                    joined = batches.prefill(newcomers, self._versions())
                     running = batches.merge(running, joined) if running is not None else joined
                 if running is not None:
-                    running = batches.step(running, self._version)
+                    running = batches.step(running, self._versions())
             except Exception as exc:  # one bad batch must not kill serving
                 logger.exception("engine batch failed")
                 for request in (running.requests if running is not None else []) + newcomers:

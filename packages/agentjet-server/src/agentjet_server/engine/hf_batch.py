@@ -11,15 +11,15 @@ running batch to finish (``BatchRunner.merges``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from agentjet_server.engine.hf_prompts import Prefilled, PromptCache
-from agentjet_server.engine.hf_sampling import Request, Sampler
+from agentjet_server.engine.hf_prompts import Prefilled, PromptCache, PromptKey
+from agentjet_server.engine.hf_sampling import Request, Sampler, Versions
 
 
 def _roomy_layer_class() -> type:
@@ -82,11 +82,20 @@ class BatchRunner:
     ``sampler`` for each row's next token. Used by the engine thread alone."""
 
     def __init__(
-        self, model: Any, device: torch.device, sampler: Sampler, continuous: bool, prompt_cache: tuple[int, int]
+        self,
+        model: Any,
+        device: torch.device,
+        sampler: Sampler,
+        continuous: bool,
+        prompt_cache: tuple[int, int],
+        adapters: bool = False,
     ) -> None:
         """``continuous=False`` decodes in waves (newcomers wait for the running batch to end);
-        ``prompt_cache``: the most prompts and tokens the prompt cache keeps."""
+        ``prompt_cache``: the most prompts and tokens the prompt cache keeps; ``adapters``: ``model`` is
+        peft's wrapper with an adapter per agent, and each row is run with its request's adapter (peft's
+        mixed-adapter batches: ``adapter_names``, one per row)."""
         self.model = model
+        self.adapters = adapters
         self.device = device
         self.sampler = sampler
         self.continuous = continuous
@@ -97,7 +106,8 @@ class BatchRunner:
         self.largest_batch = 0
         self._roomy = _roomy_layer_class()
         # transformers renamed ``past_key_values`` to ``cache``; speak whichever this version knows
-        parameters = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if adapters else model  # peft's wrapper passes its arguments through
+        parameters = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
         # logits for the last position only (a prompt's others are never sampled from)
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
@@ -105,30 +115,31 @@ class BatchRunner:
         from transformers.cache_utils import DynamicLayer
 
         # only plain growing K/V can be padded, concatenated and cached; anything else decodes in waves
-        self._new_cache: Callable[[], Any] = lambda: DynamicCache(config=model.config)
+        self._new_cache: Callable[[], Any] = lambda: DynamicCache(config=base.config)
         self._plain = all(type(layer) is DynamicLayer for layer in self._new_cache().layers)
         self.prompts = PromptCache(max_entries=prompt_cache[0], max_tokens=prompt_cache[1])
         self._none = torch.zeros(0, dtype=torch.long)
 
-    def prefill(self, requests: list[Request], version: int) -> Batch | None:
+    def prefill(self, requests: list[Request], version: Versions) -> Batch | None:
         """Newcomers' first tokens: each distinct prompt not in the prompt cache is run once, together in one
         left-padded pass; the rest come from the cache."""
         self.merges = self.continuous and self._plain
         if not self._plain:
             cache = self._new_cache()
             ids, mask, positions = self._left_padded([r.prompt_ids for r in requests])
-            logits = self._forward(ids, mask, positions, cache, prompt=True)
+            logits = self._forward(ids, mask, positions, cache, prompt=True, adapters=self._adapters(requests))
             return self._sampled(Batch(requests, cache, mask, positions[:, -1:] + 1, self._none), logits, version)
         rows: list[Prefilled | None] = [None] * len(requests)
-        missing: dict[tuple[int, ...], list[int]] = {}
+        missing: dict[PromptKey, list[int]] = {}
+        weights: Hashable = version if isinstance(version, int) else tuple(sorted(version.items()))
         for i, request in enumerate(requests):
-            prompt = tuple(request.prompt_ids)
-            rows[i] = self.prompts.get(prompt, version)
+            prompt = (request.params.adapter, tuple(request.prompt_ids))
+            rows[i] = self.prompts.get(prompt, weights)
             if rows[i] is None:
                 missing.setdefault(prompt, []).append(i)
         if missing:
             for prompt, prefilled in zip(missing, self._run_prompts(list(missing)), strict=True):
-                self.prompts.put(prompt, version, prefilled)
+                self.prompts.put(prompt, weights, prefilled)
                 for i in missing[prompt]:
                     rows[i] = prefilled
         ready = [row for row in rows if row is not None]
@@ -147,11 +158,14 @@ class BatchRunner:
         logits = torch.stack([row.logits for row in ready])
         return self._sampled(Batch(requests, cache, mask, positions, self._none), logits, version)
 
-    def _run_prompts(self, prompts: list[tuple[int, ...]]) -> list[Prefilled]:
-        """One left-padded forward pass over ``prompts``: each one's K/V and next-token logits."""
+    def _run_prompts(self, keys: list[PromptKey]) -> list[Prefilled]:
+        """One left-padded forward pass over ``keys``' prompts (each with its adapter): each one's K/V and
+        next-token logits."""
+        prompts = [prompt for _, prompt in keys]
         ids, mask, positions = self._left_padded(prompts)
         cache = self._new_cache()
-        logits = self._forward(ids, mask, positions, cache, prompt=True)
+        adapters = [adapter or "" for adapter, _ in keys] if self.adapters else None
+        logits = self._forward(ids, mask, positions, cache, prompt=True, adapters=adapters)
         self.prompts_run += len(prompts)
         width = ids.shape[1]
         return [
@@ -174,10 +188,11 @@ class BatchRunner:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
-    def step(self, batch: Batch, version: int) -> Batch | None:
+    def step(self, batch: Batch, version: Versions) -> Batch | None:
         """One decode step for every running row."""
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.requests), 1))], dim=1)
-        logits = self._forward(batch.tokens.unsqueeze(1), batch.mask, batch.positions, batch.cache)
+        adapters = self._adapters(batch.requests)
+        logits = self._forward(batch.tokens.unsqueeze(1), batch.mask, batch.positions, batch.cache, adapters=adapters)
         batch.positions = batch.positions + 1
         return self._sampled(batch, logits, version)
 
@@ -205,11 +220,22 @@ class BatchRunner:
         running.requests = running.requests + joined.requests
         return running
 
+    def _adapters(self, requests: list[Request]) -> list[str] | None:
+        """Each row's adapter (an adapter per agent), else None."""
+        return [r.params.adapter or "" for r in requests] if self.adapters else None
+
     def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, prompt: bool = False
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        prompt: bool = False,
+        adapters: list[str] | None = None,
     ) -> torch.Tensor:
         self.forward_passes += 1
         self.prefills += prompt
+        by_row = {} if adapters is None else {"adapter_names": adapters}
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -217,11 +243,12 @@ class BatchRunner:
             use_cache=True,
             **{self._cache_kwarg: cache},
             **self._last_logits_only,
+            **by_row,
         )
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits
 
-    def _sampled(self, batch: Batch, logits: torch.Tensor, version: int) -> Batch | None:
+    def _sampled(self, batch: Batch, logits: torch.Tensor, version: Versions) -> Batch | None:
         """Sample each row's next token from ``logits``; the rows that finished leave the batch."""
         self.largest_batch = max(self.largest_batch, len(batch.requests))
         live = [not r.cancelled for r in batch.requests]

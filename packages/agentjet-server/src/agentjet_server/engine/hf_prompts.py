@@ -11,6 +11,7 @@ tokens (``PROMPT_CACHE_TOKENS`` per sequence of ``max_batch``), least recently u
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -31,18 +32,24 @@ class Prefilled:
         return int(self.keys[0].shape[2])
 
 
+# a prompt as the cache knows it: the adapter it is run with (an adapter per agent; None: the one model) and
+# its token ids
+PromptKey = tuple[str | None, tuple[int, ...]]
+
+
 class PromptCache:
-    """Prompts (as token ids) -> ``Prefilled``, for one version of the weights at a time."""
+    """Prompts (``PromptKey``) -> ``Prefilled``, for one version of the weights at a time (with an adapter
+    per agent, one set of the adapters' versions: any adapter's update empties it)."""
 
     def __init__(self, max_entries: int, max_tokens: int) -> None:
         self.max_entries = max_entries
         self.max_tokens = max_tokens
         self.hits = 0
-        self._version: int | None = None
-        self._entries: OrderedDict[tuple[int, ...], Prefilled] = OrderedDict()
+        self._version: Hashable = None
+        self._entries: OrderedDict[PromptKey, Prefilled] = OrderedDict()
         self._tokens = 0
 
-    def get(self, prompt: tuple[int, ...], version: int) -> Prefilled | None:
+    def get(self, prompt: PromptKey, version: Hashable) -> Prefilled | None:
         if version != self._version:
             self._reset(version)
             return None
@@ -52,7 +59,7 @@ class PromptCache:
             self.hits += 1
         return found
 
-    def put(self, prompt: tuple[int, ...], version: int, prefilled: Prefilled) -> None:
+    def put(self, prompt: PromptKey, version: Hashable, prefilled: Prefilled) -> None:
         if version != self._version:
             self._reset(version)
         if prefilled.width > self.max_tokens or prompt in self._entries:
@@ -66,7 +73,7 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _reset(self, version: int) -> None:
+    def _reset(self, version: Hashable) -> None:
         self._version = version
         self._entries.clear()
         self._tokens = 0

@@ -13,6 +13,7 @@ its request alone with a 500; the other rows sample on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,17 @@ class Request(TokenStream):
     generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)
     grammar: Grammar | None = None  # response_format's matcher
+
+
+# the version of the weights a batch samples from: one for every row, or per adapter (an adapter per agent)
+Versions = int | Mapping[str, int]
+
+
+def version_for(request: Request, versions: Versions) -> int:
+    """The version the tokens of ``request`` are sampled from."""
+    if isinstance(versions, int):
+        return versions
+    return versions[request.params.adapter or ""]
 
 
 PROCESSING = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p")
@@ -63,7 +75,7 @@ class Sampler:
         self.max_context = max_context
         self.tokens_sampled = 0
 
-    def sample(self, batch: list[Request], live: list[bool], logits: torch.Tensor, version: int) -> torch.Tensor:
+    def sample(self, batch: list[Request], live: list[bool], logits: torch.Tensor, version: Versions) -> torch.Tensor:
         """Each live row's next token (the pad token for the others); a row that finished, or whose caller
         went away, is marked dead in ``live``."""
         logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
@@ -76,7 +88,7 @@ class Sampler:
                 live[i] = False
                 continue
             try:
-                event = self._next(request, scores[i], logprobs[i], version)
+                event = self._next(request, scores[i], logprobs[i], version_for(request, version))
             except InvalidRequestError as exc:  # this row's settings: its request fails, no other
                 live[i] = False
                 request.push(exc)

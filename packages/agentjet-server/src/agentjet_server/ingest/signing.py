@@ -52,6 +52,7 @@ class Sample:
     finish_reason: str
     agent: str = DEFAULT_AGENT
     processed: bool = False  # sampled from a processed distribution: ``logprobs`` are its (the behaviour's)
+    adapter: str | None = None  # the adapter that sampled it (its versions are that adapter's)
 
     @classmethod
     def of(cls, turn: Turn) -> Sample:
@@ -63,6 +64,7 @@ class Sample:
             turn.finish_reason,
             turn.agent,
             turn.sampled_from == "processed",
+            turn.adapter,
         )
 
     def canonical(self) -> bytes:
@@ -78,6 +80,9 @@ class Sample:
             parts.append(struct.pack("<q", len(encoded)) + encoded)
         if self.processed:  # appended only then: the bytes of every other sample are as before
             parts.append(b"processed")
+        if self.adapter is not None:  # likewise: a server without adapters signs the bytes it always did
+            encoded = self.adapter.encode("utf-8", "surrogatepass")
+            parts.append(b"adapter" + struct.pack("<q", len(encoded)) + encoded)
         return b"".join(parts)
 
 

@@ -18,6 +18,7 @@ from agentjet_client.protocol import Trajectory, TrajectoryCounts, TrajectoryRes
 from agentjet_server.batching.buffer import footprint
 from agentjet_server.ingest.signing import SampleSigner
 from agentjet_server.ingest.wal import Accepted, Configured, Evaluated, Published, Record, Rejected, TrajectoryLog
+from agentjet_server.versions import PolicyVersions
 
 
 class TrajectoryStore:
@@ -58,6 +59,7 @@ class TrajectoryStore:
         # the highest policy version an earlier run of this server published: after a resume, a
         # trajectory sampled by it is not from the future, the learner is only catching up
         self.known_version = 0
+        self.known_adapters: dict[str, int] = {}  # the same, per adapter (an adapter per agent)
         if log is not None:
             scan = log.scan
             self._seen = set(scan.seen)
@@ -66,21 +68,36 @@ class TrajectoryStore:
             self.rejected = Counter(scan.rejected)
             self.next_lsn = scan.next_lsn
             self.known_version = scan.max_version
+            self.known_adapters = dict(scan.max_adapter_versions)
             self._signatures = set(scan.signatures)
 
-    def _problem(self, trajectory: Trajectory, version: int) -> tuple[str, str] | None:
+    def _problem(self, trajectory: Trajectory, versions: PolicyVersions) -> tuple[str, str] | None:
         """``(reason code, message)`` if the trajectory cannot be trained."""
-        oldest = trajectory.oldest_version
-        if oldest is not None and oldest > max(version, self.known_version):
-            return "future_version", (
-                f"a turn claims policy version {oldest} but the server is at {version}; "
-                "send versions exactly as the server returned them"
-            )
-        if oldest is not None and version - oldest > self.max_staleness and trajectory.purpose == "train":
+        for i, turn in enumerate(trajectory.turns):
+            if not versions.knows(turn.adapter):
+                named = f"was sampled by adapter {turn.adapter!r}" if turn.adapter else "names no adapter"
+                return "unknown_adapter", (
+                    f"turn {i} {named}, and this server trains "
+                    + (f"the adapters {', '.join(versions.adapters)}" if versions.adapters else "no adapters")
+                    + "; push turns exactly as captured from this server's responses"
+                )
+            served = versions.of(turn.adapter)
+            known = self.known_version if turn.adapter is None else self.known_adapters.get(turn.adapter, 0)
+            if turn.oldest_version > max(served, known):
+                whose = "policy version" if turn.adapter is None else f"version of adapter {turn.adapter!r}"
+                return "future_version", (
+                    f"a turn claims {whose} {turn.oldest_version} but the server is at {served}; "
+                    "send versions exactly as the server returned them"
+                )
+        lag = versions.lag(trajectory)
+        if lag is not None and lag > self.max_staleness and trajectory.purpose == "train":
+            if versions.adapters:
+                when = f"{lag} versions of its adapter ago"
+            else:
+                when = f"at policy version {trajectory.oldest_version}, the server is at {versions.current}"
             return "stale", (
-                f"stale: its oldest turn was sampled at policy version {oldest}, the server is at "
-                f"{version} and max_staleness is {self.max_staleness}; start fewer episodes ahead "
-                "of training (see admission_budget in /v1/status)"
+                f"stale: its oldest turn was sampled {when} and max_staleness is {self.max_staleness}; start fewer "
+                "episodes ahead of training (see admission_budget in /v1/status)"
             )
         for i, turn in enumerate(trajectory.turns):
             bad = [t for t in (*turn.prompt_token_ids, *turn.completion_token_ids) if t >= self.vocab_size]
@@ -124,8 +141,10 @@ class TrajectoryStore:
             seen.add(turn.signature)
         return None
 
-    def admit_batch(self, trajectories: list[Trajectory], version: int) -> list[TrajectoryResult]:
-        """Decide, log (fsync) and buffer a batch; the answers are durable when this returns."""
+    def admit_batch(self, trajectories: list[Trajectory], version: PolicyVersions | int) -> list[TrajectoryResult]:
+        """Decide, log (fsync) and buffer a batch, against the versions served now (an int: a server
+        without adapters at that version); the answers are durable when this returns."""
+        versions = PolicyVersions(version) if isinstance(version, int) else version
         unsampled = [self._not_sampled(t) for t in trajectories]  # hashing needs no lock: concurrent pushes overlap
         with self._lock:
             results: list[TrajectoryResult] = []
@@ -147,7 +166,7 @@ class TrajectoryStore:
                     continue
                 batch_ids.add(trajectory.id)
                 problem = (
-                    self._problem(trajectory, version)
+                    self._problem(trajectory, versions)
                     or not_sampled
                     or self._not_trainable_sample(trajectory, batch_signatures)
                 )
@@ -193,15 +212,19 @@ class TrajectoryStore:
                 self._absent(task_id)
         return results
 
-    def admit(self, trajectory: Trajectory, version: int) -> TrajectoryResult:
+    def admit(self, trajectory: Trajectory, version: PolicyVersions | int) -> TrajectoryResult:
         return self.admit_batch([trajectory], version)[0]
 
-    def record_version(self, version: int) -> None:
-        """Log that ``version`` is about to go live (before any trajectory can be sampled by it)."""
+    def record_version(self, versions: PolicyVersions | int) -> None:
+        """Log that ``versions`` are about to go live (before any trajectory can be sampled by them)."""
+        if isinstance(versions, int):
+            versions = PolicyVersions(versions)
         with self._lock:
             if self.log is not None:
-                self.log.append([Published(version)])
-            self.known_version = max(self.known_version, version)
+                self.log.append([Published(versions.current, versions.as_dict() or None)])
+            self.known_version = max(self.known_version, versions.current)
+            for name, count in versions.adapters.items():
+                self.known_adapters[name] = max(self.known_adapters.get(name, 0), count)
 
     def log_change(self, record: Configured) -> None:
         """Make an admin change durable (before it is applied or answered)."""

@@ -13,7 +13,8 @@ record per line, ``<crc32 hex> <json>``. The records (typed below, each with one
     {"k": "a", "n": lsn, "t": trajectory}        Accepted: buffered for training
     {"k": "r", "id": id, "why": reason}          Rejected
     {"k": "e", "t": trajectory}                  Evaluated: an evaluation episode, never trained
-    {"k": "v", "v": version}                     Published: a policy version about to go live
+    {"k": "v", "v": version, "a": {name: n}}     Published: a policy version about to go live ("a": the
+                                                 adapters' own versions it brings, with an adapter per agent)
     {"k": "c", "c": change, "live": {...}, "paused": bool}   Configured: an admin API change
 
 A crash can tear the last line of the last segment (it was never acknowledged, since its fsync
@@ -77,9 +78,11 @@ class Evaluated:
 
 @dataclass(frozen=True)
 class Published:
-    """A policy version the learner is about to publish."""
+    """A policy version the learner is about to publish; with an adapter per agent, the adapters' own
+    versions it brings (every adapter's, not only those that change)."""
 
     version: int
+    adapters: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,9 @@ def to_json(record: Record) -> dict[str, Any]:
     if isinstance(record, Evaluated):
         return {"k": EVALUATED, "t": record.trajectory}
     if isinstance(record, Published):
-        return {"k": VERSION, "v": record.version}
+        if record.adapters is None:
+            return {"k": VERSION, "v": record.version}
+        return {"k": VERSION, "v": record.version, "a": record.adapters}
     return {"k": CONFIGURED, "c": record.change, "live": record.live, "paused": record.paused}
 
 
@@ -133,7 +138,8 @@ def from_json(value: dict[str, Any]) -> Record | None:
         t = value["t"]
         return Evaluated(t["id"], _signatures(t), t)
     if kind == VERSION:
-        return Published(int(value["v"]))
+        adapters = value.get("a")
+        return Published(int(value["v"]), {str(k): int(v) for k, v in adapters.items()} if adapters else None)
     if kind == CONFIGURED:
         return Configured(value.get("c") or {}, value.get("live") or {}, bool(value.get("paused")))
     return None
@@ -237,6 +243,7 @@ class LogScan:
     rejected: dict[str, int] = field(default_factory=dict)
     next_lsn: int = 0
     max_version: int = 0
+    max_adapter_versions: dict[str, int] = field(default_factory=dict)
     trajectories: dict[int, dict[str, Any]] = field(default_factory=dict)
     torn_bytes: int = 0
     signatures: set[str] = field(default_factory=set)  # of every accepted turn: each is trained once
@@ -259,6 +266,8 @@ class LogScan:
             self.rejected[record.reason] = self.rejected.get(record.reason, 0) + 1
         elif isinstance(record, Published):
             self.max_version = max(self.max_version, record.version)
+            for name, count in (record.adapters or {}).items():
+                self.max_adapter_versions[name] = max(self.max_adapter_versions.get(name, 0), count)
         else:
             self.configured = record
 

@@ -22,6 +22,7 @@ from typing import Literal
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.timeline import Timeline, build_timelines, call_tokens
 from agentjet_server.learner.advantages import episode_advantages
+from agentjet_server.versions import PolicyVersions
 
 Algorithm = Literal["grpo", "ppo"]
 StalePolicy = Literal["drop", "downweight"]
@@ -42,6 +43,7 @@ class Sequence:
     rewards: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
     group: int = 0  # index of its GRPO group in the batch (PPO normalises advantages per group)
+    adapter: str | None = None  # with an adapter per agent: the adapter that sampled it, and that it trains
 
     def __post_init__(self) -> None:
         n = len(self.positions)
@@ -89,13 +91,26 @@ class Batch:
     def trained_tokens(self) -> int:
         return sum(s.trained_tokens for s in self.sequences)
 
+    def by_adapter(self, versions: PolicyVersions) -> dict[str, Batch]:
+        """With an adapter per agent: one batch per adapter that has sequences, each holding that
+        adapter's sequences alone, at that adapter's version (the episodes' figures stay with the whole)."""
+        parts: dict[str, Batch] = {}
+        for sequence in self.sequences:
+            if sequence.adapter is None:
+                raise ValueError("a sequence of this batch names no adapter, and the learner trains one per agent")
+            name = sequence.adapter
+            if name not in parts:
+                parts[name] = Batch([], self.rewards, self.groups, 0, 0, version=versions.of(name))
+            parts[name].sequences.append(sequence)
+        return parts
+
 
 def build_batch(
     groups: list[list[Trajectory]],
     keep_flat: bool = False,
     *,
     algorithm: Algorithm = "grpo",
-    version: int | None = None,
+    version: PolicyVersions | int | None = None,
     max_staleness: int | None = None,
     stale_policy: StalePolicy = "drop",
 ) -> Batch:
@@ -107,16 +122,20 @@ def build_batch(
     rewards are all equal has no policy-gradient signal and is counted as skipped; with
     ``keep_flat`` its sequences still come along (advantage 0) so that an entropy bonus can keep
     a prompt that the policy has collapsed on from staying collapsed.
+
+    ``version``: the versions the step updates (an int: a server without adapters at that version);
+    with adapters each turn's staleness is measured against its own adapter's version.
     """
     if algorithm not in ("grpo", "ppo"):
         raise ValueError(f"unknown algorithm {algorithm!r}: grpo or ppo")
-    batch = Batch([], [], len(groups), 0, 0, version=version)
-    check = version is not None and max_staleness is not None
+    versions = PolicyVersions(version) if isinstance(version, int) else version
+    batch = Batch([], [], len(groups), 0, 0, version=None if versions is None else versions.current)
+    check = versions is not None and max_staleness is not None
     for group_index, group in enumerate(groups):
         batch.trajectories += len(group)
         complete = [t for t in group if t.status == "complete" and t.turns]
         if check and stale_policy == "drop":
-            fresh = [t for t in complete if _lag(t, version) <= max_staleness]  # type: ignore[arg-type,operator]
+            fresh = [t for t in complete if _lag(t, versions) <= max_staleness]  # type: ignore[arg-type,operator]
             batch.stale += len(complete) - len(fresh)
             complete = fresh
         batch.rewards.extend(t.reward for t in complete)
@@ -136,7 +155,7 @@ def build_batch(
             batch.included.append(trajectory)
             for timeline in build_timelines(trajectory.turns):
                 advantage = per_agent.get(timeline.agent, per_agent[""])
-                weights = _stale_weights(timeline, version, max_staleness) if check else []
+                weights = _stale_weights(timeline, versions, max_staleness) if check else []
                 batch.downweighted += sum(1 for w in weights if w < 1.0)
                 batch.sequences.append(
                     Sequence(
@@ -150,19 +169,21 @@ def build_batch(
                         rewards=_token_rewards(trajectory, timeline) if algorithm == "ppo" else [],
                         weights=weights,
                         group=group_index,
+                        adapter=timeline.adapter,
                     )
                 )
     return batch
 
 
-def _lag(trajectory: Trajectory, version: int) -> int:
-    oldest = trajectory.oldest_version
-    return 0 if oldest is None else version - oldest
+def _lag(trajectory: Trajectory, versions: PolicyVersions) -> int:
+    lag = versions.lag(trajectory)
+    return 0 if lag is None else lag
 
 
-def _stale_weights(timeline: Timeline, version: int | None, bound: int | None) -> list[float]:
-    """1 for each token within the bound, halved for every version past it."""
-    assert version is not None and bound is not None
+def _stale_weights(timeline: Timeline, versions: PolicyVersions | None, bound: int | None) -> list[float]:
+    """1 for each token within the bound, halved for every version (of its adapter) past it."""
+    assert versions is not None and bound is not None
+    version = versions.of(timeline.adapter) if versions.knows(timeline.adapter) else versions.current
     return [0.5 ** max(0, version - v - bound) for v in timeline.versions]
 
 

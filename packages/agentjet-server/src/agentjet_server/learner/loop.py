@@ -30,7 +30,8 @@ from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.requests import Requests
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
-from agentjet_server.observe.metrics import StepRecord, TagFigures, batch_figures, step_record
+from agentjet_server.observe.metrics import BatchFigures, StepRecord, TagFigures, batch_figures, step_record
+from agentjet_server.versions import PolicyVersions
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,9 @@ class TrainingLoop:
         engine: Engine,
         *,
         version: int = 0,
+        adapter_versions: dict[str, int] | None = None,
         on_trained: Callable[[int], None] | None = None,
-        on_version: Callable[[int], None] | None = None,
+        on_version: Callable[[PolicyVersions], None] | None = None,
         save: Callable[[dict[str, Any]], Any] | None = None,
         checkpoint_every: int = 0,
         on_step: Callable[[StepRecord, Any], None] | None = None,
@@ -54,9 +56,10 @@ class TrainingLoop:
         self.learner = learner
         self.buffer = buffer
         self.engine = engine
-        # (policy version, learner step) of the weights served, replaced as one value: a reader never sees a
-        # step whose weights are not live yet (the learner counts a step before its weights are pushed)
-        self.live = (version, learner.steps if learner is not None else 0)
+        # (versions, learner step) of the weights served, replaced as one value: a reader never sees a step
+        # whose weights are not live yet (the learner counts a step before its weights are pushed)
+        names = learner.config.adapters if learner is not None else ()
+        self._live = (PolicyVersions.start(version, names, adapter_versions), learner.steps if learner else 0)
         self.last: StepStats | None = None
         self.skipped_batches = 0
         self.error: str | None = None
@@ -71,7 +74,7 @@ class TrainingLoop:
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
         self._save = save
-        self._on_step = on_step or (lambda record, lag: None)
+        self.on_step = on_step or (lambda record, lag: None)
         self.checkpoint_every = checkpoint_every
         # steered by the admin API, carried out by the learner thread between steps
         self.paused = False
@@ -80,6 +83,26 @@ class TrainingLoop:
         self._final_checkpoint = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentjet-learner", daemon=True)
+
+    @property
+    def live(self) -> tuple[int, int]:
+        """(policy version, learner step) of the weights served, read together."""
+        versions, step = self._live
+        return versions.current, step
+
+    @live.setter
+    def live(self, value: tuple[int, int]) -> None:
+        version, step = value
+        self._live = (PolicyVersions(version, self._live[0].adapters), step)
+
+    @property
+    def served(self) -> PolicyVersions:
+        """The versions served: the server's, and with an adapter per agent each adapter's."""
+        return self._live[0]
+
+    def publish(self, versions: PolicyVersions, step: int) -> None:
+        """New weights are live at ``versions`` after learner step ``step`` (replaced as one value)."""
+        self._live = (versions, step)
 
     @property
     def version(self) -> int:
@@ -166,11 +189,11 @@ class TrainingLoop:
                     last_sent = time.monotonic()
                 continue
             last_sent = time.monotonic()
-            if not self.log_version(self.version + 1):
-                self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
-                break
             try:
                 self.run_step(groups)
+            except _Stopping:
+                self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
+                break
             except Exception as exc:  # a failed step is logged and reported; serving goes on
                 logger.exception("learner step failed")
                 self.error = f"{type(exc).__name__}: {exc}"
@@ -187,14 +210,15 @@ class TrainingLoop:
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
 
-    def log_version(self, version: int) -> bool:
+    def log_version(self, version: PolicyVersions | int) -> bool:
         """Make ``version`` durable before the step that creates it (its tokens must never be
         sampled before the log knows it). While the state dir refuses, wait and retry: a step whose
         version can't be logged would be lost on a restart. False if asked to stop meanwhile."""
+        versions = version if isinstance(version, PolicyVersions) else PolicyVersions(version, self.served.adapters)
         delay, waited = 0.5, False
         while True:
             try:
-                self._on_version(version)
+                self._on_version(versions)
             except StateError as exc:
                 if not waited:
                     logger.error("learner waits for the state dir before step %d: %s", self.trainer.steps + 1, exc)
@@ -224,13 +248,16 @@ class TrainingLoop:
                 self.error = None
 
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
+        """Train one batch: one policy update, or with an adapter per agent one per adapter with turns in
+        it (each its own publish, with its own version). The stats of the last update (None: none)."""
         config = self.trainer.config
-        staleness: dict[str, Any] = {"version": self.version, "max_staleness": self.max_staleness}
+        served = self.served
+        staleness: dict[str, Any] = {"version": served, "max_staleness": self.max_staleness}
         staleness["stale_policy"] = self.stale_policy
         batch = build_batch(groups, keep_flat=config.entropy_coef > 0, algorithm=config.algorithm, **staleness)
         self.stale_at_training += batch.stale
         self.downweighted_tokens += batch.downweighted
-        self.tags.count(groups, self.version)
+        self.tags.count(groups, served)
         if batch.stale:
             logger.info("%d episodes aged past the staleness bound while they waited: not trained", batch.stale)
         if not batch.sequences:
@@ -239,40 +266,63 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
-        figures = batch_figures(groups, batch.included, self.version)
+        parts: dict[str | None, Batch] = {None: batch}
+        if config.adapters:
+            parts = {name: part for name, part in batch.by_adapter(served).items()}
+        last = served
+        for name in parts:
+            last = last.after_step([name] if name is not None else [])
+        # durable before any token can be sampled with them: the newest versions say every one before
+        if not self.log_version(last):
+            raise _Stopping
+        figures = batch_figures(groups, batch.included, served)
         self.trained_lag.update(figures.lag)
         batch.included = []  # the other ranks need the sequences only
-        # asleep before the other ranks have the batch: none of them starts its step on a device a
-        # sleeping engine replica has not freed yet
-        slept = sleep_engine(self.engine)
-        new_version = self.version + 1  # logged (``_log_version``) before any token can be sampled with it
-        try:
-            if self.trainer.ctx.enabled:
-                distributed.broadcast(self.trainer.ctx, batch)
-            stats = self.trainer.step(batch)
-            self.trainer.release_gradients()  # between steps that memory serves (or wakes) the engine
-            if slept is not None and self.trainer.device.type == "cuda":
-                import torch
-
-                torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
-            started = time.perf_counter()
-            push_weights(self.engine, self.trainer, new_version)  # wakes a sleeping engine
-            update_seconds = time.perf_counter() - started
-        except BaseException:
-            if slept is not None:  # serve on with the weights it had
-                wake_engine(self.engine)
-            raise
-        self.live = (new_version, self.trainer.steps)
-        self.last = stats
+        stats: StepStats | None = None
+        for name, part in parts.items():
+            stats = train_part(self, part, name, batch, figures)
         self.buffer.commit()
         self._on_trained(batch.trajectories)
-        record = step_record(stats, batch, new_version, self.trainer.steps, update_seconds, slept, figures)
-        try:
-            self._on_step(record, figures.lag)
-        except Exception:  # figures must never stop training
-            logger.exception("recording the step's metrics failed")
-        log_step(stats, self.trainer.steps, new_version, batch.call_tokens)
         return stats
+
+
+class _Stopping(Exception):
+    """The server stops while the state dir refuses the step's version: the batch is not trained."""
+
+
+def train_part(loop: TrainingLoop, part: Batch, adapter: str | None, batch: Batch, figures: BatchFigures) -> StepStats:
+    """(learner thread) One policy update on ``part`` (of ``adapter``, with an adapter per agent), published
+    (``batch``: the whole batch it is part of, and ``figures`` its figures, for the step's record)."""
+    new = loop.served.after_step([adapter] if adapter is not None else [])
+    # asleep before the other ranks have the batch: none of them starts its step on a device a
+    # sleeping engine replica has not freed yet
+    slept = sleep_engine(loop.engine)
+    try:
+        if loop.trainer.ctx.enabled:
+            distributed.broadcast(loop.trainer.ctx, part)
+        stats = loop.trainer.step(part, adapter)
+        loop.trainer.release_gradients()  # between steps that memory serves (or wakes) the engine
+        if slept is not None and loop.trainer.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
+        started = time.perf_counter()
+        push_weights(loop.engine, loop.trainer, new, adapter)  # wakes a sleeping engine
+        update_seconds = time.perf_counter() - started
+    except BaseException:
+        if slept is not None:  # serve on with the weights it had
+            wake_engine(loop.engine)
+        raise
+    loop.publish(new, loop.trainer.steps)
+    loop.last = stats
+    record = step_record(stats, batch, new.current, loop.trainer.steps, update_seconds, slept, figures)
+    record.adapter = adapter
+    try:
+        loop.on_step(record, figures.lag)
+    except Exception:  # figures must never stop training
+        logger.exception("recording the step's metrics failed")
+    log_step(stats, loop.trainer.steps, new.current, batch.call_tokens, adapter)
+    return stats
 
 
 def adopt(loop: TrainingLoop, state: dict[str, Any]) -> tuple[int, Any]:
@@ -284,21 +334,25 @@ def adopt(loop: TrainingLoop, state: dict[str, Any]) -> tuple[int, Any]:
     trainer.load_training_state(state)
     trainer.steps = steps
     trainer.reconfigure(config)
-    version = loop.version + 1
-    if not loop.log_version(version):
+    versions = loop.served.after_step([])
+    if not loop.log_version(versions):
         raise StateError("the server is stopping; nothing was adopted")
-    push_weights(loop.engine, trainer, version)
-    loop.live = (version, steps)
+    version = versions.current
+    push_weights(loop.engine, trainer, versions)
+    loop.publish(versions, steps)
     return version, loop.checkpoint()
 
 
-def push_weights(engine: Engine, learner: Learner, version: int) -> None:
-    """The learner's weights to the engine, served as ``version``: the LoRA adapter alone where the
-    engine serves adapters (vLLM), else every weight."""
-    if engine.serves_adapters:
-        engine.update_adapter(learner.adapter_weights(), version)
+def push_weights(engine: Engine, learner: Learner, versions: PolicyVersions, adapter: str | None = None) -> None:
+    """The learner's weights to the engine, served as ``versions``: with an adapter per agent, adapter
+    ``adapter`` (the one that trained) at its own version; the LoRA adapter alone where the engine serves
+    adapters (vLLM); else every weight."""
+    if adapter is not None:
+        engine.update_named_adapter(adapter, learner.adapter_weights(adapter), versions.of(adapter))
+    elif engine.serves_adapters:
+        engine.update_adapter(learner.adapter_weights(), versions.current)
     else:
-        engine.update_weights(learner.full_state_dict(), version)
+        engine.update_weights(learner.full_state_dict(), versions.current)
 
 
 def _differences(old: LearnerConfig, new: LearnerConfig) -> str:
@@ -358,11 +412,12 @@ def wake_engine(engine: Engine) -> None:
         logger.exception("the engine could not wake up; it serves again at the next weight update")
 
 
-def log_step(stats: StepStats, step: int, version: int, call_tokens: int) -> None:
+def log_step(stats: StepStats, step: int, version: int, call_tokens: int, adapter: str | None = None) -> None:
     logger.info(
-        "step %d -> policy v%d  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
+        "step %d -> policy v%d%s  loss %.4f  reward %.3f  seqs %d  trained %d  processed %d (per call: %d)  %.2fs",
         step,
         version,
+        f" (adapter {adapter})" if adapter is not None else "",
         stats.loss,
         stats.mean_reward,
         stats.sequences,

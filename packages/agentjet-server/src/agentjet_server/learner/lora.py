@@ -15,59 +15,10 @@ adapter's optimizer state; ``--resume`` rebuilds the base from ``--model`` and l
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from agentjet_server.engine.adapter import ADAPTER, LoraSpec
-
-
-def attach(model: torch.nn.Module, spec: LoraSpec, name: str = ADAPTER) -> Any:
-    """Wrap ``model``'s target layers with LoRA modules (in place; the base weights are frozen)
-    and return peft's wrapper; ``name`` is the adapter's (peft's ``default`` unless several are kept)."""
-    try:
-        from peft import get_peft_model
-    except ImportError as exc:
-        raise ImportError("--lora-rank needs peft: pip install 'agentjet-server[lora]' (or pip install peft)") from exc
-    targets = spec.target_modules(model)
-    head: Any = getattr(model, "get_output_embeddings", lambda: None)()
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    head_name = next((path for path, module in model.named_modules() if module is head), None)
-    if tied and head_name is not None and head_name.rsplit(".", 1)[-1] in targets:
-        raise ValueError(
-            f"--lora-targets {spec.targets}: this model's output head shares its weights with the input "
-            f"embeddings, so an adapter on {head_name} would change both; leave it out of --lora-targets"
-        )
-    config = lora_config(spec, model)
-    try:
-        return get_peft_model(model, config, adapter_name=name)
-    except ValueError as exc:  # no module matched the targets
-        raise ValueError(f"--lora-targets {spec.targets}: {exc}") from exc
-
-
-def lora_config(spec: LoraSpec, model: torch.nn.Module) -> Any:
-    """peft's configuration of an adapter of ``spec`` on ``model``."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft annotates int; it divides, floats work
-        lora_dropout=spec.dropout,
-        target_modules=spec.target_modules(model),
-        bias="none",
-    )
-
-
-def is_adapter(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
-
-
-def adapter_of(name: str) -> str | None:
-    """The adapter a parameter name belongs to (``...q_proj.lora_A.planner.weight`` -> ``planner``), or None."""
-    for marker in (".lora_A.", ".lora_B."):
-        if marker in name:
-            return name.split(marker, 1)[1].split(".", 1)[0]
-    return None
+from agentjet_server.engine.lora_layers import is_adapter
 
 
 def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
-from agentjet_server.learner.adapters import adapter_tensors, agent_adapters
+from agentjet_server.engine.lora_layers import adapter_tensors, agent_adapters
 from agentjet_server.learner.distributed import DistContext, full_state_dict
 from agentjet_server.learner.lora import adapter_state, base_weights, merged
 from agentjet_server.learner.policy import PolicyModel

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
-from agentjet_server.learner.adapters import activate, adapter_tensors, attach_adapters
+from agentjet_server.engine.lora_layers import activate, adapter_tensors, attach, attach_adapters
 from agentjet_server.learner.advantages import ppo_advantages
 from agentjet_server.learner.attention import use_learner_attention
 from agentjet_server.learner.batch import Batch, Sequence
@@ -40,7 +40,7 @@ from agentjet_server.learner.distributed import (
     partition,
     shard_model,
 )
-from agentjet_server.learner.lora import adapter_state, attach, merged
+from agentjet_server.learner.lora import adapter_state, merged
 from agentjet_server.learner.losses import (
     clipped_policy_loss,
     clipped_value_loss,

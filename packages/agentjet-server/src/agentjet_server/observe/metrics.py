@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 from agentjet_client.protocol import ClientInfo, ClientReport, TagInfo, Trajectory, TrajectoryCounts, TrajectoryResult
 from agentjet_server.observe.tasks import TaskTable
 from agentjet_server.observe.tool_calls import ToolCallHealth
+from agentjet_server.versions import PolicyVersions
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class StepRecord:
     stale_dropped: int = 0  # episodes left out for aging past the bound while they waited
     prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
     engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
+    adapter: str | None = None  # with an adapter per agent: the adapter this step trained
 
 
 class BatchFigures(NamedTuple):
@@ -154,8 +156,12 @@ class BatchFigures(NamedTuple):
     by_component: dict[str, float]
 
 
-def batch_figures(groups: Iterable[Iterable[Trajectory]], trained: Iterable[Trajectory], version: int) -> BatchFigures:
-    """The ``BatchFigures`` of a batch (``trained``: the episodes whose every sampled token it trains)."""
+def batch_figures(
+    groups: Iterable[Iterable[Trajectory]], trained: Iterable[Trajectory], version: PolicyVersions | int
+) -> BatchFigures:
+    """The ``BatchFigures`` of a batch (``trained``: the episodes whose every sampled token it trains), its
+    lags against ``version`` (each turn against its adapter's, with an adapter per agent)."""
+    versions = PolicyVersions(version) if isinstance(version, int) else version
     tags: dict[str, Mean] = {}
     agents: dict[str, Mean] = {}
     components: dict[str, Mean] = {}
@@ -172,6 +178,7 @@ def batch_figures(groups: Iterable[Iterable[Trajectory]], trained: Iterable[Traj
                     components.setdefault(name, Mean()).add(score)
     for trajectory in trained:
         for turn in trajectory.turns:
+            version = versions.of(turn.adapter) if versions.knows(turn.adapter) else versions.current
             if turn.completion_versions:
                 lag.update(max(0, version - v) for v in turn.completion_versions)
             else:
@@ -520,17 +527,18 @@ class TagFigures:
         self.sums: dict[str, list[float]] = {}  # tag -> [complete episodes, reward sum, lag sum]
         self._lock = threading.Lock()
 
-    def count(self, groups: list[list[Trajectory]], version: int) -> None:
+    def count(self, groups: list[list[Trajectory]], version: PolicyVersions | int) -> None:
+        versions = PolicyVersions(version) if isinstance(version, int) else version
         with self._lock:
             for trajectory in (t for group in groups for t in group):
                 tag = trajectory.task_tag or ""
                 self.trained[tag] += 1
-                oldest = trajectory.oldest_version
-                if trajectory.status == "complete" and oldest is not None:
+                lag = versions.lag(trajectory)
+                if trajectory.status == "complete" and lag is not None:
                     sums = self.sums.setdefault(tag, [0.0, 0.0, 0.0])
                     sums[0] += 1
                     sums[1] += trajectory.reward
-                    sums[2] += max(0, version - oldest)
+                    sums[2] += max(0, lag)
 
     def figures(self) -> tuple[Counter[str], dict[str, tuple[float, float, float]]]:
         """Copies of the counts and sums."""

@@ -105,7 +105,11 @@ class ChoiceState:
         ids = self.ids
         logprobs = [e.logprob if e.behaviour is None else e.behaviour for e in self.events]
         finish = self.finish_reason()
-        sample = Sample(self.prepared.prompt_ids, ids, logprobs, versions, finish, self.prepared.agent, processed)
+        adapter = self.prepared.params.adapter
+        sample = Sample(
+            self.prepared.prompt_ids, ids, logprobs, versions, finish, self.prepared.agent, processed, adapter
+        )
+        now = self.engine.version if adapter is None else self.engine.adapter_version(adapter)
         return AgentJetExtension(
             prompt_token_ids=self.prepared.prompt_ids,
             completion_token_ids=ids,
@@ -114,7 +118,8 @@ class ChoiceState:
             sampled_from="processed" if processed else None,
             signature=self.signer.sign(sample) if self.signer else None,
             finish_reason=finish,
-            policy_version=min(versions) if versions else self.engine.version,
+            policy_version=min(versions) if versions else now,
+            adapter=adapter,
             prefix=self.prepared.prefix_status,
             prefix_drift=self.prepared.prefix_drift,
         )

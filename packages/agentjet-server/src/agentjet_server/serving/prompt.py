@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentjet_client.protocol import (
@@ -42,6 +42,25 @@ class PreparedRequest:
     agent: str = DEFAULT_AGENT  # who asked (``agentjet.agent``): the sample is signed for this agent
     # a model family's parser (``parsing``): a fresh reader per choice; None = the built-in Hermes reading
     reader: Callable[[], ChoiceReader] | None = None
+
+
+def adapter_for(engine: Engine, model: str | None, agent: str) -> str | None:
+    """The adapter a request samples with on a server with an adapter per agent: the one its model names,
+    else its agent's; None on a server of one model."""
+    names = engine.adapters
+    if not names:
+        return None
+    if model in names:
+        return model
+    if agent in names:
+        return agent
+    raise InvalidRequestError(
+        f"this server trains an adapter per agent ({', '.join(names)}), and this request names none: its agent is "
+        f"{agent!r} and its model {model!r}. Name the adapter as the model, or run the agent under that name "
+        "(agentjet.agent; the client's --agent or @swarm_agent(name=...); X-AgentJet-Agent at the gateway)",
+        param="model",
+        code="adapter_not_found",
+    )
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -259,6 +278,7 @@ class PromptBuilder:
             **processing(self.engine, request, limit, self.exact_sampling),
         )
         agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
+        params = replace(params, adapter=adapter_for(self.engine, request.model, agent))
         reader = None
         if not self.parser.builtin:
             messages = message_dicts(request.messages)
@@ -278,6 +298,7 @@ class PromptBuilder:
         chat = self.engine.chat
         vocab = len(chat.tokenizer)
         agent = (request.agentjet.agent if request.agentjet else None) or DEFAULT_AGENT
+        adapter = adapter_for(self.engine, request.model, agent)
         out = []
         for k, prompt in enumerate(request.prompts):
             where = "prompt" if len(request.prompts) == 1 else f"prompt[{k}]"
@@ -315,6 +336,7 @@ class PromptBuilder:
                 seed=request.seed,
                 stop=tuple(request.stop_list),
                 top_logprobs=request.logprobs or 0,
+                adapter=adapter,
                 **processing(self.engine, request, asked, self.exact_sampling),
             )
             out.append(PreparedRequest(ids, params, "", False, request.logprobs is not None, agent=agent))

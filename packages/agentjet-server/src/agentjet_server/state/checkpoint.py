@@ -72,6 +72,7 @@ class CheckpointMeta:
     created: float = 0.0
     live: dict[str, Any] = field(default_factory=dict)  # settings changed through the admin API
     paused: bool = False  # learning paused through the admin API
+    adapter_versions: dict[str, int] = field(default_factory=dict)  # an adapter per agent: each one's version
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -132,6 +132,7 @@ class Recovery:
             settings={k: v for k, v in settings.items() if k in TRAINING_SETTINGS},
             live=dict(live.changed),
             paused=live.paused,
+            adapter_versions=loop.served.as_dict(),
         )
         started = time.perf_counter()
         path = self.state.write(meta, trainer_state, loop.trainer.model, self.model_path, keep=self.keep_checkpoints)
