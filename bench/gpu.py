@@ -15,7 +15,8 @@ side by side in this run on the same model (random weights built from a config):
 - replicas: two engine processes on the same GPU against one engine (``ReplicaSet``): tokens/s
   with 16 concurrent requests, and the weight fan-out's time against one engine's update;
 - learner layouts (fp32, checkpointing, bf16 autocast, all-bf16, LoRA rank 16, LoRA +
-  checkpointing, FSDP2 CPU offload alone and with all-bf16 + checkpointing): step time and
+  checkpointing, two adapters of rank 16 (an adapter per agent), FSDP2 CPU offload alone and with
+  all-bf16 + checkpointing): step time and
   peak CUDA memory (``max_memory_allocated``) next to the memory
   plan's estimate for the same layout (runtime excluded: the allocator does not see it);
 - learner: one GRPO step's time and trained tokens/s, plain module vs FSDP2 in one process
@@ -181,6 +182,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "all bf16": {"learner_dtype": "bfloat16", "optimizer_dtype": "bfloat16"},
     "LoRA rank 16": {"lora_rank": 16},
     "LoRA rank 16 + checkpointing": {"lora_rank": 16, "gradient_checkpointing": True},
+    # an adapter per agent (--adapters): two adapters of rank 16 on one base, each step trains one of them
+    "2 adapters of rank 16": {"lora_rank": 16, "adapters": 2},
     # FSDP2 CPU offload in one process: the device holds what is being computed, host memory the rest
     "CPU offload": {"cpu_offload": True},
     "CPU offload + all bf16 + checkpointing": {
@@ -226,17 +229,20 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
             gradient_checkpointing=bool(layout.get("gradient_checkpointing", False)),
             lora=LoraSpec(rank=rank, alpha=2.0 * rank) if rank else None,
             cpu_offload=offload,
+            adapters=tuple(f"agent{i}" for i in range(int(layout.get("adapters", 0)))),
         )
+        names = config.adapters or (None,)  # with adapters, the steps take turns
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         learner = Learner(net, config, pad_id=0, ctx=DistContext(device=device))
-        learner.step(batch)  # warm-up; creates the optimizer state
+        for name_ in names:  # warm-up; creates the optimizer state (every adapter's)
+            learner.step(batch, name_)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         started = time.perf_counter()
-        for _ in range(steps):
-            learner.step(batch)
+        for i in range(steps):
+            learner.step(batch, names[i % len(names)])
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         took = (time.perf_counter() - started) / steps

@@ -35,6 +35,8 @@ LAYOUTS = {
     "bf16 + checkpointing": {"learner_dtype": "bfloat16", "gradient_checkpointing": True},
     "LoRA rank 8": {"lora_rank": 8},
     "LoRA rank 8 + checkpointing": {"lora_rank": 8, "gradient_checkpointing": True},
+    # an adapter per agent (--adapters planner,executor): each step trains one, the engine gets it alone
+    "2 adapters of rank 8": {"lora_rank": 8, "adapters": 2},
     # FSDP2 CPU offload in one process: on a CPU learner "host memory" is the same RAM, so this checks
     # the gathered copies and FSDP's own cost, not the split between device and host
     "CPU offload": {"cpu_offload": True},
@@ -96,6 +98,7 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
         micro_batch_tokens=tokens,
         lora=LoraSpec(rank=int(str(layout["lora_rank"])), alpha=16.0) if layout.get("lora_rank") else None,
         cpu_offload=bool(layout.get("cpu_offload", False)),
+        adapters=tuple(f"agent{i}" for i in range(int(str(layout.get("adapters", 0))))),
     )
     learner = Learner(net, config, pad_id=0)
     generator = torch.Generator().manual_seed(0)
@@ -105,9 +108,13 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
         trained = list(range(PROMPT, LENGTH))
         sequences.append(Sequence(ids, trained, [-1.0] * len(trained), [1.0 if i % 2 else -1.0] * len(trained)))
     batch = Batch(sequences, [0.0] * len(sequences), 1, 0, len(sequences))
-    for _ in range(2):
-        learner.step(batch)
-        learner.full_state_dict()  # the weights the engine gets after each step
+    for step in range(2):
+        if config.adapters:  # one adapter per step, as a batch of two agents' turns trains them
+            learner.step(batch, config.adapters[step % len(config.adapters)])
+            learner.adapter_weights(config.adapters[step % len(config.adapters)])  # what the engine gets
+        else:
+            learner.step(batch)
+            learner.full_state_dict()  # the weights the engine gets after each step
     print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 

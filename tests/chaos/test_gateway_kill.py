@@ -141,7 +141,7 @@ def test_gateway_and_server_killed_under_200_sessions_lose_nothing(tmp_path):
     args = ["--group-size", "4", "--batch-groups", "2", "--group-timeout", "5", "--max-staleness", "100000"]
     args += ["--checkpoint-every", "1000", "--state-dir", str(state)]
     server = ServerProcess(args, tmp_path / "server.log", port=server_port)
-    gateway_args = ["--server", server.url, "--spool-dir", str(spool), "--idle", "25", "--ttl", "25"]
+    gateway_args = ["--server", server.url, "--spool-dir", str(spool), "--idle", "15", "--ttl", "15"]
     gateway_args += ["--group-by", "header", "--redact", f"{hook}:scrub"]
     gateway = GatewayProcess(gateway_args, tmp_path / "gateway.log", gateway_port)
     users = Users(gateway.url)

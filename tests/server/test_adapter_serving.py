@@ -10,6 +10,7 @@ version and leaves the executor's weights (in the engine too) and version as the
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx2
 import pytest
@@ -101,8 +102,9 @@ def adapter_server(model_dir):  # type: ignore[no-untyped-def]
 
 def test_calls_are_routed_to_their_adapter_and_a_planner_batch_trains_the_planner_alone(adapter_server):
     url = adapter_server.url
-    models = [m["id"] for m in httpx2.get(url + "/v1/models").json()["data"]]
-    assert models == ["agentjet-tiny", "planner", "executor"]
+    cards = httpx2.get(url + "/v1/models").json()["data"]
+    assert [m["id"] for m in cards] == ["agentjet-tiny", "planner", "executor"]
+    assert all(abs(m["created"] - time.time()) < 600 for m in cards)  # Unix time: when the server started
     ask = [{"role": "user", "content": "Write two as a digit."}]
     by_model = httpx2.post(
         url + "/v1/chat/completions", json={"model": "executor", "messages": ask, "max_tokens": 4}
@@ -156,8 +158,6 @@ def test_turns_of_an_adapter_the_server_lacks_or_of_none_are_refused(adapter_ser
 
 
 def wait_for_step(url: str, limit: float = 60) -> dict:  # type: ignore[type-arg]
-    import time
-
     deadline = time.monotonic() + limit
     while True:
         status = httpx2.get(url + "/v1/status").json()
@@ -165,3 +165,70 @@ def wait_for_step(url: str, limit: float = 60) -> dict:  # type: ignore[type-arg
             return status  # type: ignore[no-any-return]
         assert time.monotonic() < deadline, status
         time.sleep(0.1)
+
+
+def test_adapters_survive_a_restart_with_their_versions_and_weights(model_dir, tmp_path):
+    """A planner step, a clean stop (its checkpoint holds each adapter in peft's format) and ``--resume``:
+    the adapters come back at their versions, and the planner answers token for token as before."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import ServerProcess
+
+    state = tmp_path / "state"
+    args = ["--lora-rank", "4", "--adapters", "planner,executor", "--batch-groups", "1", "--group-size", "2"]
+    args += ["--lr", "5e-3", "--state-dir", str(state)]
+    ask = {"model": "planner", "messages": [{"role": "user", "content": "Write two as a digit."}], "max_tokens": 5}
+    ask["temperature"] = 0.0
+    server = ServerProcess(args, tmp_path / "server.log")
+    try:
+        with SwarmClient(server.url) as client:
+            trajectories = []
+            for reward in (1.0, 0.0):
+                episode = client.episode("plan")
+                episode.openai(agent="planner").chat.completions.create(
+                    model="agentjet-tiny", messages=ask["messages"], max_tokens=6
+                )
+                episode.close()
+                trajectories.append(episode.to_trajectory(reward))
+            assert [r.status for r in client.submit(trajectories).results] == ["accepted", "accepted"]
+        assert server.wait_trained()["adapters"] == {"planner": 1, "executor": 0}
+        before = httpx2.post(server.url + "/v1/chat/completions", json=ask).json()["choices"][0]["agentjet"]
+    finally:
+        server.stop()
+    [checkpoint] = sorted((state / "checkpoints").glob("step-*"))
+    for name in NAMES:  # each adapter alone, as peft loads it
+        base = AutoModelForCausalLM.from_pretrained(checkpoint / "model")
+        assert isinstance(PeftModel.from_pretrained(base, checkpoint / "adapters" / name), PeftModel)
+    again = ServerProcess([*args, "--resume"], tmp_path / "again.log")
+    try:
+        assert again.status()["adapters"] == {"planner": 1, "executor": 0}
+        after = httpx2.post(again.url + "/v1/chat/completions", json=ask).json()["choices"][0]["agentjet"]
+        executor = {**ask, "model": "executor"}
+        served = httpx2.post(again.url + "/v1/chat/completions", json=executor).json()["choices"][0]["agentjet"]
+    finally:
+        again.stop()
+    assert after["completion_token_ids"] == before["completion_token_ids"]
+    assert after["completion_logprobs"] == pytest.approx(before["completion_logprobs"], abs=1e-5)
+    assert set(after["completion_versions"]) == {1} and set(served["completion_versions"]) == {0}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"adapters": "planner,executor"}, "add --lora-rank R"),
+        ({"lora_rank": 4, "adapters": "planner,planner"}, "names must be distinct"),
+        ({"lora_rank": 4, "adapters": "default,executor"}, "not 'default'"),
+        ({"lora_rank": 4, "adapters": "a b"}, "names must be distinct agent names"),
+        ({"lora_rank": 4, "adapters": " , "}, "names no adapter"),
+        ({"lora_rank": 4, "adapters": "p,e", "engine": "vllm"}, "not with --engine vllm"),
+        ({"lora_rank": 4, "adapters": "p,e", "algorithm": "ppo"}, "not with --algorithm ppo"),
+    ],
+)
+def test_adapter_settings_that_cannot_work_are_refused_with_what_to_do(settings, message):
+    from pydantic import ValidationError
+
+    from agentjet_server.settings import ServerSettings
+
+    with pytest.raises(ValidationError, match=message):
+        ServerSettings(**settings)

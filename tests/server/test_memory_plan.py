@@ -469,3 +469,24 @@ def test_up_with_cpu_offload_trains_checkpoints_and_resumes(model_dir, tmp_path)
         assert stepped >= 1 and status["learner"]["last_error"] is None
     finally:
         resumed.stop()
+
+
+def test_an_adapter_per_agent_is_one_base_and_each_adapters_weights_and_moments(seven_b):
+    """Two adapters on one 7B base against two servers of one adapter each: the base, the engine's
+    weights and its caches once instead of twice; per adapter its weights and AdamW moments; no merged
+    copy (the engine takes each adapter alone)."""
+    from agentjet_server.memory import adapter_parameters, layout_for
+
+    shape = ModelShape.from_pretrained(seven_b)
+    gpu = {"cuda:0": 141 * GIB, "cpu": 64 * GIB}
+    base = Layout(engine_device="cuda:0", learner_device="cuda:0", engine_dtype="bfloat16", lora_rank=16)
+    one, team = plan(shape, base, gpu), plan(shape, replace(base, adapters=2), gpu)
+    items = {i.name: i.bytes for i in team.devices[0].items}
+    a = adapter_parameters(shape, 16)
+    assert items["LoRA adapters"] == 2 * a * 4 and items["AdamW state"] == 2 * 2 * a * 4
+    assert items["gradients"] == a * 4 and items["engine adapters"] == 2 * a * 2
+    assert "merged weights for the engine" not in " ".join(items) and "learner weights" in items
+    two_servers = 2 * one.devices[0].total
+    assert team.devices[0].total < 0.6 * two_servers, (team.devices[0].total / GIB, two_servers / GIB)
+    settings = ServerSettings(lora_rank=16, adapters="planner,executor")
+    assert layout_for(settings, "cuda:0", 1).adapters == 2

@@ -109,6 +109,7 @@ class Layout:
     learner_ranks: int = 1  # FSDP2 shards weights, gradients and optimizer state over this many ranks
     engine_replicas: int = 1  # engine processes; on CPU they share the machine's memory
     lora_rank: int = 0  # a LoRA adapter of this rank on every linear layer instead of full fine-tuning
+    adapters: int = 0  # an adapter per agent (--adapters): this many adapters of lora_rank on one base
     cpu_offload: bool = False  # FSDP2 CPU offload: weights, gradients, AdamW state in host memory
     engine_sleep: bool = False  # vLLM's sleep mode: the engine frees its GPU memory while the learner steps
     local_ranks: int = 1  # learner ranks on this machine (they share its host memory)
@@ -278,7 +279,18 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
     compute = _BYTES[layout.learner_dtype]
     shard = f" (1/{ranks} per rank)" if ranks > 1 else ""
     host = layout.cpu_offload
-    if layout.lora_rank:
+    if layout.lora_rank and layout.adapters:  # an adapter per agent: each step trains one, the engine gets it alone
+        a, n = adapter_parameters(shape, layout.lora_rank), layout.adapters
+        items = [
+            Item("learner weights", p * w, f"{p / 1e6:.1f}M x {w} B, frozen", host=host),
+            Item("LoRA adapters", n * a * w, f"{n} x rank {layout.lora_rank}: {a / 1e6:.2f}M parameters each"),
+            Item("gradients", a * w, "one adapter's at a time", phase="step"),
+            Item("AdamW state", 2 * n * a * w, f"two moments per adapter, {layout.optimizer_dtype}"),
+            Item("adapter handed over", a * w, "one adapter's tensors after its step", host=host),
+        ]
+        if device_kind(layout.learner_device) == "cpu":
+            items.append(Item("peft", int(0.1 * GIB), "the library (measured)"))
+    elif layout.lora_rank:
         a = adapter_parameters(shape, layout.lora_rank)
         items = [
             Item("learner weights", p * w // ranks, f"{p / 1e6:.1f}M x {w} B, frozen{shard}", host=host),
@@ -387,11 +399,15 @@ def engine_items(shape: ModelShape, layout: Layout, capacity: int) -> list[Item]
 
     kv = layout.max_batch * KV_TOKENS * kv_per_token
     prompts = layout.max_batch * PROMPT_CACHE_TOKENS
-    return [
+    items = [
         Item("engine weights", weights, layout.engine_dtype),
         Item("engine KV cache", kv, f"{layout.max_batch} sequences x {KV_TOKENS} tokens"),
         Item("engine prompt cache", prompts * kv_per_token, f"{prompts} tokens"),
     ]
+    if layout.lora_rank and layout.adapters:  # served on the base: each adapter once, every request its own
+        a = adapter_parameters(shape, layout.lora_rank) * layout.adapters
+        items.append(Item("engine adapters", a * b, f"{layout.adapters} x rank {layout.lora_rank}"))
+    return items
 
 
 def plan(shape: ModelShape, layout: Layout, capacity: dict[str, int]) -> MemoryPlan:
@@ -542,6 +558,7 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         and engine != "none"
         and (settings.engine_replicas == 1 or same_device(engine_device, learner_device)),
         local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if learner_ranks > 1 else 1,
+        adapters=len(settings.adapter_names()),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -100,7 +101,8 @@ async def whole(request: Request, body: ChatCompletionRequest, shape: Callable[[
 async def models(request: Request) -> Response:
     authorize(request)
     rt = runtime_of(request)
-    cards = [ModelCard(id=name, created=int(rt.started)) for name in (rt.engine.model_name, *rt.engine.adapters)]
+    created = int(time.time() - (time.monotonic() - rt.started))  # when the server started (Unix time)
+    cards = [ModelCard(id=name, created=created) for name in (rt.engine.model_name, *rt.engine.adapters)]
     return JSONResponse(ModelList(data=cards).model_dump())
 
 

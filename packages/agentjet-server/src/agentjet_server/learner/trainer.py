@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentjet_server.engine.adapter import LoraSpec
-from agentjet_server.engine.lora_layers import activate, adapter_tensors, attach, attach_adapters
+from agentjet_server.engine.lora_layers import activate, adapter_of, attach, attach_adapters
 from agentjet_server.learner.advantages import ppo_advantages
 from agentjet_server.learner.attention import use_learner_attention
 from agentjet_server.learner.batch import Batch, Sequence
@@ -209,7 +209,8 @@ class Learner:
         if self.config.adapters:
             if name not in self.config.adapters:
                 raise ValueError(f"no adapter {name!r}: this learner has {', '.join(self.config.adapters)}")
-            return adapter_tensors(full_state_dict(self.model, self.ctx), name)
+            params = self.model.named_parameters()  # that adapter's alone: no copy of the whole model
+            return {key: p.detach().to("cpu", copy=True) for key, p in params if adapter_of(key) == name}
         return adapter_state(full_state_dict(self.model, self.ctx))
 
     @property
