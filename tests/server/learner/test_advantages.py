@@ -10,7 +10,7 @@ from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.engine.tokens import load_tokenizer
 from agentjet_server.learner.advantages import gae, group_advantages
 from agentjet_server.learner.batch import build_batch
-from agentjet_server.learner.trainer import Learner, LearnerConfig
+from agentjet_server.learner.trainer import Learner, LearnerConfig, prepare
 from tests.server.learner.groups import make_group
 
 
@@ -95,8 +95,8 @@ def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
     batch = build_batch([group], algorithm="ppo")
     errors = []
     for _ in range(60):
-        plan, _ = learner._plan(batch.sequences)
-        learner.prepare(plan, None)
+        plan, _ = learner.plan(batch.sequences)
+        prepare(learner, plan, None)
         micro = [m for mini in plan for m in mini.micro]
         advantages = torch.cat([m.advantages for m in micro])
         assert abs(float(advantages.mean())) < 1e-5 and abs(float(advantages.std(unbiased=False)) - 1) < 1e-3
@@ -128,8 +128,8 @@ def test_ppo_advantages_are_whitened_per_group_or_over_the_batch(model_dir, norm
     _, flat = make_group(tok, model, "What is 2 + 2?", -1, 1)  # no right answer among the ten
     batch = build_batch([solved_once, flat], algorithm="ppo")
     learner.step(batch)  # the critic moves off zero, so the values (and GAE) are not trivial
-    plan, _ = learner._plan(batch.sequences)
-    learner.prepare(plan, None)
+    plan, _ = learner.plan(batch.sequences)
+    prepare(learner, plan, None)
     micro = [m for mini in plan for m in mini.micro]
     raw, got, groups, returns = [], [], [], {}
     for m in micro:

@@ -11,7 +11,7 @@ import torch
 from agentjet_client.protocol import Trajectory
 from agentjet_server.engine.tokens import load_tokenizer
 from agentjet_server.learner.batch import build_batch
-from agentjet_server.learner.trainer import Learner, LearnerConfig
+from agentjet_server.learner.trainer import Learner, LearnerConfig, prepare
 from tests.server.learner.groups import _mini, _turn, make_group
 
 
@@ -71,7 +71,7 @@ def test_decoupled_reuses_sampled_logprobs_only_for_the_current_version(model_di
     ]
     batch = build_batch([episodes], version=7)
     [micro] = [p.tensors("cpu") for p in pack(batch.sequences, 4096)]
-    learner.prepare([_mini(micro)], version=7)
+    prepare(learner, [_mini(micro)], version=7)
     with torch.no_grad():
         computed, _ = learner.sequence_logprobs(micro)
     current = micro.versions == 7
@@ -127,7 +127,7 @@ def test_a_processed_sample_is_corrected_by_pi_over_its_behaviour_probability(mo
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     learner = Learner(model, LearnerConfig(), pad_id=0)
     [micro] = [p.tensors("cpu") for p in pack(batch.sequences, 4096)]
-    learner.prepare([_mini(micro)], version=3)
+    prepare(learner, [_mini(micro)], version=3)
     assert bool((micro.versions == -1).all())  # never the current policy's own sample
     # old = mu (what the engine recorded), proximal = pi (the policy's, recomputed): weight pi / mu
     # packing merges siblings that sampled the same tokens after the same prefix: match each packed entry

@@ -19,6 +19,7 @@ from agentjet_client.errors import AgentJetError
 from agentjet_client.report import RunReport
 from agentjet_client.research.cli import app as research_app
 from agentjet_client.runconfig import RunConfig
+from agentjet_client.supervised import sft_command
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="AgentJet swarm client: run agents, push trajectories."
@@ -26,6 +27,7 @@ app = typer.Typer(
 console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (grep-able)
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line
 app.add_typer(research_app, name="research")
+app.command(name="sft")(sft_command)
 
 
 def _say(message: str) -> None:

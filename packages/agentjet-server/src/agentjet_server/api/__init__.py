@@ -5,6 +5,7 @@
 - ``dialects``: OpenAI's Responses API and Anthropic's Messages API, over the chat service;
 - ``trajectories``: pushes, recent and single trajectories, ``/v1/status`` and ``/healthz``;
 - ``admin``: live configuration, pause and resume, checkpoint, stop, clients;
+- ``train``: training modes beside RL on the served model (supervised fine-tuning);
 - ``observe``: the dashboard page, its overview and history, and ``/metrics``;
 - ``errors``: OpenAI's error shape, picked by exception class.
 
@@ -14,10 +15,10 @@ is the ``Api`` on ``app.state.api`` (``context``).
 
 from __future__ import annotations
 
-from agentjet_server.api import admin, chat, dialects, observe, trajectories
+from agentjet_server.api import admin, chat, dialects, observe, train, trajectories
 from agentjet_server.api.context import Api
 from agentjet_server.api.errors import HANDLERS
 
-ROUTES = [*chat.ROUTES, *dialects.ROUTES, *trajectories.ROUTES, *observe.ROUTES, *admin.ROUTES]
+ROUTES = [*chat.ROUTES, *dialects.ROUTES, *trajectories.ROUTES, *observe.ROUTES, *admin.ROUTES, *train.ROUTES]
 
 __all__ = ["HANDLERS", "ROUTES", "Api"]

@@ -58,6 +58,7 @@ class GroupBuffer:
         self._ready: deque[list[tuple[int, Trajectory]]] = deque()
         self._taken: list[list[tuple[int, Trajectory]]] = []  # the batch the learner is training on
         self._cond = threading.Condition()
+        self._woken = False  # ``wake`` was called: the learner's wait ends at once, batch or not
 
     def add(self, trajectory: Trajectory, lsn: int = -1) -> None:
         with self._cond:
@@ -101,7 +102,9 @@ class GroupBuffer:
         stay in snapshots until ``commit`` (trained) or go back to the front with ``put_back``."""
         with self._cond:
             self._age_out()
-            if not self._cond.wait_for(lambda: len(self._ready) >= self.batch_groups, timeout=timeout):
+            self._cond.wait_for(lambda: len(self._ready) >= self.batch_groups or self._woken, timeout=timeout)
+            self._woken = False
+            if len(self._ready) < self.batch_groups:
                 return None
             if self._taken:
                 raise RuntimeError("the batch taken before was neither committed nor put back")
@@ -152,7 +155,9 @@ class GroupBuffer:
             return len(self._ready), len(self._open)
 
     def wake(self) -> None:
+        """End the learner's wait in ``take_batch`` now (it has work besides a batch: an admin request)."""
         with self._cond:
+            self._woken = True
             self._cond.notify_all()
 
     @property

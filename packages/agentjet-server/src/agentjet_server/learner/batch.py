@@ -26,6 +26,7 @@ from agentjet_server.versions import PolicyVersions
 
 Algorithm = Literal["grpo", "ppo"]
 StalePolicy = Literal["drop", "downweight"]
+Mode = Literal["rl", "sft"]
 
 
 @dataclass
@@ -86,6 +87,9 @@ class Batch:
     version: int | None = None  # the policy version the step updates (None: not known)
     stale: int = 0  # episodes left out: older than the staleness bound by the time they were trained
     downweighted: int = 0  # tokens trained with less weight for the same reason
+    # which loss trains it: "rl" the policy objective (GRPO/PPO), "sft" the negative log-likelihood of its
+    # trained tokens (supervised fine-tuning: ``learner.supervised``)
+    mode: Mode = "rl"
 
     @property
     def trained_tokens(self) -> int:

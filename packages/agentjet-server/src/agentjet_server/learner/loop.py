@@ -316,13 +316,34 @@ def train_part(loop: TrainingLoop, part: Batch, adapter: str | None, batch: Batc
     loop.publish(new, loop.trainer.steps)
     loop.last = stats
     record = step_record(stats, batch, new.current, loop.trainer.steps, update_seconds, slept, figures)
-    record.adapter = adapter
+    record.adapter, record.mode = adapter, part.mode
     try:
         loop.on_step(record, figures.lag)
     except Exception:  # figures must never stop training
         logger.exception("recording the step's metrics failed")
     log_step(stats, loop.trainer.steps, new.current, batch.call_tokens, adapter)
     return stats
+
+
+def supervised_step(loop: TrainingLoop, batch: Batch, adapter: str | None = None, lr: float | None = None) -> StepStats:
+    """(learner thread) One update of a supervised batch (``learner.supervised``; of ``adapter`` with an
+    adapter per agent, at learning rate ``lr`` if given, the server's otherwise), logged, served and recorded
+    as a policy update is (its record's ``mode``: "sft")."""
+    if loop.trainer.config.adapters and adapter not in loop.trainer.config.adapters:
+        raise ValueError(
+            f"this server trains an adapter per agent: name one of {', '.join(loop.trainer.config.adapters)}"
+        )
+    if not loop.log_version(loop.served.after_step([adapter] if adapter is not None else [])):
+        raise StateError("the server is stopping; nothing was trained")
+    groups = loop.trainer.optimizer.param_groups
+    rates = [group["lr"] for group in groups]
+    for group in groups:
+        group["lr"] = lr if lr is not None else group["lr"]
+    try:
+        return train_part(loop, batch, adapter, batch, BatchFigures({}, {}, Counter(), {}))
+    finally:  # policy updates go on at the server's own rate
+        for group, rate in zip(groups, rates, strict=True):
+            group["lr"] = rate
 
 
 def adopt(loop: TrainingLoop, state: dict[str, Any]) -> tuple[int, Any]:

@@ -32,7 +32,7 @@ from agentjet_server.engine.adapter import LoraSpec
 from agentjet_server.engine.lora_layers import activate, adapter_of, attach, attach_adapters
 from agentjet_server.learner.advantages import ppo_advantages
 from agentjet_server.learner.attention import use_learner_attention
-from agentjet_server.learner.batch import Batch, Sequence
+from agentjet_server.learner.batch import Batch, Mode, Sequence
 from agentjet_server.learner.distributed import (
     DistContext,
     decoder_layers,
@@ -227,7 +227,7 @@ class Learner:
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def _plan(self, sequences: list[Sequence]) -> tuple[list[MiniBatch], int]:
+    def plan(self, sequences: list[Sequence]) -> tuple[list[MiniBatch], int]:
         """This rank's mini-batches of packed micro-batches, each padded with ``None`` to the largest
         count of any rank (FSDP gathers weights collectively, so every rank runs the same number of
         passes), and the tokens all ranks process."""
@@ -254,7 +254,7 @@ class Learner:
             return min(self.config.micro_batch_tokens, DENSE_TREE_MAX)
         return self.config.micro_batch_tokens
 
-    def _idle_pass(self) -> MicroBatch:
+    def idle_pass(self) -> MicroBatch:
         """A one-token stand-in micro-batch for a rank with no sequences left; its loss is scaled by 0."""
         stand_in = Packed()
         stand_in.insert(Sequence([self.pad_id, self.pad_id], [1], [0.0], [0.0]))
@@ -262,46 +262,6 @@ class Learner:
         micro.proximal_logprobs = micro.reference_logprobs = micro.old_logprobs
         micro.old_values = micro.returns = torch.zeros_like(micro.old_logprobs)
         return micro
-
-    # -- the no-gradient pass ---------------------------------------------------------------------
-
-    def prepare(self, plan: list[MiniBatch], version: int | None) -> None:
-        """Fill every micro-batch's proximal and reference log-probs and, for PPO, its values,
-        GAE returns and whitened advantages, before the first update (see the module docstring)."""
-        config = self.config
-        micro = [m for mini in plan for m in mini.micro]
-        real = [m for m in micro if m is not None]
-        all_current = version is not None and all(bool((m.versions == version).all()) for m in real)
-        # the same on every rank: each holds the whole batch's versions only for its share, so agree
-        need_prox = config.off_policy == "decoupled" and not _all_ranks(self.ctx, all_current)
-        need_values = config.algorithm == "ppo"
-        if need_prox or need_values:
-            with torch.no_grad():
-                for m in micro:
-                    part = m if m is not None else self._idle_pass()
-                    with self.autocast():
-                        logprobs, _entropy, values = self.policy.run(part)
-                    if m is None:
-                        continue
-                    if need_prox:
-                        current = (
-                            m.versions == version
-                            if version is not None
-                            else torch.zeros_like(m.weights, dtype=torch.bool)
-                        )
-                        m.proximal_logprobs = torch.where(current, m.old_logprobs, logprobs)
-                    if values is not None:
-                        m.old_values = values.float()
-        for m in real:
-            if m.proximal_logprobs is None:
-                m.proximal_logprobs = m.old_logprobs
-        if self.reference is not None and config.kl_coef > 0:
-            with torch.no_grad():
-                for m in real:
-                    with self.autocast():
-                        m.reference_logprobs = self.reference.run(m)[0]
-        if need_values:
-            ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", self.ctx)
 
     # -- the update -------------------------------------------------------------------------------
 
@@ -314,23 +274,24 @@ class Learner:
         if adapter is not None or self.config.adapters:
             activate(self.model, adapter, self.config.adapters)
         started = time.perf_counter()
-        plan, processed = self._plan(batch.sequences)
+        plan, processed = self.plan(batch.sequences)
         self.policy.eval()
-        self.prepare(plan, batch.version)
+        if batch.mode == "rl":  # a supervised loss needs no proximal, reference or value pass
+            prepare(self, plan, batch.version)
         prepare_seconds = time.perf_counter() - started
         self.policy.train()
-        idle = self._idle_pass()
+        idle = self.idle_pass()
         batch_tokens = float(batch.trained_tokens)
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
-        for _epoch in range(self.config.epochs):
+        for _epoch in range(self.config.epochs if batch.mode == "rl" else 1):
             loss_sum = 0.0
             extra = {}
             for mini in plan:
                 self.optimizer.zero_grad(set_to_none=True)
                 for planned in mini.micro:
                     part = planned if planned is not None else idle
-                    loss, stats = objective(self.config, self.policy, part, mini.tokens, self.autocast)
+                    loss, stats = objective(self.config, self.policy, part, mini.tokens, self.autocast, batch.mode)
                     weight = float(part.entries) / batch_tokens
                     if planned is None:
                         loss, weight = loss * 0.0, 0.0
@@ -360,6 +321,43 @@ class Learner:
             micro_batches=sum(len(m.micro) for m in plan),
             prepare_seconds=prepare_seconds,
         )
+
+
+def prepare(learner: Learner, plan: list[MiniBatch], version: int | None) -> None:
+    """(the no-gradient pass) Fill every micro-batch's proximal and reference log-probs and, for PPO, its
+    values, GAE returns and whitened advantages, before the first update (see the module docstring)."""
+    config = learner.config
+    micro = [m for mini in plan for m in mini.micro]
+    real = [m for m in micro if m is not None]
+    all_current = version is not None and all(bool((m.versions == version).all()) for m in real)
+    # the same on every rank: each holds the whole batch's versions only for its share, so agree
+    need_prox = config.off_policy == "decoupled" and not _all_ranks(learner.ctx, all_current)
+    need_values = config.algorithm == "ppo"
+    if need_prox or need_values:
+        with torch.no_grad():
+            for m in micro:
+                part = m if m is not None else learner.idle_pass()
+                with learner.autocast():
+                    logprobs, _entropy, values = learner.policy.run(part)
+                if m is None:
+                    continue
+                if need_prox:
+                    current = (
+                        m.versions == version if version is not None else torch.zeros_like(m.weights, dtype=torch.bool)
+                    )
+                    m.proximal_logprobs = torch.where(current, m.old_logprobs, logprobs)
+                if values is not None:
+                    m.old_values = values.float()
+    for m in real:
+        if m.proximal_logprobs is None:
+            m.proximal_logprobs = m.old_logprobs
+    if learner.reference is not None and config.kl_coef > 0:
+        with torch.no_grad():
+            for m in real:
+                with learner.autocast():
+                    m.reference_logprobs = learner.reference.run(m)[0]
+    if need_values:
+        ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", learner.ctx)
 
 
 def _all_ranks(ctx: DistContext, flag: bool) -> bool:
@@ -413,14 +411,25 @@ def _split(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
 
 
 def objective(
-    config: LearnerConfig, policy: PolicyModel, part: MicroBatch, tokens: float, autocast: Callable[[], Any]
+    config: LearnerConfig,
+    policy: PolicyModel,
+    part: MicroBatch,
+    tokens: float,
+    autocast: Callable[[], Any],
+    mode: Mode = "rl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of its mini-batch's loss (normalised by the mini-batch's
     ``tokens``) and its figures (means over its entries): the policy objective of ``--off-policy``,
-    plus the KL, value and entropy terms where they are on."""
+    plus the KL, value and entropy terms where they are on; for ``mode`` "sft" the negative
+    log-likelihood of the trained tokens alone."""
     with autocast():
         logprobs, entropy, values = policy.run(part)
     weights = part.weights
+    if mode == "sft":
+        nll = -(logprobs.float() * weights).sum()
+        with torch.no_grad():
+            figures = {"nll": float(nll.detach()) / max(float(weights.sum()), 1.0), "entropy": float(entropy.mean())}
+        return nll / tokens, figures
     if config.off_policy == "decoupled":
         assert part.proximal_logprobs is not None
         loss, stats = decoupled_policy_loss(

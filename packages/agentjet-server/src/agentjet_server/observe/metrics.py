@@ -143,6 +143,7 @@ class StepRecord:
     prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
     engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
     adapter: str | None = None  # with an adapter per agent: the adapter this step trained
+    mode: str = "rl"  # the loss it ran: "rl" (the policy objective) or "sft" (supervised, ``learner.supervised``)
 
 
 class BatchFigures(NamedTuple):

@@ -1,0 +1,157 @@
+"""``agentjet-client sft DATA --server URL``: supervised fine-tuning of the model a server serves.
+
+DATA is chat JSONL, one chat per line in the OpenAI messages format (``{"messages": [...], "tools": [...]}``,
+tool calls included). A part is held out (``--eval-fraction``); the rest is sent in batches to the server's
+``POST /v1/train/sft``, where each batch is one update of the learner with the negative log-likelihood of
+the assistant tokens (the chat template's assistant mask), between two policy updates. After every epoch
+the held-out loss is measured (``"evaluate": true``: nothing is updated). At the end the server writes a
+checkpoint: reinforcement learning goes on from these weights on the same server, and after a restart from
+the checkpoint (``agentjet-server up --resume``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx2
+import typer
+from rich.console import Console
+
+console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (grep-able)
+
+
+def read_chats(path: Path) -> list[dict[str, Any]]:
+    """The chats of a JSONL file; exits with the line that is wrong."""
+    chats = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            chat = json.loads(line)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{path}:{number} is not JSON ({exc}); one chat per line") from exc
+        if not isinstance(chat, dict) or not isinstance(chat.get("messages"), list):
+            raise typer.BadParameter(f'{path}:{number}: each line is an object with "messages": [...]')
+        chats.append({k: chat[k] for k in ("messages", "tools") if k in chat})
+    if not chats:
+        raise typer.BadParameter(f"{path} holds no chats")
+    return chats
+
+
+class Trainer:
+    """The server's ``/v1/train/sft`` and checkpoint endpoints."""
+
+    def __init__(self, server: str, admin_key: str | None, adapter: str | None, lr: float | None = None) -> None:
+        headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self.http = httpx2.Client(base_url=server.rstrip("/"), headers=headers, timeout=3600)
+        self.adapter, self.lr = adapter, lr
+
+    def post(self, examples: list[dict[str, Any]], evaluate: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"examples": examples, "adapter": self.adapter, "evaluate": evaluate}
+        if self.lr is not None:
+            body["lr"] = self.lr
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                reply = self.http.post("/v1/train/sft", json=body)
+            except httpx2.HTTPError as exc:
+                raise SystemExit(f"the server did not answer ({exc}); is it running at {self.http.base_url}?") from exc
+            if reply.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(2.0)  # starting, or its state dir refuses writes for now: it says so, and recovers
+        if reply.status_code != 200:
+            try:
+                message = reply.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = reply.text[:500]
+            raise SystemExit(f"the server refused the batch ({reply.status_code}): {message}")
+        answer: dict[str, Any] = reply.json()
+        return answer
+
+    def held_out_loss(self, chats: list[dict[str, Any]], batch_size: int) -> float:
+        total, tokens = 0.0, 0
+        for start in range(0, len(chats), batch_size):
+            answer = self.post(chats[start : start + batch_size], evaluate=True)
+            total += answer["loss"] * answer["tokens"]
+            tokens += answer["tokens"]
+        return total / max(tokens, 1)
+
+    def checkpoint(self) -> str:
+        reply = self.http.post("/v1/admin/checkpoint")
+        if reply.status_code != 200:
+            raise SystemExit(f"the checkpoint failed ({reply.status_code}): {reply.text[:500]}")
+        return str(reply.json()["path"])
+
+
+def sft_command(
+    data: Annotated[Path, typer.Argument(help='chat JSONL: one {"messages": [...], "tools": [...]} per line')],
+    server: Annotated[str, typer.Option(help="the AgentJet server whose model is trained")] = "http://127.0.0.1:8000",
+    admin_key: Annotated[
+        str | None, typer.Option(help="the server's admin key (if it has keys)", envvar="AGENTJET_ADMIN_KEY")
+    ] = None,
+    adapter: Annotated[str | None, typer.Option(help="with --adapters on the server: the adapter to train")] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="passes over the training part")] = 3,
+    batch_size: Annotated[int, typer.Option(min=1, max=512, help="chats per update")] = 16,
+    eval_fraction: Annotated[
+        float, typer.Option(min=0.0, max=0.9, help="share of the chats held out (without --eval-data)")
+    ] = 0.1,
+    eval_data: Annotated[
+        Path | None, typer.Option(help="chat JSONL held out for the evaluation loss (then DATA is all trained)")
+    ] = None,
+    lr: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="the updates' learning rate (default: the server's)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the split and of the order of each epoch")] = 0,
+    checkpoint: Annotated[bool, typer.Option(help="write a checkpoint at the end (RL resumes from it)")] = True,
+) -> None:
+    """Supervised fine-tuning of the server's model (or one adapter) on chat JSONL, with a held-out loss.
+
+    Example:
+    agentjet-client sft chats.jsonl --server http://127.0.0.1:8000 --epochs 3
+    """
+    chats = read_chats(data)
+    rng = random.Random(seed)
+    order = list(range(len(chats)))
+    rng.shuffle(order)
+    held = 0 if eval_data is not None else round(len(chats) * eval_fraction)
+    held_out = read_chats(eval_data) if eval_data is not None else [chats[i] for i in order[:held]]
+    train = [chats[i] for i in order[held:]]
+    trainer = Trainer(server, admin_key, adapter, lr)
+    batches = (len(train) + batch_size - 1) // batch_size
+    console.print(
+        f"sft: {len(train)} chats to train on ({batches} updates per epoch), {len(held_out)} held out, "
+        f"{epochs} epoch(s) -> {server}" + (f" (adapter {adapter})" if adapter else "")
+    )
+    if held_out:
+        console.print(f"held-out loss before: {trainer.held_out_loss(held_out, batch_size):.4f} per token")
+    started = time.monotonic()
+    for epoch in range(1, epochs + 1):
+        rng.shuffle(train)
+        losses: list[tuple[float, int]] = []
+        for b, start in enumerate(range(0, len(train), batch_size), 1):
+            answer = trainer.post(train[start : start + batch_size], evaluate=False)
+            losses.append((answer["loss"], answer["tokens"]))
+            rate = (epoch - 1) * len(train) + min(start + batch_size, len(train))
+            console.print(
+                f"epoch {epoch}/{epochs}  update {b}/{batches}  loss {answer['loss']:.4f}  "
+                f"policy v{answer['policy_version']}  {rate / (time.monotonic() - started):.1f} chats/s"
+            )
+        mean = sum(loss * n for loss, n in losses) / max(sum(n for _, n in losses), 1)
+        line = f"epoch {epoch}/{epochs}: train loss {mean:.4f}"
+        if held_out:
+            line += f"  held-out loss {trainer.held_out_loss(held_out, batch_size):.4f}"
+        console.print(line)
+    if checkpoint:
+        path = trainer.checkpoint()
+        console.print(
+            f"checkpoint {path}: reinforcement learning continues from these weights on this server, "
+            "and from this checkpoint after a restart (agentjet-server up --resume)"
+        )
