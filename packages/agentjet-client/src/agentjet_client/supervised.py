@@ -92,25 +92,17 @@ class Trainer:
 
 
 def sft_command(
-    data: Annotated[Path, typer.Argument(help='chat JSONL: one {"messages": [...], "tools": [...]} per line')],
-    server: Annotated[str, typer.Option(help="the AgentJet server whose model is trained")] = "http://127.0.0.1:8000",
-    admin_key: Annotated[
-        str | None, typer.Option(help="the server's admin key (if it has keys)", envvar="AGENTJET_ADMIN_KEY")
-    ] = None,
-    adapter: Annotated[str | None, typer.Option(help="with --adapters on the server: the adapter to train")] = None,
+    data: Annotated[Path, typer.Argument(help="chat JSONL, one chat per line")],
+    server: Annotated[str, typer.Option(help="the server whose model it trains")] = "http://127.0.0.1:8000",
+    admin_key: Annotated[str | None, typer.Option(help="the server's admin key", envvar="AGENTJET_ADMIN_KEY")] = None,
+    adapter: Annotated[str | None, typer.Option(help="the adapter to train (--adapters)")] = None,
     epochs: Annotated[int, typer.Option(min=1, help="passes over the training part")] = 3,
     batch_size: Annotated[int, typer.Option(min=1, max=512, help="chats per update")] = 16,
-    eval_fraction: Annotated[
-        float, typer.Option(min=0.0, max=0.9, help="share of the chats held out (without --eval-data)")
-    ] = 0.1,
-    eval_data: Annotated[
-        Path | None, typer.Option(help="chat JSONL held out for the evaluation loss (then DATA is all trained)")
-    ] = None,
-    lr: Annotated[
-        float | None, typer.Option(min=0.0, max=1.0, help="the updates' learning rate (default: the server's)")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="seed of the split and of the order of each epoch")] = 0,
-    checkpoint: Annotated[bool, typer.Option(help="write a checkpoint at the end (RL resumes from it)")] = True,
+    eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="share held out (without --eval-data)")] = 0.1,
+    eval_data: Annotated[Path | None, typer.Option(help="chat JSONL held out instead")] = None,
+    lr: Annotated[float | None, typer.Option(help="the updates' learning rate [default: the server's]")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the split and the order")] = 0,
+    no_checkpoint: Annotated[bool, typer.Option("--no-checkpoint", help="no checkpoint at the end")] = False,
 ) -> None:
     """Supervised fine-tuning of the server's model (or one adapter) on chat JSONL, with a held-out loss.
 
@@ -149,7 +141,7 @@ def sft_command(
         if held_out:
             line += f"  held-out loss {trainer.held_out_loss(held_out, batch_size):.4f}"
         console.print(line)
-    if checkpoint:
+    if not no_checkpoint:
         path = trainer.checkpoint()
         console.print(
             f"checkpoint {path}: reinforcement learning continues from these weights on this server, "
