@@ -132,6 +132,7 @@ def run_study(kind: str, args: argparse.Namespace, run: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--first-run", type=int, default=0, help="the first run's number (its seed): continue a series")
     parser.add_argument("--episodes", type=int, default=8000, help="training episodes per trial")
     parser.add_argument("--every", type=int, default=1600, help="PBT: episodes between a trial's ready points")
     parser.add_argument("--burn-in", type=int, default=0, help="PBT: episodes before a trial is first ready")
@@ -144,7 +145,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out.resolve()
     results = []
-    for run in range(args.runs):
+    runs = range(args.first_run, args.first_run + args.runs)
+    for run in runs:
         for kind in ("fixed", "pbt"):
             print(f"run {run}: {kind} study ...", flush=True)
             result = run_study(kind, args, run)
@@ -164,7 +166,7 @@ def main() -> None:
             )
     print("\n| run | best fixed (lr, eval) | best PBT (lr start -> end, eval) | PBT exploits | PBT >= fixed |")
     print("|---:|---|---|---:|---|")
-    for run in range(args.runs):
+    for run in runs:
         fixed, pbt = (next(r for r in results if r["run"] == run and r["kind"] == k) for k in ("fixed", "pbt"))
         f, p = fixed["best"], pbt["best"]
         print(
