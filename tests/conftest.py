@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -35,6 +36,14 @@ MESSAGE_TOOLS = [
     {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
     for f in (tool["function"] for tool in TOOLS)
 ]
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """A leaked socket or file warns when it is collected; collecting after every test pins the warning
+    (an error here) on the test that leaked it, not on whichever test the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 def free_port() -> int:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx2
@@ -49,6 +50,17 @@ def gateway(server_url: str, spool: Path, **options: object) -> Iterator[str]:
         thread.join(timeout=20)
 
 
+@pytest.fixture
+def sdk() -> Iterator[Callable[..., Any]]:
+    """Makes SDK clients that are closed when the test ends (an open pool would warn when collected later)."""
+    with ExitStack() as stack:
+
+        def make(kind: Callable[..., Any], **options: Any) -> Any:
+            return stack.enter_context(kind(**options))
+
+        yield make
+
+
 def feedback(base: str, **body: object) -> httpx2.Response:
     return httpx2.post(base + "/feedback", json=body)
 
@@ -64,10 +76,10 @@ def pushed(server: LiveServer, trajectory_id: str, limit: float = 20) -> dict:  
         time.sleep(0.05)
 
 
-def test_every_api_through_the_gateway_becomes_one_session_and_one_episode(server, tmp_path):
+def test_every_api_through_the_gateway_becomes_one_session_and_one_episode(server, tmp_path, sdk):
     with gateway(server.url, tmp_path) as base:
         headers = {"X-AgentJet-Session": "conv-1"}
-        oa = openai.OpenAI(base_url=base, api_key="k", default_headers=headers)
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers=headers)
         first = oa.chat.completions.create(model="m", messages=ASK, max_tokens=4)
         again = [
             *ASK,
@@ -77,11 +89,13 @@ def test_every_api_through_the_gateway_becomes_one_session_and_one_episode(serve
         stream = oa.chat.completions.create(model="m", messages=again, max_tokens=4, stream=True)
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         reply = oa.responses.create(model="m", input=ASK, max_output_tokens=4)
-        chained = openai.OpenAI(base_url=base, api_key="k")  # no header: the previous_response_id names the session
+        chained = sdk(
+            openai.OpenAI, base_url=base, api_key="k"
+        )  # no header: the previous_response_id names the session
         follow = chained.responses.create(
             model="m", input="And eight?", previous_response_id=reply.id, max_output_tokens=4
         )
-        claude = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key="k", default_headers=headers)
+        claude = sdk(anthropic.Anthropic, base_url=base.removesuffix("/v1"), api_key="k", default_headers=headers)
         with claude.messages.stream(model="m", max_tokens=4, messages=ASK) as s:
             s.get_final_message()
         oa.completions.create(model="m", prompt="Once upon", max_tokens=4)
@@ -103,9 +117,9 @@ def test_every_api_through_the_gateway_becomes_one_session_and_one_episode(serve
     assert len(build_timelines([Turn.model_validate(t) for t in turns])) < 6
 
 
-def test_feedback_errors_and_repeats_say_what_is_wrong(server, tmp_path):
+def test_feedback_errors_and_repeats_say_what_is_wrong(server, tmp_path, sdk):
     with gateway(server.url, tmp_path, labels={"up": 1.0, "down": 0.0}) as base:
-        oa = openai.OpenAI(base_url=base, api_key="k")
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k")
         made = oa.chat.completions.with_raw_response.create(model="m", messages=ASK, max_tokens=3, user="alice")
         session_id = made.headers["x-agentjet-session-id"]
         assert made.headers["x-agentjet-session"] == "user:alice"
@@ -137,22 +151,22 @@ def test_feedback_errors_and_repeats_say_what_is_wrong(server, tmp_path):
     assert status["counts"]["trained"] == 1 and status["counts"]["sessions"] == 1
 
 
-def test_fan_out_returns_one_answer_and_pushes_the_group_with_its_rewards(server, tmp_path):
+def test_fan_out_returns_one_answer_and_pushes_the_group_with_its_rewards(server, tmp_path, sdk):
     with gateway(server.url, tmp_path, fan_out=4) as base:
-        oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan"})
         reply = oa.chat.completions.create(model="m", messages=ASK, max_tokens=4)
         assert len(reply.choices) == 1 and reply.choices[0].index == 0
         view = httpx2.get(base + "/sessions/fan").json()
         assert (
             len(view["candidates"]) == 4 and view["candidates"][0] == (reply.choices[0].message.content or "").strip()
         )
-        streamed = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan-stream"})
+        streamed = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan-stream"})
         chunks = list(streamed.chat.completions.create(model="m", messages=ASK, max_tokens=4, stream=True))
         assert {c.index for chunk in chunks for c in chunk.choices} == {0}
         result = feedback(base, session="fan", reward=1.0, candidate_rewards=[1.0, 0.0, 0.5, 0.0]).json()
         only_shown = feedback(base, session="fan-stream", reward=1.0).json()
         # a fan-out session that goes on past its first call trains the path the user saw
-        longer = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan-long"})
+        longer = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan-long"})
         first = longer.chat.completions.create(model="m", messages=ASK, max_tokens=4)
         more = [
             *ASK,
@@ -174,9 +188,9 @@ def test_fan_out_returns_one_answer_and_pushes_the_group_with_its_rewards(server
     assert status["counts"]["candidates_dropped"] == 3 + 3
 
 
-def test_idle_sessions_end_and_unrewarded_ones_expire(server, tmp_path):
+def test_idle_sessions_end_and_unrewarded_ones_expire(server, tmp_path, sdk):
     with gateway(server.url, tmp_path, idle_s=0.4, ttl_s=1.2) as base:
-        oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "slow"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "slow"})
         first = oa.chat.completions.with_raw_response.create(model="m", messages=ASK, max_tokens=3)
         time.sleep(0.8)  # idle: the next call with the same key opens a new session
         second = oa.chat.completions.with_raw_response.create(model="m", messages=ASK, max_tokens=3)
@@ -192,13 +206,12 @@ def test_idle_sessions_end_and_unrewarded_ones_expire(server, tmp_path):
     assert counts["expired"] == 3 and counts["open"] == counts["waiting"] == 0 and counts["sessions"] == 3
 
 
-def test_a_restarted_gateway_goes_on_with_its_open_sessions(server, tmp_path):
-    ask = openai.OpenAI  # the same conversation before and after the restart
+def test_a_restarted_gateway_goes_on_with_its_open_sessions(server, tmp_path, sdk):
     with gateway(server.url, tmp_path) as base:
-        oa = ask(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "long"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "long"})
         first = oa.chat.completions.create(model="m", messages=ASK, max_tokens=4)
     with gateway(server.url, tmp_path) as base:
-        oa = ask(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "long"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "long"})
         more = [
             *ASK,
             {"role": "assistant", "content": first.choices[0].message.content},
@@ -213,13 +226,16 @@ def test_a_restarted_gateway_goes_on_with_its_open_sessions(server, tmp_path):
     assert len(turns) == 2 and len(build_timelines(turns)) == 1  # the restored turn still continues
 
 
-def test_opted_out_calls_are_recorded_nowhere(server, tmp_path):
+def test_opted_out_calls_are_recorded_nowhere(server, tmp_path, sdk):
     with gateway(server.url, tmp_path, opt_in=True) as base:
-        oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "private"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "private"})
         oa.chat.completions.create(model="m", messages=ASK, max_tokens=3)
         missing = feedback(base, session="private", reward=1.0)
-        yes = openai.OpenAI(
-            base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "ok", "X-AgentJet-Train": "yes"}
+        yes = sdk(
+            openai.OpenAI,
+            base_url=base,
+            api_key="k",
+            default_headers={"X-AgentJet-Session": "ok", "X-AgentJet-Train": "yes"},
         )
         yes.chat.completions.create(model="m", messages=ASK, max_tokens=3)
         counts = httpx2.get(base + "/gateway/status").json()["counts"]
@@ -227,14 +243,14 @@ def test_opted_out_calls_are_recorded_nowhere(server, tmp_path):
     assert counts["untrained_calls"] == 1 and counts["sessions"] == 1 and counts["open"] == 1
 
 
-def test_without_the_server_it_answers_503_or_from_the_fallback(server, tmp_path):
+def test_without_the_server_it_answers_503_or_from_the_fallback(server, tmp_path, sdk):
     dead = f"http://127.0.0.1:{free_port()}"
     with gateway(dead, tmp_path / "a") as base:
         reply = httpx2.post(base + "/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 3})
     assert reply.status_code == 503 and reply.headers["retry-after"] == "5"
     assert "--fallback URL" in reply.json()["error"]["message"] and dead in reply.json()["error"]["message"]
     with gateway(dead, tmp_path / "b", fallback=server.url + "/v1") as base:
-        oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fb"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fb"})
         answered = oa.chat.completions.create(model="agentjet-tiny", messages=ASK, max_tokens=3)  # as served there
         view = httpx2.get(base + "/sessions/fb").json()
         result = feedback(base, session="fb", reward=1.0).json()
@@ -258,7 +274,7 @@ def digit_score(answer: str) -> float:
     return 1.0 if answer == "7" else 0.2 if len(answer) == 1 and answer.isdigit() else 0.0
 
 
-def test_a_judge_rewards_the_sessions_without_feedback(server, tmp_path):
+def test_a_judge_rewards_the_sessions_without_feedback(server, tmp_path, sdk):
     from agentjet_client.judges import Judge
     from tests.conftest import RulesJudge
 
@@ -266,7 +282,7 @@ def test_a_judge_rewards_the_sessions_without_feedback(server, tmp_path):
     try:
         judge = Judge(rules.url, "rules", "The digit the user asked for.", retries=0)
         with gateway(server.url, tmp_path / "a", judge=judge, judge_after_s=0.3, idle_s=0.5) as base:
-            oa = openai.OpenAI(base_url=base, api_key="k")
+            oa = sdk(openai.OpenAI, base_url=base, api_key="k")
             one = oa.chat.completions.with_raw_response.create(
                 model="m", messages=ASK, max_tokens=3, extra_headers={"X-AgentJet-Session": "quiet"}
             )
@@ -302,7 +318,7 @@ def test_a_judge_rewards_the_sessions_without_feedback(server, tmp_path):
         rules.stop()
 
 
-def test_a_judge_scores_fan_out_candidates_side_by_side_and_a_failing_judge_leaves_the_ttl(server, tmp_path):
+def test_a_judge_scores_fan_out_candidates_side_by_side_and_a_failing_judge_leaves_the_ttl(server, tmp_path, sdk):
     from agentjet_client.judges import Judge
     from tests.conftest import RulesJudge
 
@@ -310,7 +326,7 @@ def test_a_judge_scores_fan_out_candidates_side_by_side_and_a_failing_judge_leav
     try:
         judge = Judge(rules.url, "rules", "The digit the user asked for.", retries=0)
         with gateway(server.url, tmp_path / "a", judge=judge, judge_after_s=0.0, fan_out=4) as base:
-            oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan"})
+            oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "fan"})
             oa.chat.completions.create(model="m", messages=ASK, max_tokens=3)
             candidates = httpx2.get(base + "/sessions/fan").json()["candidates"]
             httpx2.post(base + "/sessions/fan/close")
@@ -322,7 +338,7 @@ def test_a_judge_scores_fan_out_candidates_side_by_side_and_a_failing_judge_leav
     assert len({t["task_id"] for t in group}) == 1 and len(group) == 4
     down = Judge(f"http://127.0.0.1:{free_port()}/v1", "rules", "anything", retries=0, timeout=2)
     with gateway(server.url, tmp_path / "b", judge=down, judge_after_s=0.0, idle_s=0.2, ttl_s=1.0) as base:
-        oa = openai.OpenAI(base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "unjudged"})
+        oa = sdk(openai.OpenAI, base_url=base, api_key="k", default_headers={"X-AgentJet-Session": "unjudged"})
         oa.chat.completions.create(model="m", messages=ASK, max_tokens=3)
         view = wait_outcome(base, "unjudged")
         counts = httpx2.get(base + "/gateway/status").json()["counts"]

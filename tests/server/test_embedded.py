@@ -283,15 +283,15 @@ def test_served_by_agentjet_server_up_its_calls_name_the_listed_tools(tools_mode
 
     server = ServerProcess(["--model-size", "tools"], tmp_path / "server.log")
     try:
-        sdk = OpenAI(base_url=server.url + "/v1", api_key="unused")
-        assert [m.id for m in sdk.models.list().data] == ["agentjet-tools"]
-        named = 0
-        for name, params in HELD_OUT:
-            reply = sdk.chat.completions.create(
-                model="agentjet-tools", messages=ASK, tools=spec_of(name, params), max_tokens=48, temperature=0.0
-            )
-            calls = reply.choices[0].message.tool_calls or []
-            named += any(call.function.name == name for call in calls)
+        with OpenAI(base_url=server.url + "/v1", api_key="unused") as sdk:
+            assert [m.id for m in sdk.models.list().data] == ["agentjet-tools"]
+            named = 0
+            for name, params in HELD_OUT:
+                reply = sdk.chat.completions.create(
+                    model="agentjet-tools", messages=ASK, tools=spec_of(name, params), max_tokens=48, temperature=0.0
+                )
+                calls = reply.choices[0].message.tool_calls or []
+                named += any(call.function.name == name for call in calls)
         assert named >= MIN_NAMED, named
     finally:
         server.stop()
