@@ -93,3 +93,57 @@ def test_sft_on_chat_jsonl_then_rl_continues_from_its_checkpoint(tmp_path):
     # steps nothing, so the version moves only for groups that still differ
     assert status["trajectories"]["trained"] == 160 and status["learner"]["last_error"] is None
     assert status["policy_version"] >= resumed
+
+
+def preference_pairs(phrases: list[str], offset: int) -> list[dict]:  # type: ignore[type-arg]
+    """For each word in each phrasing: its digit chosen over a wrong one."""
+    return [
+        {
+            "prompt": [{"role": "user", "content": p.format(w=w, W=w.capitalize())}],
+            "chosen": str(d),
+            "rejected": str((d + offset + i) % 10 or 1) if (d + offset + i) % 10 != d else str((d + 5) % 10),
+        }
+        for i, p in enumerate(phrases)
+        for d, w in enumerate(WORDS)
+    ]
+
+
+def test_dpo_on_64_pairs_raises_the_held_out_margin(tmp_path):
+    train = preference_pairs(PHRASES, 1) + preference_pairs(PHRASES[:1], 4)[:4]
+    assert len(train) == 64 and all(p["chosen"] != p["rejected"] for p in train)
+    data, held_out = tmp_path / "pairs.jsonl", tmp_path / "held-out.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in train))
+    unseen = preference_pairs(["Convert {w} to a digit."], 3)  # a phrasing the training never saw
+    held_out.write_text("".join(json.dumps(p) + "\n" for p in unseen))
+    server = ServerProcess(["--state-dir", str(tmp_path / "state")], tmp_path / "server.log")
+    try:
+        command = [str(Path(sys.executable).parent / "agentjet-client"), "dpo", str(data), "--server", server.url]
+        command += [
+            "--eval-data",
+            str(held_out),
+            "--lr",
+            "1e-3",
+            "--epochs",
+            "6",
+            "--batch-size",
+            "16",
+            "--beta",
+            "0.5",
+        ]
+        dpo = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert dpo.returncode == 0, dpo.stdout[-3000:] + dpo.stderr[-3000:]
+        history = httpx2.get(server.url + "/v1/metrics/history").json()
+    finally:
+        server.stop()
+    out = " ".join(dpo.stdout.split())
+    figure = r"reward margin ([-+\d.]+) accuracy ([\d.]+) log-prob margin ([-+\d.]+)"
+    before = [float(x) for x in re.search("held-out before: " + figure, out).groups()]  # type: ignore[union-attr]
+    after = [float(x) for x in re.findall("epoch 6/6: held-out " + figure, out)[0]]
+    assert before[0] == pytest.approx(0, abs=1e-3)  # the reference is the model before the first update
+    assert after[0] > 0.05 and after[2] > before[2] and after[1] >= before[1], out[-2000:]
+    lines = history["lines"] if isinstance(history, dict) else history
+    steps = [line for line in lines if line.get("kind") == "step"]
+    assert len(steps) == 24 and {s["mode"] for s in steps} == {"dpo"}
+    print(
+        f"dpo: held-out reward margin {before[0]:+.3f} -> {after[0]:+.3f}, accuracy {before[1]:.2f} -> {after[1]:.2f}"
+    )

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentjet_client.errors import AgentJetError
+from agentjet_client.preference import dpo_command
 from agentjet_client.report import RunReport
 from agentjet_client.research.cli import app as research_app
 from agentjet_client.runconfig import RunConfig
@@ -28,6 +29,7 @@ console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (g
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line
 app.add_typer(research_app, name="research")
 app.command(name="sft")(sft_command)
+app.command(name="dpo")(dpo_command)
 
 
 def _say(message: str) -> None:

@@ -24,9 +24,10 @@ from rich.console import Console
 console = Console(soft_wrap=True)  # a line stays one line in a pipe or a log (grep-able)
 
 
-def read_chats(path: Path) -> list[dict[str, Any]]:
-    """The chats of a JSONL file; exits with the line that is wrong."""
-    chats = []
+def read_records(path: Path, what: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, each with the ``keys`` it has of ``keys`` (the first required);
+    exits with the line that is wrong."""
+    records = []
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -35,33 +36,51 @@ def read_chats(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            chat = json.loads(line)
+            record = json.loads(line)
         except ValueError as exc:
-            raise typer.BadParameter(f"{path}:{number} is not JSON ({exc}); one chat per line") from exc
-        if not isinstance(chat, dict) or not isinstance(chat.get("messages"), list):
-            raise typer.BadParameter(f'{path}:{number}: each line is an object with "messages": [...]')
-        chats.append({k: chat[k] for k in ("messages", "tools") if k in chat})
-    if not chats:
-        raise typer.BadParameter(f"{path} holds no chats")
+            raise typer.BadParameter(f"{path}:{number} is not JSON ({exc}); one {what} per line") from exc
+        if not isinstance(record, dict) or keys[0] not in record:
+            raise typer.BadParameter(f'{path}:{number}: each line is a {what}, an object with "{keys[0]}"')
+        records.append({k: record[k] for k in keys if k in record})
+    if not records:
+        raise typer.BadParameter(f"{path} holds no {what}")
+    return records
+
+
+def read_chats(path: Path) -> list[dict[str, Any]]:
+    """The chats of a JSONL file (``{"messages": [...], "tools": [...]}``); exits with the line that is wrong."""
+    chats = read_records(path, "chat", ("messages", "tools"))
+    for chat in chats:
+        if not isinstance(chat["messages"], list):
+            raise typer.BadParameter(f'{path}: "messages" must be a list of messages')
     return chats
 
 
 class Trainer:
-    """The server's ``/v1/train/sft`` and checkpoint endpoints."""
+    """The server's ``/v1/train/{mode}`` and checkpoint endpoints (``mode``: "sft" or "dpo")."""
 
-    def __init__(self, server: str, admin_key: str | None, adapter: str | None, lr: float | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        admin_key: str | None,
+        adapter: str | None,
+        lr: float | None = None,
+        mode: str = "sft",
+        **settings: Any,
+    ) -> None:
         headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
         self.http = httpx2.Client(base_url=server.rstrip("/"), headers=headers, timeout=3600)
-        self.adapter, self.lr = adapter, lr
+        self.adapter, self.lr, self.mode, self.settings = adapter, lr, mode, settings
 
-    def post(self, examples: list[dict[str, Any]], evaluate: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"examples": examples, "adapter": self.adapter, "evaluate": evaluate}
+    def post(self, items: list[dict[str, Any]], evaluate: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"adapter": self.adapter, "evaluate": evaluate, **self.settings}
+        body["examples" if self.mode == "sft" else "pairs"] = items
         if self.lr is not None:
             body["lr"] = self.lr
         deadline = time.monotonic() + 600
         while True:
             try:
-                reply = self.http.post("/v1/train/sft", json=body)
+                reply = self.http.post(f"/v1/train/{self.mode}", json=body)
             except httpx2.HTTPError as exc:
                 raise SystemExit(f"the server did not answer ({exc}); is it running at {self.http.base_url}?") from exc
             if reply.status_code != 503 or time.monotonic() > deadline:

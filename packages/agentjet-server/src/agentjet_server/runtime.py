@@ -7,6 +7,7 @@ calls on it. Build it with ``create_runtime(engine, settings, model_path)``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from pathlib import Path
@@ -98,6 +99,10 @@ def _vocab(model: torch.nn.Module) -> int:
     return int(getattr(config, "vocab_size", 0) or 0)
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def learner_info(loop: TrainingLoop, settings: ServerSettings, step: int, checkpoint_step: int | None) -> LearnerInfo:
     """The learner's part of ``/v1/status`` (``step``: read with the served version)."""
     last = loop.last
@@ -107,9 +112,9 @@ def learner_info(loop: TrainingLoop, settings: ServerSettings, step: int, checkp
         batch_groups=settings.batch_groups,
         group_size=settings.group_size,
         max_staleness=settings.max_staleness,
-        last_loss=last.loss if last else None,
+        last_loss=_finite(last.loss) if last else None,
         last_step_seconds=last.seconds if last else None,
-        last_mean_reward=last.mean_reward if last else None,
+        last_mean_reward=_finite(last.mean_reward) if last else None,  # none: a step on data, not episodes
         skipped_batches=loop.skipped_batches,
         last_error=loop.error,
         last_checkpoint_step=checkpoint_step,

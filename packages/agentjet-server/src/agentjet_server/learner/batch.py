@@ -26,7 +26,7 @@ from agentjet_server.versions import PolicyVersions
 
 Algorithm = Literal["grpo", "ppo"]
 StalePolicy = Literal["drop", "downweight"]
-Mode = Literal["rl", "sft"]
+Mode = Literal["rl", "sft", "dpo"]
 
 
 @dataclass
@@ -88,8 +88,11 @@ class Batch:
     stale: int = 0  # episodes left out: older than the staleness bound by the time they were trained
     downweighted: int = 0  # tokens trained with less weight for the same reason
     # which loss trains it: "rl" the policy objective (GRPO/PPO), "sft" the negative log-likelihood of its
-    # trained tokens (supervised fine-tuning: ``learner.supervised``)
+    # trained tokens (supervised fine-tuning: ``learner.supervised``), "dpo" the preference loss on its
+    # (chosen, rejected) pairs of sequences (``learner.preference``)
     mode: Mode = "rl"
+    lr: float | None = None  # this update's learning rate (the learner's own when None)
+    beta: float = 0.1  # "dpo": how far from the reference the preference may pull the policy
 
     @property
     def trained_tokens(self) -> int:

@@ -47,6 +47,15 @@ class Reconfigure:
     config: object  # a LearnerConfig
 
 
+@dataclass(frozen=True)
+class Score:
+    """Rank 0 scores a batch without updating anything (a held-out loss, DPO's reference log-probs): every
+    rank runs its share of the forward passes."""
+
+    batch: object  # a Batch
+    adapter: str | None = None
+
+
 # on GPUs, NCCL for the model's tensors and gloo for the few CPU tensors the learner reduces
 CUDA_BACKEND = "cpu:gloo,cuda:nccl"
 

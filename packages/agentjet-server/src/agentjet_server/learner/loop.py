@@ -29,7 +29,7 @@ from agentjet_server.learner import distributed
 from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.requests import Requests
-from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
+from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats, score
 from agentjet_server.observe.metrics import BatchFigures, StepRecord, TagFigures, batch_figures, step_record
 from agentjet_server.versions import PolicyVersions
 
@@ -325,25 +325,26 @@ def train_part(loop: TrainingLoop, part: Batch, adapter: str | None, batch: Batc
     return stats
 
 
-def supervised_step(loop: TrainingLoop, batch: Batch, adapter: str | None = None, lr: float | None = None) -> StepStats:
-    """(learner thread) One update of a supervised batch (``learner.supervised``; of ``adapter`` with an
-    adapter per agent, at learning rate ``lr`` if given, the server's otherwise), logged, served and recorded
-    as a policy update is (its record's ``mode``: "sft")."""
+def supervised_step(loop: TrainingLoop, batch: Batch, adapter: str | None = None) -> StepStats:
+    """(learner thread) One update on a batch of data rather than of episodes (``mode`` "sft",
+    ``learner.supervised``, or "dpo", ``learner.preference``; of ``adapter`` with an adapter per agent, at
+    the batch's learning rate if it has one), logged, served and recorded as a policy update is (its
+    record's ``mode`` says which)."""
     if loop.trainer.config.adapters and adapter not in loop.trainer.config.adapters:
         raise ValueError(
             f"this server trains an adapter per agent: name one of {', '.join(loop.trainer.config.adapters)}"
         )
     if not loop.log_version(loop.served.after_step([adapter] if adapter is not None else [])):
         raise StateError("the server is stopping; nothing was trained")
-    groups = loop.trainer.optimizer.param_groups
-    rates = [group["lr"] for group in groups]
-    for group in groups:
-        group["lr"] = lr if lr is not None else group["lr"]
-    try:
-        return train_part(loop, batch, adapter, batch, BatchFigures({}, {}, Counter(), {}))
-    finally:  # policy updates go on at the server's own rate
-        for group, rate in zip(groups, rates, strict=True):
-            group["lr"] = rate
+    return train_part(loop, batch, adapter, batch, BatchFigures({}, {}, Counter(), {}))
+
+
+def score_batch(loop: TrainingLoop, batch: Batch, adapter: str | None = None) -> list[float]:
+    """(learner thread) Each of ``batch``'s sequences' summed log-prob under the current weights (of
+    ``adapter``), every learner rank taking part; nothing is updated."""
+    if loop.trainer.ctx.enabled:
+        distributed.broadcast(loop.trainer.ctx, distributed.Score(batch, adapter))
+    return [float(x) for x in score(loop.trainer, batch, adapter)]
 
 
 def adopt(loop: TrainingLoop, state: dict[str, Any]) -> tuple[int, Any]:
@@ -400,9 +401,12 @@ def worker_loop(learner: Learner, ctx: DistContext, free_cache: bool = False) ->
             learner.reconfigure(message.config)  # type: ignore[arg-type]
             logger.info("learner rank %d takes new settings (lr %s)", ctx.rank, learner.config.lr)
             continue
+        if isinstance(message, distributed.Score):
+            score(learner, message.batch, message.adapter)  # type: ignore[arg-type]
+            continue
         if not isinstance(message, Batch):
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")
-        learner.step(message)
+        learner.step(message, message.sequences[0].adapter if learner.config.adapters else None)
         learner.release_gradients()
         if free_cache and learner.device.type == "cuda":
             import torch

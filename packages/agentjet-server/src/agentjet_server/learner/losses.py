@@ -12,6 +12,15 @@ Policy objectives (per trained token, weighted, summed and divided by ``normalis
 * ``tis_policy_loss`` — truncated importance sampling on the plain policy gradient (``tis``):
   each token's gradient ``A * grad log pi`` weighted by ``min(pi / pi_behaviour, cap)``, no clip.
 
+Preference
+* ``dpo_weights`` — DPO's loss on (chosen, rejected) pairs, ``-log sigmoid(beta * margin)`` with the
+  margin ``(log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))`` over whole
+  completions, turned into one weight per sequence: the loss's gradient is
+  ``-beta * sigmoid(-beta * margin) * (grad log pi(chosen) - grad log pi(rejected))``, so a per-token
+  objective ``-weight * log pi(token)`` with those weights (computed with the weights about to be
+  updated) has exactly the pair loss's gradient, and the sequences of a pair can be packed, split
+  between micro-batches and sharded like any others.
+
 Regularisers
 * ``k3_kl`` — Schulman's k3 estimator of KL(pi || pi_ref) per token, ``exp(d) - d - 1`` with
   ``d = log pi_ref - log pi``: non-negative, unbiased, low variance.
@@ -177,3 +186,24 @@ def clipped_value_loss(
             "value_clip_fraction": float(((clipped_error > unclipped_error).to(weights.dtype) * present).sum() / count),
         }
     return loss, stats
+
+
+def dpo_weights(logps: torch.Tensor, reference: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sequences in pairs (``[chosen0, rejected0, chosen1, ...]``), each with its summed log-prob under the
+    policy (``logps``) and the reference (``reference``): each sequence's weight (``+w`` for a chosen one,
+    ``-w`` for a rejected one, averaged over the pairs) and the batch's figures: the loss, the implicit
+    reward margin ``beta * margin`` (``reward_margin``), the share of pairs it orders right
+    (``accuracy``) and the plain log-prob margin ``log pi(chosen) - log pi(rejected)`` (``logp_margin``)."""
+    if logps.numel() % 2 or logps.shape != reference.shape:
+        raise ValueError("DPO takes sequences in (chosen, rejected) pairs, each with its reference log-prob")
+    logps, reference = logps.double(), reference.double()
+    z = beta * ((logps[0::2] - reference[0::2]) - (logps[1::2] - reference[1::2]))
+    pairs = z.numel()
+    weight = beta * torch.sigmoid(-z) / pairs
+    figures = {
+        "dpo_loss": float(torch.nn.functional.softplus(-z).mean()),
+        "reward_margin": float(z.mean()),
+        "accuracy": float((z > 0).double().mean()),
+        "logp_margin": float((logps[0::2] - logps[1::2]).mean()),
+    }
+    return torch.stack([weight, -weight], dim=1).reshape(-1), figures

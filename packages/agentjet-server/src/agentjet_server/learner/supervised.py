@@ -19,24 +19,27 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Any
 
-import torch
-
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.learner.batch import Batch, Sequence
-from agentjet_server.learner.trainer import Learner
+from agentjet_server.learner.trainer import Learner, score
 
 
 def conversation(
-    chat: ChatTokenizer, messages: Seq[dict[str, Any]], tools: Seq[dict[str, Any]] | None = None, where: str = "chat"
+    chat: ChatTokenizer,
+    messages: Seq[dict[str, Any]],
+    tools: Seq[dict[str, Any]] | None = None,
+    where: str = "chat",
+    first: int = 0,
 ) -> Sequence:
-    """One chat as a trainable sequence: its tokens, the assistant messages' tokens trained."""
-    if not any(m.get("role") == "assistant" for m in messages):
+    """One chat as a trainable sequence: its tokens, the assistant messages' tokens trained (those from
+    message ``first`` on: the ones before it are context, as a preference pair's prompt is)."""
+    if not any(m.get("role") == "assistant" for m in messages[first:]):
         raise InvalidRequestError(f"{where} has no assistant message: there is nothing to learn from it")
     full = chat.encode(chat.render_text(messages, tools, add_generation_prompt=False))
     trained: list[int] = []
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+        if message.get("role") != "assistant" or i < first:
             continue
         before = chat.encode(chat.render_text(messages[:i], tools, add_generation_prompt=True))
         through = chat.encode(chat.render_text(messages[: i + 1], tools, add_generation_prompt=False))
@@ -68,22 +71,7 @@ def supervised_batch(sequences: list[Sequence]) -> Batch:
 def evaluate(learner: Learner, batch: Batch, adapter: str | None = None) -> tuple[float, int]:
     """(learner thread) The summed negative log-likelihood of the batch's trained tokens, and their count,
     under the learner's weights (of ``adapter``, with an adapter per agent); nothing is updated."""
-    from agentjet_server.engine.lora_layers import activate
-
-    if adapter is not None or learner.config.adapters:
-        activate(learner.model, adapter, learner.config.adapters)
-    plan, _ = learner.plan(batch.sequences)
-    total, count = 0.0, 0
-    learner.policy.eval()
-    with torch.no_grad():
-        for mini in plan:
-            for micro in mini.micro:
-                if micro is None:
-                    continue
-                logprobs, _ = learner.sequence_logprobs(micro)
-                total -= float((logprobs.float() * micro.weights).sum())
-                count += micro.entries
-    return total, count
+    return -float(score(learner, batch, adapter).sum()), batch.trained_tokens
 
 
 MAX_EXAMPLES = 512  # chats per request: a request is one update (or one evaluation), answered when done

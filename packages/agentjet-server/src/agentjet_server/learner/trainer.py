@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,6 +46,7 @@ from agentjet_server.learner.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     decoupled_policy_loss,
+    dpo_weights,
     k3_kl,
     tis_policy_loss,
 )
@@ -227,17 +229,17 @@ class Learner:
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def plan(self, sequences: list[Sequence]) -> tuple[list[MiniBatch], int]:
-        """This rank's mini-batches of packed micro-batches, each padded with ``None`` to the largest
-        count of any rank (FSDP gathers weights collectively, so every rank runs the same number of
-        passes), and the tokens all ranks process."""
+    def plan(self, sequences: list[Sequence], parts: int | None = None) -> tuple[list[MiniBatch], int]:
+        """This rank's mini-batches (``parts``, the learner's ``mini_batches`` by default) of packed
+        micro-batches, each padded with ``None`` to the largest count of any rank (FSDP gathers weights
+        collectively, so every rank runs the same number of passes), and the tokens all ranks process."""
         # segment-wise trees run a varying number of decoder passes per micro-batch; FSDP gathers
         # each layer once per pass, collectively, so sharded ranks must all use one pass (dense)
         # a segment-wise tree carries keys and values between passes, which checkpointed layers don't keep
         mode = "dense" if self.sharded or self.config.gradient_checkpointing else self.config.tree_attention
         out: list[MiniBatch] = []
         processed = 0
-        for chunk in _split(sequences, self.config.mini_batches):
+        for chunk in _split(sequences, self.config.mini_batches if parts is None else parts):
             packed = pack(chunk, self.micro_batch_tokens)
             processed += sum(p.size for p in packed)
             shares = partition(packed, self.ctx.world_size, lambda p: p.size) if self.ctx.enabled else [packed]
@@ -274,13 +276,41 @@ class Learner:
         if adapter is not None or self.config.adapters:
             activate(self.model, adapter, self.config.adapters)
         started = time.perf_counter()
-        plan, processed = self.plan(batch.sequences)
+        # a DPO step's weights hold for the weights it starts from: one optimizer step
+        plan, processed = self.plan(batch.sequences, 1 if batch.mode == "dpo" else None)
         self.policy.eval()
+        preference: dict[str, float] = {}
         if batch.mode == "rl":  # a supervised loss needs no proximal, reference or value pass
             prepare(self, plan, batch.version)
+        elif batch.mode == "dpo":
+            preference = weigh_pairs(self, plan, batch)
         prepare_seconds = time.perf_counter() - started
         self.policy.train()
         idle = self.idle_pass()
+        with _learning_rate(self.optimizer, batch.lr):
+            loss_sum, extra, grad_norm = self._update(plan, batch, idle)
+        loss_sum, extra = _sum_over_ranks(self.ctx, loss_sum, extra)
+        if preference:  # the pair loss itself, not its per-token stand-in
+            loss_sum = preference["dpo_loss"]
+            extra.update(preference)
+        self.policy.eval()
+        self.steps += 1
+        mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
+        return StepStats(
+            loss=loss_sum,
+            mean_reward=mean_reward,
+            sequences=len(batch.sequences),
+            trained_tokens=batch.trained_tokens,
+            grad_norm=grad_norm,
+            seconds=time.perf_counter() - started,
+            extra=extra,
+            processed_tokens=processed,
+            micro_batches=sum(len(m.micro) for m in plan),
+            prepare_seconds=prepare_seconds,
+        )
+
+    def _update(self, plan: list[MiniBatch], batch: Batch, idle: MicroBatch) -> tuple[float, dict[str, float], float]:
+        """The optimizer steps of one update: the loss, its figures and the last gradient norm."""
         batch_tokens = float(batch.trained_tokens)
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
@@ -305,22 +335,7 @@ class Learner:
                 if self._head:
                     torch.nn.utils.clip_grad_norm_(self._head, self.config.max_grad_norm)
                 self.optimizer.step()
-        loss_sum, extra = _sum_over_ranks(self.ctx, loss_sum, extra)
-        self.policy.eval()
-        self.steps += 1
-        mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
-        return StepStats(
-            loss=loss_sum,
-            mean_reward=mean_reward,
-            sequences=len(batch.sequences),
-            trained_tokens=batch.trained_tokens,
-            grad_norm=grad_norm,
-            seconds=time.perf_counter() - started,
-            extra=extra,
-            processed_tokens=processed,
-            micro_batches=sum(len(m.micro) for m in plan),
-            prepare_seconds=prepare_seconds,
-        )
+        return loss_sum, extra, grad_norm
 
 
 def prepare(learner: Learner, plan: list[MiniBatch], version: int | None) -> None:
@@ -358,6 +373,64 @@ def prepare(learner: Learner, plan: list[MiniBatch], version: int | None) -> Non
                     m.reference_logprobs = learner.reference.run(m)[0]
     if need_values:
         ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", learner.ctx)
+
+
+def sequence_sums(learner: Learner, plan: list[MiniBatch], count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the no-gradient pass, on every rank) For each of a batch's ``count`` sequences (``Sequence.group``
+    numbers them), the weighted sum of its trained tokens' log-probs under the learner's weights, and of
+    the batch's own ``old_logprobs`` of them, summed over every rank's share (float64, on the CPU)."""
+    sums = torch.zeros(2, count, dtype=torch.float64)
+    with torch.no_grad():
+        for m in [m for mini in plan for m in mini.micro]:
+            part = m if m is not None else learner.idle_pass()
+            logprobs, _entropy = learner.sequence_logprobs(part)
+            if m is None:
+                continue
+            index = m.groups.cpu()
+            sums[0].index_add_(0, index, (logprobs.float() * m.weights).double().cpu())
+            sums[1].index_add_(0, index, (m.old_logprobs * m.weights).double().cpu())
+    if learner.ctx.enabled:
+        import torch.distributed as dist
+
+        dist.all_reduce(sums)
+    return sums[0], sums[1]
+
+
+def score(learner: Learner, batch: Batch, adapter: str | None = None) -> torch.Tensor:
+    """(learner thread, every rank) The summed log-prob of each of ``batch``'s sequences' trained tokens under
+    the learner's weights (of ``adapter``, with an adapter per agent), in the batch's order; nothing is
+    updated. Rank 0 tells the other ranks (``distributed.Score``) before it calls this."""
+    for number, sequence in enumerate(batch.sequences):
+        sequence.group = number
+    if adapter is not None or learner.config.adapters:
+        activate(learner.model, adapter, learner.config.adapters)
+    plan, _ = learner.plan(batch.sequences)
+    learner.policy.eval()
+    return sequence_sums(learner, plan, len(batch.sequences))[0]
+
+
+def weigh_pairs(learner: Learner, plan: list[MiniBatch], batch: Batch) -> dict[str, float]:
+    """(the no-gradient pass of a DPO step) Each entry's advantage becomes its sequence's DPO weight
+    (``losses.dpo_weights``: the batch's ``old_logprobs`` carry each sequence's reference log-prob), and
+    the step's figures."""
+    logps, reference = sequence_sums(learner, plan, len(batch.sequences))
+    weights, figures = dpo_weights(logps, reference, batch.beta)
+    for m in [m for mini in plan for m in mini.micro if m is not None]:
+        m.advantages = weights.to(device=m.advantages.device, dtype=m.advantages.dtype)[m.groups]
+    return figures
+
+
+@contextmanager
+def _learning_rate(optimizer: torch.optim.Optimizer, lr: float | None) -> Iterator[None]:
+    """The optimizer at learning rate ``lr`` (if given) for one update, at its own rate again after."""
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = lr if lr is not None else group["lr"]
+    try:
+        yield
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
 
 
 def _all_ranks(ctx: DistContext, flag: bool) -> bool:
@@ -425,6 +498,8 @@ def objective(
     with autocast():
         logprobs, entropy, values = policy.run(part)
     weights = part.weights
+    if mode == "dpo":  # each sequence's weight (``weigh_pairs``) times its log-prob: the pair loss's gradient
+        return -(logprobs.float() * part.advantages * weights).sum(), {"entropy": float(entropy.detach().mean())}
     if mode == "sft":
         nll = -(logprobs.float() * weights).sum()
         with torch.no_grad():

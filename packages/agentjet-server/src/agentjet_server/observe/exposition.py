@@ -142,6 +142,14 @@ class RuntimeCollector(Collector):
                     family.add_metric([agent], float(getattr(health, key)))
                 yield family
         yield CounterMetricFamily("agentjet_tokens_trained", "Sampled tokens trained on", value=tel.trained_tokens)
+        steps = CounterMetricFamily(
+            "agentjet_learner_steps_by_mode",
+            "Learner steps since the server started, by the loss they ran (rl, sft, dpo)",
+            labels=["mode"],
+        )
+        for mode in ("rl", "sft", "dpo"):
+            steps.add_metric([mode], float(tel.steps_by_mode.get(mode, 0)))
+        yield steps
         last = tel.last_step
         learner: tuple[tuple[str, str, float | None], ...] = (
             ("agentjet_learner_loss", "Loss of the last step", last.loss if last else None),
@@ -167,6 +175,11 @@ class RuntimeCollector(Collector):
                 _get(last, "is_truncated_fraction"),
             ),
             ("agentjet_learner_kl_reference", "k3 KL to the reference model, last step", _get(last, "kl_reference")),
+            (
+                "agentjet_learner_reward_margin",
+                "DPO: beta times the pairs' mean margin over the reference, last preference step",
+                _get(last, "reward_margin"),
+            ),
             (
                 "agentjet_learner_value_error",
                 "PPO critic's squared error to returns, last step",

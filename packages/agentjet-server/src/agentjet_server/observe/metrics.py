@@ -143,7 +143,11 @@ class StepRecord:
     prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
     engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
     adapter: str | None = None  # with an adapter per agent: the adapter this step trained
-    mode: str = "rl"  # the loss it ran: "rl" (the policy objective) or "sft" (supervised, ``learner.supervised``)
+    # the loss it ran: "rl" (the policy objective), "sft" (supervised, ``learner.supervised``) or "dpo"
+    # (preference pairs, ``learner.preference``)
+    mode: str = "rl"
+    reward_margin: float | None = None  # "dpo": beta * the pairs' mean margin over the reference
+    preference_accuracy: float | None = None  # "dpo": the share of pairs whose chosen answer leads
 
 
 class BatchFigures(NamedTuple):
@@ -354,6 +358,7 @@ class Telemetry:
     weight_update_seconds: Buckets = field(default_factory=lambda: Buckets(STEP_BUCKETS))
     lag: Buckets = field(default_factory=lambda: Buckets(LAG_BUCKETS))
     trained_tokens: int = 0
+    steps_by_mode: Counter[str] = field(default_factory=Counter)
     # (purpose, tag) and (purpose, agent) -> rewards of accepted episodes
     rewards_by_tag: dict[tuple[str, str], Mean] = field(default_factory=dict)
     rewards_by_agent: dict[tuple[str, str], Mean] = field(default_factory=dict)
@@ -407,6 +412,7 @@ class Telemetry:
             for versions, tokens in lag.items():
                 self.lag.observe(versions, tokens)
             self.trained_tokens += record.trained_tokens
+            self.steps_by_mode[record.mode] += 1
         self.history.append("step", **{**self.figures(snapshot), **_finite(asdict(record))})
 
     def record_event(self, kind: str, message: str) -> None:
@@ -590,4 +596,6 @@ def step_record(
         stale_dropped=batch.stale,
         prepare_seconds=stats.prepare_seconds,
         engine_sleep_seconds=slept,
+        reward_margin=extra.get("reward_margin"),
+        preference_accuracy=extra.get("accuracy"),
     )
