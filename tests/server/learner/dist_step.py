@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.learner import distributed
-from agentjet_server.learner.batch import build_batch
-from agentjet_server.learner.trainer import Learner, LearnerConfig
+from agentjet_server.learner.batch import Batch, Sequence, build_batch
+from agentjet_server.learner.trainer import Learner, LearnerConfig, score
 
 
 def behaviour_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> list[float]:
@@ -58,6 +58,23 @@ def fixed_groups(model: torch.nn.Module, groups: int, size: int, seed: int = 0) 
     return out
 
 
+def preference_batch(groups: list[list[Trajectory]]) -> Batch:
+    """DPO pairs from the groups (siblings two by two, on their first turn), with references that give
+    margins of both signs, at a learning rate of their own (which must reach every rank)."""
+    sequences = []
+    for group in groups:
+        for k in range(0, len(group) - 1, 2):
+            for j, trajectory in enumerate(group[k : k + 2]):
+                turn = trajectory.turns[0]
+                n = len(turn.completion_token_ids)
+                reference = sum(turn.completion_logprobs) + (0.4 if j == 0 else -0.2) * (k - 1)
+                tokens = list(turn.prompt_token_ids) + list(turn.completion_token_ids)
+                sequence = Sequence.single(tokens, len(turn.prompt_token_ids), [reference / n] * n, 0.0)
+                sequence.group = len(sequences)
+                sequences.append(sequence)
+    return Batch(sequences, [], len(sequences) // 2, 0, len(sequences) // 2, mode="dpo", lr=3e-3, beta=0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -74,6 +91,7 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--mini-batches", type=int, default=1)
     parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload (one process too)")
+    parser.add_argument("--mode", default="rl", help="rl | dpo (pairs of the same groups, scored first)")
     parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
     ctx = distributed.init_from_env(args.device)
@@ -108,7 +126,10 @@ def run(ctx: distributed.DistContext, args: argparse.Namespace) -> list[dict[str
         cpu_offload=args.cpu_offload,
     )
     groups = [fixed_groups(model, args.groups, 5, seed=step) for step in range(args.steps)]
-    batches = [build_batch(g, algorithm=args.algorithm) for g in groups]
+    if args.mode == "dpo":
+        batches = [preference_batch(g) for g in groups]
+    else:
+        batches = [build_batch(g, algorithm=args.algorithm) for g in groups]
 
     def reference() -> torch.nn.Module | None:
         if not args.kl_coef:
@@ -123,8 +144,9 @@ def run(ctx: distributed.DistContext, args: argparse.Namespace) -> list[dict[str
             fresh = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
             learner = Learner(fresh.to(ctx.device), config, pad_id=0, ctx=ctx, reference=reference())
             learner.load_training_state(state if ctx.is_main else None)
+        scored = {"scored": float(score(learner, batch).sum())} if args.mode == "dpo" else {}
         s = learner.step(batch)
-        stats.append({"loss": s.loss, "grad_norm": s.grad_norm, "sequences": s.sequences, **s.extra})
+        stats.append({"loss": s.loss, "grad_norm": s.grad_norm, "sequences": s.sequences, **s.extra, **scored})
     weights = learner.full_state_dict()
     if learner.policy.value_head is not None:  # PPO: the critic, gathered the same way
         critic = distributed.full_state_dict(learner.policy.value_head, ctx)

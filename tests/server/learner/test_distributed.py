@@ -43,6 +43,9 @@ CASES = [
     # FSDP2 CPU offload on both sides (alone: a process group of one), dense trees as when sharded;
     # the default objective, so its 1e-4 (1.06e-5 measured)
     (["--cpu-offload", "--tree-attention", "dense"], 1e-4),
+    # DPO: pairs split between micro-batches and ranks (their weights need every rank's sums), scored on
+    # both ranks first, at a learning rate of the batch's own
+    (["--mode", "dpo", "--micro-batch-tokens", "60"], 1e-4),
 ]
 ROUND_TRIPS = [[], ["--algorithm", "ppo"]]
 
@@ -109,6 +112,10 @@ def test_two_process_fsdp_step_equals_single_process(model_dir, launched, case):
     for s1, s2 in zip(one, two, strict=True):
         assert s1["loss"] == pytest.approx(s2["loss"], rel=1e-5, abs=1e-7)
         assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-5)
+        if "dpo" in extra:
+            assert s1["scored"] == pytest.approx(s2["scored"], rel=1e-5) and s1["reward_margin"] == pytest.approx(
+                s2["reward_margin"], rel=1e-4, abs=1e-6
+            )
 
 
 def test_small_micro_batches_make_ranks_pad_with_idle_passes(model_dir):
