@@ -159,3 +159,71 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training(model_
         assert "reference" in str(exc)
     else:
         raise AssertionError("a KL penalty without a reference model was accepted")
+
+
+def test_a_teacher_adds_its_per_token_advantage_and_distillation_pulls_the_student_toward_it(model_dir):
+    """prepare() adds distill_coef * (log pi_teacher - log pi_behaviour) to each sampled token's advantage
+    (checked against the teacher run on the unpacked sequence); flat groups then still train, and steps on
+    the student's answers lower its reverse KL to the teacher."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.packing import pack
+
+    tok = load_tokenizer(model_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    teacher = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():  # a teacher of the same vocabulary whose answers differ
+        teacher.lm_head.weight.add_(0.2 * torch.randn_like(teacher.lm_head.weight))
+    learner = Learner(model, LearnerConfig(lr=1e-2, distill_coef=0.5), pad_id=0, teacher=teacher)
+    _, group = make_group(tok, model, "Write two as a digit.", 2, 0)
+    flat = [t.model_copy(update={"reward": 0.0}) for t in group]  # no reward signal: the teacher's alone
+    batch = build_batch([flat], keep_flat=True)
+    [micro] = [p.tensors("cpu") for p in pack(batch.sequences, 4096)]
+    before = micro.advantages.clone()
+    figures = prepare(learner, [_mini(micro)], version=None, tokens=float(micro.entries))
+    with torch.no_grad():
+        gaps: list[tuple[int, float]] = []  # (position, log pi_teacher - log pi_behaviour) of each entry
+        for sequence in sorted(batch.sequences, key=lambda s: s.tokens):  # packing's order
+            logp = torch.log_softmax(teacher(input_ids=torch.tensor([sequence.tokens])).logits[0], -1)
+            for p, old in zip(sequence.positions, sequence.old_logprobs, strict=True):
+                gaps.append((p, float(logp[p - 1, sequence.tokens[p]]) - old))
+    # one group: each token's baseline is the mean gap of the tokens at its position
+    baseline = {p: sum(g for q, g in gaps if q == p) / sum(1 for q, _ in gaps if q == p) for p, _ in gaps}
+    expected = torch.tensor([0.5 * (g - baseline[p]) for p, g in gaps])
+    assert torch.allclose(micro.advantages - before, expected, atol=1e-5)
+    assert abs(float(expected.sum())) < 1e-4 and float(expected.abs().max()) > 0.1  # centred, not flat
+    kl = figures["shares"]["teacher_kl"]
+    assert kl == pytest.approx(-sum(g for _, g in gaps) / micro.entries, rel=1e-4)
+
+    def reverse_kl() -> float:  # of the student's answer distribution to the teacher's, on the prompt
+        ids = group[0].turns[0].prompt_token_ids
+        with torch.no_grad():
+            s = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+            t = torch.log_softmax(teacher(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+        return float((s.exp() * (s - t)).sum())
+
+    def sampled(step: int) -> list[Trajectory]:  # the student's own answers: 16 first tokens it samples
+        ids = group[0].turns[0].prompt_token_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+        tokens = torch.multinomial(logp.exp(), 16, replacement=True, generator=torch.Generator().manual_seed(step))
+        return [
+            Trajectory(id=f"s{step}-{i}", task_id="t", turns=[_turn(ids, [int(t)], [0])], reward=0.0)
+            for i, t in enumerate(tokens)
+        ]
+
+    start = reverse_kl()
+    assert start > 0.05
+    for step in range(12):
+        episodes = sampled(step)
+        for episode in episodes:  # the log-probs they were sampled with
+            ids, token = episode.turns[0].prompt_token_ids, episode.turns[0].completion_token_ids[0]
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+            episode.turns[0].completion_logprobs = [float(logp[token])]
+        stats = learner.step(build_batch([episodes], keep_flat=True))
+        assert "teacher_kl" in stats.extra
+    assert reverse_kl() < 0.5 * start, (start, reverse_kl())
+    with pytest.raises(ValueError, match="teacher"):
+        Learner(AutoModelForCausalLM.from_pretrained(model_dir), LearnerConfig(distill_coef=1.0), pad_id=0)

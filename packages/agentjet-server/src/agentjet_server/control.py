@@ -55,6 +55,7 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         off_policy=settings.off_policy,
         is_cap=settings.is_cap,
         kl_coef=settings.kl_coef,
+        distill_coef=settings.distill_coef if settings.teacher is not None else 0.0,
         mini_batches=settings.mini_batches,
         gamma=settings.gamma,
         lam=settings.lam,

@@ -84,7 +84,13 @@ def build_learner(
             f"--reference {settings.reference} has a vocabulary of {_vocab(reference)} tokens and the model "
             f"{_vocab(model)}: the KL needs the same tokenizer; pass a checkpoint of this model"
         )
-    learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx, reference=reference)
+    teacher = trainable_copy(str(settings.teacher), ctx.device, compute) if settings.teacher is not None else None
+    if teacher is not None and _vocab(teacher) != _vocab(model):
+        raise ConfigError(
+            f"--teacher {settings.teacher} has a vocabulary of {_vocab(teacher)} tokens and the model "
+            f"{_vocab(model)}: distillation compares log-probs token by token, so it needs the same tokenizer"
+        )
+    learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx, reference=reference, teacher=teacher)
     resuming = resume_from is not None
     if ctx.enabled:
         resuming = bool(distributed.broadcast(ctx, resuming))

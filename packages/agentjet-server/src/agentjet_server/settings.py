@@ -263,6 +263,15 @@ class LearnerOptions(OptionGroup):
         ge=0,
     )
     reference: Path | None = setting(None, "reference model dir for --kl-coef (default: the initial weights)")
+    teacher: Path | None = setting(
+        None, "on-policy distillation: a teacher model dir (same tokenizer) scores the samples trained on"
+    )
+    distill_coef: float = setting(
+        1.0,
+        "weight of the teacher's per-token advantage (--teacher)",
+        live="the weight of the teacher's advantage, from the next step (only with --teacher)",
+        ge=0,
+    )
     mini_batches: int = setting(
         1,
         "optimizer steps per batch, each on its share",
@@ -401,6 +410,10 @@ class ServerSettings(
             raise ValueError(f"--reference {self.reference} does not exist; pass a local Hugging Face model directory")
         if self.reference is not None and self.kl_coef == 0:
             raise ValueError("--reference is only used by the KL penalty: set --kl-coef above 0 (e.g. 0.01)")
+        if self.teacher is not None and not self.teacher.exists():
+            raise ValueError(f"--teacher {self.teacher} does not exist; pass a local Hugging Face model directory")
+        if self.teacher is not None and self.algorithm == "ppo":
+            raise ValueError("--teacher adds its advantage to GRPO's; with --algorithm ppo it is not supported yet")
         if self.optimizer_dtype == "bfloat16" and self.learner_dtype != "bfloat16":
             raise ValueError(
                 "--optimizer-dtype bfloat16 keeps the weights themselves in bf16, so the learner computes in bf16: "

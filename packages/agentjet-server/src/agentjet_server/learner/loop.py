@@ -254,7 +254,9 @@ class TrainingLoop:
         served = self.served
         staleness: dict[str, Any] = {"version": served, "max_staleness": self.max_staleness}
         staleness["stale_policy"] = self.stale_policy
-        batch = build_batch(groups, keep_flat=config.entropy_coef > 0, algorithm=config.algorithm, **staleness)
+        # a group whose rewards are all equal still has the teacher's signal
+        keep_flat = config.entropy_coef > 0 or config.distill_coef > 0
+        batch = build_batch(groups, keep_flat=keep_flat, algorithm=config.algorithm, **staleness)
         self.stale_at_training += batch.stale
         self.downweighted_tokens += batch.downweighted
         self.tags.count(groups, served)
@@ -316,7 +318,8 @@ def train_part(loop: TrainingLoop, part: Batch, adapter: str | None, batch: Batc
     loop.publish(new, loop.trainer.steps)
     loop.last = stats
     record = step_record(stats, batch, new.current, loop.trainer.steps, update_seconds, slept, figures)
-    record.adapter, record.mode = adapter, part.mode
+    record.adapter = adapter
+    record.mode = "distill" if part.mode == "rl" and "teacher_kl" in stats.extra else part.mode
     try:
         loop.on_step(record, figures.lag)
     except Exception:  # figures must never stop training

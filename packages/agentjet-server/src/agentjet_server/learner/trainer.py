@@ -73,6 +73,9 @@ class LearnerConfig:
     off_policy: OffPolicy = "decoupled"
     is_cap: float = 2.0  # truncation of the behaviour importance weight (decoupled, tis)
     kl_coef: float = 0.0  # k3 KL to the reference model; needs a reference
+    # on-policy distillation: each sampled token's advantage gains this times log pi_teacher - log pi_behaviour
+    # (the negative of the per-token reverse KL to the teacher); needs a teacher
+    distill_coef: float = 0.0
     gamma: float = 1.0  # PPO: discount per trained token
     lam: float = 0.95  # PPO: GAE lambda
     vf_coef: float = 0.5  # PPO: weight of the value loss
@@ -127,9 +130,12 @@ class Learner:
         pad_id: int,
         ctx: DistContext | None = None,
         reference: torch.nn.Module | None = None,
+        teacher: torch.nn.Module | None = None,
     ) -> None:
         if config.kl_coef > 0 and reference is None:
             raise ValueError("a KL penalty (kl_coef > 0) needs a reference model")
+        if config.distill_coef > 0 and teacher is None:
+            raise ValueError("distillation (distill_coef > 0) needs a teacher model")
         self.model = model
         self.config = config
         self.pad_id = pad_id
@@ -158,12 +164,8 @@ class Learner:
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self._trunk = [p for p in trainable if id(p) not in head_ids]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-        self.reference: PolicyModel | None = None
-        if reference is not None:
-            use_learner_attention(reference)
-            reference.requires_grad_(False)
-            reference.eval()
-            self.reference = PolicyModel(reference)
+        self.reference = _frozen(reference)
+        self.teacher = _frozen(teacher)
         self.steps = 0
 
     def release_gradients(self) -> None:
@@ -179,6 +181,8 @@ class Learner:
             raise ValueError("where the learner's state lives (--cpu-offload) is fixed when it starts")
         if config.kl_coef > 0 and self.reference is None:
             raise ValueError("a KL penalty needs a reference model: start the server with --kl-coef above 0")
+        if config.distill_coef > 0 and self.teacher is None:
+            raise ValueError("distillation needs a teacher: start the server with --teacher DIR")
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr
             group["weight_decay"] = config.weight_decay
@@ -279,9 +283,9 @@ class Learner:
         # a DPO step's weights hold for the weights it starts from: one optimizer step
         plan, processed = self.plan(batch.sequences, 1 if batch.mode == "dpo" else None)
         self.policy.eval()
-        preference: dict[str, float] = {}
+        preference: dict[str, Any] = {}
         if batch.mode == "rl":  # a supervised loss needs no proximal, reference or value pass
-            prepare(self, plan, batch.version)
+            preference = prepare(self, plan, batch.version, float(batch.trained_tokens))
         elif batch.mode == "dpo":
             preference = weigh_pairs(self, plan, batch)
         prepare_seconds = time.perf_counter() - started
@@ -289,10 +293,11 @@ class Learner:
         idle = self.idle_pass()
         with _learning_rate(self.optimizer, batch.lr):
             loss_sum, extra, grad_norm = self._update(plan, batch, idle)
+        extra.update(preference.pop("shares", {}))  # this rank's shares of the prepare pass's figures
         loss_sum, extra = _sum_over_ranks(self.ctx, loss_sum, extra)
-        if preference:  # the pair loss itself, not its per-token stand-in
+        if "dpo_loss" in preference:  # the pair loss itself, not its per-token stand-in
             loss_sum = preference["dpo_loss"]
-            extra.update(preference)
+        extra.update(preference)
         self.policy.eval()
         self.steps += 1
         mean_reward = sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan
@@ -338,9 +343,11 @@ class Learner:
         return loss_sum, extra, grad_norm
 
 
-def prepare(learner: Learner, plan: list[MiniBatch], version: int | None) -> None:
+def prepare(learner: Learner, plan: list[MiniBatch], version: int | None, tokens: float = 1.0) -> dict[str, Any]:
     """(the no-gradient pass) Fill every micro-batch's proximal and reference log-probs and, for PPO, its
-    values, GAE returns and whitened advantages, before the first update (see the module docstring)."""
+    values, GAE returns and whitened advantages, before the first update (see the module docstring); with
+    a teacher, add its per-token advantage. Its figures: under "shares", this rank's shares (of the batch's
+    ``tokens`` trained tokens) of the means that every rank's shares add up to."""
     config = learner.config
     micro = [m for mini in plan for m in mini.micro]
     real = [m for m in micro if m is not None]
@@ -373,6 +380,40 @@ def prepare(learner: Learner, plan: list[MiniBatch], version: int | None) -> Non
                     m.reference_logprobs = learner.reference.run(m)[0]
     if need_values:
         ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", learner.ctx)
+    if learner.teacher is None or config.distill_coef <= 0:
+        return {}
+    gaps = []
+    with torch.no_grad():
+        for m in real:
+            with learner.autocast():
+                gaps.append(learner.teacher.run(m)[0].float() - m.old_logprobs)  # -(reverse KL) per sampled token
+    # the baseline of a token is the mean gap of its group's tokens at the same depth (the siblings' choices
+    # at that step, as GRPO's group mean is the rewards'): the advantages at each step then sum to zero, so
+    # the tokens no sibling sampled are not all pushed up (or down) together, which AdamW, scaling each
+    # weight's step to the same size whatever its gradient, would otherwise do to the whole vocabulary
+    keys = [m.groups.cpu() * (1 << 32) + m.position_ids[0, m.entry_nodes].cpu() for m in real]
+    sums: dict[int, list[float]] = {}
+    for key, gap, m in zip(keys, gaps, real, strict=True):
+        for k, g, w in zip(key.tolist(), gap.tolist(), m.weights.tolist(), strict=True):
+            entry = sums.setdefault(k, [0.0, 0.0])
+            entry[0] += g * w
+            entry[1] += w
+    gap_sum = sum(v[0] for v in sums.values())  # this rank's share, before the ranks' sums are merged
+    if learner.ctx.enabled:
+        import torch.distributed as dist
+
+        every: list[dict[int, list[float]] | None] = [None] * learner.ctx.world_size
+        dist.all_gather_object(every, sums)
+        sums = {}
+        for gathered in every:
+            for k, (g, w) in (gathered or {}).items():
+                entry = sums.setdefault(k, [0.0, 0.0])
+                entry[0] += g
+                entry[1] += w
+    for key, gap, m in zip(keys, gaps, real, strict=True):
+        baseline = torch.tensor([sums[k][0] / max(sums[k][1], 1e-12) for k in key.tolist()], dtype=gap.dtype)
+        m.advantages = m.advantages + config.distill_coef * (gap - baseline.to(gap.device))
+    return {"shares": {"teacher_kl": -gap_sum / max(tokens, 1.0)}}
 
 
 def sequence_sums(learner: Learner, plan: list[MiniBatch], count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -431,6 +472,16 @@ def _learning_rate(optimizer: torch.optim.Optimizer, lr: float | None) -> Iterat
     finally:
         for group, rate in zip(optimizer.param_groups, rates, strict=True):
             group["lr"] = rate
+
+
+def _frozen(model: torch.nn.Module | None) -> PolicyModel | None:
+    """A model the learner only reads (the KL's reference, the distillation teacher)."""
+    if model is None:
+        return None
+    use_learner_attention(model)
+    model.requires_grad_(False)
+    model.eval()
+    return PolicyModel(model)
 
 
 def _all_ranks(ctx: DistContext, flag: bool) -> bool:

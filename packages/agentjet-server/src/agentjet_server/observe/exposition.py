@@ -144,10 +144,10 @@ class RuntimeCollector(Collector):
         yield CounterMetricFamily("agentjet_tokens_trained", "Sampled tokens trained on", value=tel.trained_tokens)
         steps = CounterMetricFamily(
             "agentjet_learner_steps_by_mode",
-            "Learner steps since the server started, by the loss they ran (rl, sft, dpo)",
+            "Learner steps since the server started, by the loss they ran (rl, distill, sft, dpo)",
             labels=["mode"],
         )
-        for mode in ("rl", "sft", "dpo"):
+        for mode in ("rl", "distill", "sft", "dpo"):
             steps.add_metric([mode], float(tel.steps_by_mode.get(mode, 0)))
         yield steps
         last = tel.last_step
@@ -175,6 +175,11 @@ class RuntimeCollector(Collector):
                 _get(last, "is_truncated_fraction"),
             ),
             ("agentjet_learner_kl_reference", "k3 KL to the reference model, last step", _get(last, "kl_reference")),
+            (
+                "agentjet_learner_teacher_kl",
+                "Distillation: mean reverse KL estimate to the teacher at the sampled tokens, last step",
+                _get(last, "teacher_kl"),
+            ),
             (
                 "agentjet_learner_reward_margin",
                 "DPO: beta times the pairs' mean margin over the reference, last preference step",

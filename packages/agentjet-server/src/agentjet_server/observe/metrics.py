@@ -143,10 +143,11 @@ class StepRecord:
     prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
     engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
     adapter: str | None = None  # with an adapter per agent: the adapter this step trained
-    # the loss it ran: "rl" (the policy objective), "sft" (supervised, ``learner.supervised``) or "dpo"
-    # (preference pairs, ``learner.preference``)
+    # the loss it ran: "rl" (the policy objective), "distill" (the policy objective with a teacher's
+    # advantage, --teacher), "sft" (supervised, ``learner.supervised``) or "dpo" (``learner.preference``)
     mode: str = "rl"
     reward_margin: float | None = None  # "dpo": beta * the pairs' mean margin over the reference
+    teacher_kl: float | None = None  # "distill": mean log pi_behaviour - log pi_teacher over the trained tokens
     preference_accuracy: float | None = None  # "dpo": the share of pairs whose chosen answer leads
 
 
@@ -597,5 +598,6 @@ def step_record(
         prepare_seconds=stats.prepare_seconds,
         engine_sleep_seconds=slept,
         reward_margin=extra.get("reward_margin"),
+        teacher_kl=extra.get("teacher_kl"),
         preference_accuracy=extra.get("accuracy"),
     )
