@@ -165,3 +165,50 @@ def test_with_keys_the_dashboard_asks_for_one_and_then_shows_the_run(browser, mo
         assert [e for e in errors if "401" not in e and "403" not in e] == []  # the refusals themselves are expected
     finally:
         server.stop()
+
+
+def test_the_loss_chart_draws_each_mode_apart(browser, model_dir):
+    """Steps of RL, supervised fine-tuning and DPO on one server: the loss chart draws each mode's loss as a
+    series of its own (each step once), and DPO's reward margin beside them."""
+    from tests.server.learner.test_preference import digit_pairs
+    from tests.server.learner.test_supervised import digit_chats
+
+    server = LiveServer(model_dir, batch_groups=1, group_size=8)
+    try:
+        for _ in range(3):
+            httpx2.post(server.url + "/v1/train/sft", json={"examples": digit_chats()}, timeout=120).raise_for_status()
+        scored = httpx2.post(server.url + "/v1/train/dpo", json={"pairs": digit_pairs(), "evaluate": True}).json()
+        pairs = [
+            {**p, "ref_chosen_logps": c, "ref_rejected_logps": r}
+            for p, c, r in zip(digit_pairs(), scored["chosen_logps"], scored["rejected_logps"], strict=True)
+        ]
+        for _ in range(4):
+            httpx2.post(
+                server.url + "/v1/train/dpo", json={"pairs": pairs, "beta": 0.5}, timeout=120
+            ).raise_for_status()
+        for round_ in range(4):  # groups whose rewards are all equal make no step: rounds until two RL steps
+            run_digits_client(server.url, 48, 8, "--seed", str(round_))
+            if httpx2.get(server.url + "/v1/status").json()["learner"]["step"] >= 9:
+                break
+        lines = httpx2.get(server.url + "/v1/metrics/history").json()
+        steps = [line for line in (lines["lines"] if isinstance(lines, dict) else lines) if line.get("kind") == "step"]
+        counts = {mode: sum(s["mode"] == mode for s in steps) for mode in ("rl", "sft", "dpo")}
+        assert counts["sft"] == 3 and counts["dpo"] == 4 and counts["rl"] >= 2, counts
+        page, errors = open_page(browser, server.url + "/dashboard")
+        chart = 'svg[data-chart="chart-loss"] circle[data-series="{}"]'
+        series = {
+            "loss (RL)": counts["rl"],
+            "loss (SFT: NLL per token)": 3,
+            "loss (DPO)": 4,
+            "DPO reward margin": 4,
+        }
+        for name, count in series.items():
+            selector = chart.format(name)
+            page.wait_for_function(f"document.querySelectorAll('{selector}').length === {count}", timeout=30_000)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator("#chart-loss").screenshot(path=str(SHOTS / "dashboard-loss-modes.png"))
+        drawn = page.eval_on_selector_all(chart.format("loss (DPO)"), "cs => cs.map(c => Number(c.dataset.y))")
+        assert drawn == pytest.approx([s["loss"] for s in steps if s["mode"] == "dpo"], rel=1e-6)
+        assert not errors, errors
+    finally:
+        server.stop()
