@@ -1,6 +1,6 @@
 """On-policy distillation from the small embedded model into the tiny one, then RL on the demo from each start.
 
-    .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 3200] [--rl-episodes 20000] [--json FILE]
+    .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 24000] [--rl-episodes 20000] [--json FILE]
 
 1. The teacher: the embedded small model (``--model-size small``) fine-tuned in this process on 64 chats of
    the demo's words in six phrasings (the SFT of ``tests/e2e/test_sft.py``), until its greedy answers are
@@ -131,7 +131,7 @@ def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--distill-episodes", type=int, default=3200)
+    parser.add_argument("--distill-episodes", type=int, default=24000)
     parser.add_argument("--rl-episodes", type=int, default=20000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -169,14 +169,18 @@ def main() -> None:
             results.append(row)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
-    print("\n| run | KL demo before -> after | KL held out before -> after | episodes to 0.8: warm-up | distilled |")
-    print("|---:|---|---|---:|---:|")
+    print(
+        "\n| run | KL demo before -> after | KL held out before -> after | RL episodes to 0.8: warm-up | distilled "
+        "| distilled, with the distillation's episodes |"
+    )
+    print("|---:|---|---|---:|---:|---:|")
     for r in results:
         cells = [r[k]["episodes_to_0.8"] for k in ("warm-up", "distilled")]
         shown = [f"{c:,}" if c is not None else "-" for c in cells]
+        total = f"{cells[1] + args.distill_episodes:,}" if cells[1] is not None else "-"
         print(
             f"| {r['run']} | {r['kl_before']['demo']:.3f} -> {r['kl_after']['demo']:.3f} | "
-            f"{r['kl_before']['held out']:.3f} -> {r['kl_after']['held out']:.3f} | {shown[0]} | {shown[1]} |"
+            f"{r['kl_before']['held out']:.3f} -> {r['kl_after']['held out']:.3f} | {shown[0]} | {shown[1]} | {total} |"
         )
 
 
