@@ -490,3 +490,22 @@ def test_an_adapter_per_agent_is_one_base_and_each_adapters_weights_and_moments(
     assert team.devices[0].total < 0.6 * two_servers, (team.devices[0].total / GIB, two_servers / GIB)
     settings = ServerSettings(lora_rank=16, adapters="planner,executor")
     assert layout_for(settings, "cuda:0", 1).adapters == 2
+
+
+def test_a_distillation_teacher_is_planned_at_its_own_size_in_the_learners_precision(seven_b, model_dir):
+    """``--teacher DIR``: the teacher's parameters (read from its config, not the student's) once, frozen, in
+    the learner's compute precision, on the learner's device."""
+    from agentjet_server.memory import layout_for
+
+    shape = ModelShape.from_pretrained(model_dir)
+    teacher = ModelShape.from_pretrained(seven_b).parameters
+    base = Layout(engine_device="cpu", learner_device="cpu", learner_dtype="bfloat16", optimizer_dtype="bfloat16")
+    without, with_teacher = (
+        plan(shape, base, {"cpu": 512 * GIB}),
+        plan(shape, replace(base, teacher_parameters=teacher), {"cpu": 512 * GIB}),
+    )
+    items = {i.name: i.bytes for i in with_teacher.devices[0].items}
+    assert items["teacher model"] == teacher * 2
+    assert with_teacher.devices[0].total - without.devices[0].total == teacher * 2
+    assert layout_for(ServerSettings(teacher=seven_b), "cpu", 1).teacher_parameters == teacher
+    assert layout_for(ServerSettings(), "cpu", 1).teacher_parameters == 0

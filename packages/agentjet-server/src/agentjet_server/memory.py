@@ -106,6 +106,7 @@ class Layout:
     max_batch: int = 64  # the transformers engine's concurrent sequences
     gpu_memory_utilization: float | None = None  # vLLM's reserved share of its device
     reference: bool = False  # a frozen reference model for the KL penalty
+    teacher_parameters: int = 0  # a frozen distillation teacher (--teacher) of this many parameters
     learner_ranks: int = 1  # FSDP2 shards weights, gradients and optimizer state over this many ranks
     engine_replicas: int = 1  # engine processes; on CPU they share the machine's memory
     lora_rank: int = 0  # a LoRA adapter of this rank on every linear layer instead of full fine-tuning
@@ -322,6 +323,9 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
         items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass", phase="step"))
     if layout.reference:
         items.append(Item("reference model", p * compute, "frozen, for the KL penalty"))
+    if layout.teacher_parameters:
+        teacher = layout.teacher_parameters
+        items.append(Item("teacher model", teacher * compute, f"frozen, for distillation: {teacher / 1e6:.1f}M"))
     # a micro-batch of up to DENSE_TREE_MAX tokens runs as one dense tree (checkpointed layers: always,
     # in micro-batches of at most that size) and keeps softmax(QK^T) per head and layer; a larger one
     # runs chain by chain without it. The peak is the larger of the two cases.
@@ -551,6 +555,7 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         engine_dtype=engine_dtype,
         **{name: getattr(settings, name) for name in SETTINGS_AS_THEY_ARE},
         reference=settings.kl_coef > 0,
+        teacher_parameters=ModelShape.from_pretrained(settings.teacher).parameters if settings.teacher else 0,
         learner_ranks=learner_ranks,
         engine_replicas=settings.engine_replicas if serves else 1,
         # with replicas, those on a learner's device sleep through its steps
