@@ -1,15 +1,16 @@
 """On-policy distillation from the small embedded model into the tiny one, then RL on the demo from each start.
 
-    .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 24000] [--rl-episodes 20000] [--json FILE]
+    .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 24000] [--rl-episodes 26000] [--json FILE]
 
 1. The teacher: the embedded small model (``--model-size small``) fine-tuned in this process on 64 chats of
    the demo's words in six phrasings (the SFT of ``tests/e2e/test_sft.py``), until its greedy answers are
    right.
 2. Per run (seed): ``agentjet-server up --teacher TEACHER`` on the embedded tiny model, fed by a digits agent
-   whose reward is always 0: the step's only signal is the teacher's per-token advantage
-   ``log pi_teacher - log pi_student`` at each token the student sampled (on-policy distillation). The
-   exact KL(student || teacher) of the answer's first token is measured before and after, on the demo's
-   prompts and on ten prompts of a phrasing the distillation never saw (held out).
+   asking the words in the six phrasings of the teacher's data, whose reward is always 0: the step's only
+   signal is the teacher's per-token advantage ``log pi_teacher - log pi_student`` at each token the
+   student sampled (on-policy distillation). The exact KL(student || teacher) of the answer's first token
+   is measured before and after, on the demo's prompts and on ten prompts of a phrasing neither the teacher
+   nor the distillation saw (held out).
 3. RL on the demo (groups of 16, 10 groups a step, the server's defaults, seed = run) from the distilled
    student and from the tiny model's warm-up alone: episodes until the mean reward over three consecutive
    steps (160 episodes each) reaches 0.8, as ``bench/peers.py`` measures it.
@@ -31,6 +32,8 @@ import httpx2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.e2e.test_sft import PHRASES
 
 from _server import served
 from agentjet_client import RunConfig, Runner, SwarmClient, swarm_agent
@@ -103,13 +106,17 @@ def first_token_kl(student: Path, teacher: Path, phrasing: str) -> float:
 
 def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path) -> dict[str, Any]:
     """Distils ``teacher`` into ``student`` on the demo's prompts with no reward; the weights go to ``out``."""
-    tasks = [{"id": f"digit-{d}", "word": w} for d, w in enumerate(WORDS)]
+    tasks = [
+        {"id": f"digit-{d}-{i}", "prompt": p.format(w=w, W=w.capitalize())}
+        for i, p in enumerate(PHRASES)
+        for d, w in enumerate(WORDS)
+    ]
 
     @swarm_agent(tasks=tasks)
     async def unrewarded(task: dict[str, Any], episode: Any) -> float:
         await episode.async_openai().chat.completions.create(
             model="agentjet-tiny",
-            messages=[{"role": "user", "content": f"Write {task['word']} as a digit."}],
+            messages=[{"role": "user", "content": task["prompt"]}],
             max_tokens=4,
             temperature=1.0,
         )
@@ -132,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--distill-episodes", type=int, default=24000)
-    parser.add_argument("--rl-episodes", type=int, default=20000)
+    parser.add_argument("--rl-episodes", type=int, default=26000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     tiny = embedded("tiny")
