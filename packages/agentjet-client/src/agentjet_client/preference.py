@@ -24,7 +24,20 @@ from typing import Annotated, Any
 
 import typer
 
-from agentjet_client.supervised import Trainer, console, read_records
+from agentjet_client.supervised import (
+    Adapter,
+    AdminKey,
+    Epochs,
+    EvalFraction,
+    NoCheckpoint,
+    Rate,
+    Seed,
+    Server,
+    Trainer,
+    console,
+    held_out_split,
+    read_records,
+)
 
 KEYS = ("chosen", "rejected", "prompt", "tools", "ref_chosen_logps", "ref_rejected_logps")
 
@@ -65,17 +78,17 @@ def figures(found: dict[str, float]) -> str:
 
 def dpo_command(
     data: Annotated[Path, typer.Argument(help="JSONL of preference pairs, one per line")],
-    server: Annotated[str, typer.Option(help="the server whose model it trains")] = "http://127.0.0.1:8000",
-    admin_key: Annotated[str | None, typer.Option(help="the server's admin key", envvar="AGENTJET_ADMIN_KEY")] = None,
-    adapter: Annotated[str | None, typer.Option(help="the adapter to train (--adapters)")] = None,
+    server: Server = "http://127.0.0.1:8000",
+    admin_key: AdminKey = None,
+    adapter: Adapter = None,
     beta: Annotated[float, typer.Option(min=0.0, help="how far from the reference it may go")] = 0.1,
-    epochs: Annotated[int, typer.Option(min=1, help="passes over the training part")] = 3,
+    epochs: Epochs = 3,
     batch_size: Annotated[int, typer.Option(min=1, max=256, help="pairs per update")] = 16,
-    eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="share held out (without --eval-data)")] = 0.1,
+    eval_fraction: EvalFraction = 0.1,
     eval_data: Annotated[Path | None, typer.Option(help="pairs JSONL held out instead")] = None,
-    lr: Annotated[float | None, typer.Option(help="the updates' learning rate [default: the server's]")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the split and the order")] = 0,
-    no_checkpoint: Annotated[bool, typer.Option("--no-checkpoint", help="no checkpoint at the end")] = False,
+    lr: Rate = None,
+    seed: Seed = 0,
+    no_checkpoint: NoCheckpoint = False,
 ) -> None:
     """Preference training (DPO) of the server's model (or one adapter) on pairs, with held-out margins.
 
@@ -84,13 +97,9 @@ def dpo_command(
     """
     if beta <= 0:
         raise typer.BadParameter("--beta must be above 0 (0.1 is usual)")
-    pairs = read_pairs(data)
     rng = random.Random(seed)
-    order = list(range(len(pairs)))
-    rng.shuffle(order)
-    held = 0 if eval_data is not None else round(len(pairs) * eval_fraction)
-    held_out = read_pairs(eval_data) if eval_data is not None else [pairs[i] for i in order[:held]]
-    train = [pairs[i] for i in order[held:]]
+    given = read_pairs(eval_data) if eval_data is not None else None
+    train, held_out = held_out_split(read_pairs(data), given, eval_fraction, rng)
     trainer = Trainer(server, admin_key, adapter, lr, mode="dpo", beta=beta)
     batches = (len(train) + batch_size - 1) // batch_size
     console.print(

@@ -110,31 +110,49 @@ class Trainer:
         return str(reply.json()["path"])
 
 
+# the options ``sft`` and ``dpo`` share
+Server = Annotated[str, typer.Option(help="the server whose model it trains")]
+AdminKey = Annotated[str | None, typer.Option(help="the server's admin key", envvar="AGENTJET_ADMIN_KEY")]
+Adapter = Annotated[str | None, typer.Option(help="the adapter to train (--adapters)")]
+Epochs = Annotated[int, typer.Option(min=1, help="passes over the training part")]
+EvalFraction = Annotated[float, typer.Option(min=0.0, max=0.9, help="share held out (without --eval-data)")]
+Rate = Annotated[float | None, typer.Option(help="the updates' learning rate [default: the server's]")]
+Seed = Annotated[int, typer.Option(help="seed of the split and the order")]
+NoCheckpoint = Annotated[bool, typer.Option("--no-checkpoint", help="no checkpoint at the end")]
+
+
+def held_out_split(
+    records: list[dict[str, Any]], held_out: list[dict[str, Any]] | None, fraction: float, rng: random.Random
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training part, held-out part): ``held_out`` if given, else a shuffled ``fraction`` of ``records``."""
+    order = list(range(len(records)))
+    rng.shuffle(order)
+    held = 0 if held_out is not None else round(len(records) * fraction)
+    kept = held_out if held_out is not None else [records[i] for i in order[:held]]
+    return [records[i] for i in order[held:]], kept
+
+
 def sft_command(
     data: Annotated[Path, typer.Argument(help="chat JSONL, one chat per line")],
-    server: Annotated[str, typer.Option(help="the server whose model it trains")] = "http://127.0.0.1:8000",
-    admin_key: Annotated[str | None, typer.Option(help="the server's admin key", envvar="AGENTJET_ADMIN_KEY")] = None,
-    adapter: Annotated[str | None, typer.Option(help="the adapter to train (--adapters)")] = None,
-    epochs: Annotated[int, typer.Option(min=1, help="passes over the training part")] = 3,
+    server: Server = "http://127.0.0.1:8000",
+    admin_key: AdminKey = None,
+    adapter: Adapter = None,
+    epochs: Epochs = 3,
     batch_size: Annotated[int, typer.Option(min=1, max=512, help="chats per update")] = 16,
-    eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.9, help="share held out (without --eval-data)")] = 0.1,
+    eval_fraction: EvalFraction = 0.1,
     eval_data: Annotated[Path | None, typer.Option(help="chat JSONL held out instead")] = None,
-    lr: Annotated[float | None, typer.Option(help="the updates' learning rate [default: the server's]")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the split and the order")] = 0,
-    no_checkpoint: Annotated[bool, typer.Option("--no-checkpoint", help="no checkpoint at the end")] = False,
+    lr: Rate = None,
+    seed: Seed = 0,
+    no_checkpoint: NoCheckpoint = False,
 ) -> None:
     """Supervised fine-tuning of the server's model (or one adapter) on chat JSONL, with a held-out loss.
 
     Example:
     agentjet-client sft chats.jsonl --server http://127.0.0.1:8000 --epochs 3
     """
-    chats = read_chats(data)
     rng = random.Random(seed)
-    order = list(range(len(chats)))
-    rng.shuffle(order)
-    held = 0 if eval_data is not None else round(len(chats) * eval_fraction)
-    held_out = read_chats(eval_data) if eval_data is not None else [chats[i] for i in order[:held]]
-    train = [chats[i] for i in order[held:]]
+    given = read_chats(eval_data) if eval_data is not None else None
+    train, held_out = held_out_split(read_chats(data), given, eval_fraction, rng)
     trainer = Trainer(server, admin_key, adapter, lr)
     batches = (len(train) + batch_size - 1) // batch_size
     console.print(
