@@ -32,7 +32,7 @@ CHATS = [
 ]
 COMPLETIONS = [
     {"prompt": PAD, "max_tokens": 2},
-    {"prompt": PAD, "echo": True},
+    {"prompt": PAD, "echo": True, "stream": True},
     {"prompt": "Hello " * 12_000, "max_tokens": 2},  # valid, but longer than the tiny model's context
 ]
 BATCHES = [
@@ -71,7 +71,7 @@ def test_a_verdict_is_none_for_a_valid_body_and_the_400_the_server_would_send_ot
     assert verdicts[2]["code"] == "invalid_unicode" and verdicts[2]["param"] == "messages"
     assert verdicts[3]["message"] == "invalid request: temprature: unknown field; remove it or check its spelling"
     assert judge(encoded(COMPLETIONS[0]), CompletionRequest) is None
-    assert "echo is not supported" in judge(encoded(COMPLETIONS[1]), CompletionRequest)["message"]  # type: ignore[index]
+    assert "echo is answered whole only" in judge(encoded(COMPLETIONS[1]), CompletionRequest)["message"]  # type: ignore[index]
     assert judge(encoded(BATCHES[0]), TrajectoryBatch) is None
     assert "at least one turn" in judge(encoded(BATCHES[1]), TrajectoryBatch)["message"]  # type: ignore[index]
     assert judge(b"[1]", TrajectoryBatch) == server_verdict(b"[1]", TrajectoryBatch)
@@ -206,7 +206,7 @@ def test_a_large_text_completion_body_is_judged_by_the_gate_like_a_chat_body(liv
     gate = live_server.app.state.api.gate
     r = httpx2.post(live_server.url + "/v1/completions", content=encoded(COMPLETIONS[1]), timeout=60)
     assert r.status_code == 400, r.text
-    assert "echo is not supported" in r.json()["error"]["message"]
+    assert "echo is answered whole only" in r.json()["error"]["message"]
     assert gate._proc is not None and gate._proc.poll() is None  # judged in the helper, which stays up
     r = httpx2.post(live_server.url + "/v1/completions", content=encoded(COMPLETIONS[2]), timeout=60)
     assert r.status_code == 400, r.text  # passed by the gate, then refused by the server as a small body is

@@ -70,6 +70,32 @@ def test_log_probs_come_in_the_legacy_shape_with_offsets_into_the_text(text, eng
     assert complete(text, prompt="Once upon", max_tokens=8, seed=6).choices[0].logprobs is None
 
 
+def test_echo_scores_the_prompt_with_the_models_own_log_probs_and_max_tokens_0_samples_nothing(text, engine):
+    import torch
+
+    ids = engine.chat.tokenizer.encode("Once upon a time there was")
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    reply = complete(text, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    [choice] = reply.choices
+    assert choice.logprobs is not None and choice.finish_reason == "length" and choice.agentjet is None
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.token_logprobs[1:] == pytest.approx(expected)
+    assert choice.text == engine.chat.decode_all(ids) == "".join(choice.logprobs.tokens)
+    assert reply.usage.completion_tokens == 0 and reply.usage.prompt_tokens == len(ids)
+    # with a completion: the prompt's entries, then the sampled tokens' (the same as without echo)
+    both = complete(text, prompt="Once upon", max_tokens=4, seed=3, echo=True, logprobs=1).choices[0]
+    alone = complete(text, prompt="Once upon", max_tokens=4, seed=3, logprobs=1).choices[0]
+    assert both.text == "Once upon" + alone.text and alone.logprobs is not None and both.logprobs is not None
+    prompt_len = len(engine.chat.tokenizer.encode("Once upon"))
+    assert both.logprobs.token_logprobs[prompt_len:] == alone.logprobs.token_logprobs
+    assert both.logprobs.tokens[prompt_len:] == alone.logprobs.tokens
+    assert both.logprobs.text_offset[prompt_len:] == [o + len("Once upon") for o in alone.logprobs.text_offset]
+    assert both.logprobs.top_logprobs is not None and both.logprobs.top_logprobs[0] is None
+    # echo without logprobs: the text only, and no scoring pass
+    assert complete(text, prompt="Once upon", max_tokens=2, seed=3, echo=True).choices[0].text.startswith("Once upon")
+
+
 def test_each_prompt_gets_n_choices_in_order_and_its_prompt_is_counted_once(text, engine):
     reply = complete(text, prompt=["Hello", "World"], n=2, max_tokens=3, seed=1)
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
@@ -145,7 +171,8 @@ def test_completions_several_prompts_stream_and_refusals(sdk):
         and ext["completion_token_ids"] == whole.model_extra["agentjet"]["completion_token_ids"]
     )
     assert usage.completion_tokens == len(ext["completion_token_ids"])
-    for extra, says in [({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of")]:
+    refused = [({"echo": True, "stream": True}, "echo is answered whole"), ({"max_tokens": 0}, "echo true")]
+    for extra, says in [*refused, ({"suffix": "x"}, "suffix"), ({"best_of": 2}, "best_of")]:
         with pytest.raises(openai.BadRequestError, match=says):
             sdk.completions.create(**{**kw, **extra})
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):

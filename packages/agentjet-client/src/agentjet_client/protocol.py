@@ -314,13 +314,15 @@ class CompletionRequest(SamplingExtras):
         | list[Annotated[int, Field(strict=True, ge=0)]]
         | list[list[Annotated[int, Field(strict=True, ge=0)]]]
     )
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=0)  # 0 only with echo: the prompt scored, nothing sampled
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=64)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    # the prompt comes back before the completion; with logprobs, each prompt token's log-probability too (the
+    # first's is null): a text scored by the model, as a distillation teacher's log-probs
     echo: bool | None = False
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
@@ -334,8 +336,10 @@ class CompletionRequest(SamplingExtras):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported; the prompt's token ids are in each choice's agentjet extension")
+        if self.echo and self.stream:
+            raise ValueError("echo is answered whole only: send stream false to score a prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 samples nothing: it is for scoring a prompt with echo true (and logprobs)")
         if self.suffix:
             raise ValueError("suffix (fill-in-the-middle) is not supported; leave it out")
         if self.best_of not in (None, 1):
@@ -487,8 +491,8 @@ class CompletionLogprobs(_Open):
     """The legacy log-probability shape of text completions."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token (nothing predicts it)
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 

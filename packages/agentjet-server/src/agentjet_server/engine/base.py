@@ -53,6 +53,9 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: tuple[str, str] | None = None  # response_format: ("json_object", "") or ("json_schema", schema)
     adapter: str | None = None  # an adapter per agent (``Engine.adapters``): the one this request samples with
+    # the log-probability of each prompt token after the first, given those before it (temperature 1): the
+    # first event carries them (``TokenEvent.prompt_logprobs``); what scoring a text with ``echo`` needs
+    prompt_logprobs: bool = False
 
     @property
     def processed(self) -> bool:
@@ -124,6 +127,9 @@ class TokenEvent:
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     behaviour: float | None = None
+    # a request's first event, if it asked for them (``SamplingParams.prompt_logprobs``): one per prompt token
+    # after the first
+    prompt_logprobs: list[float] | None = None
 
 
 class Engine(abc.ABC):

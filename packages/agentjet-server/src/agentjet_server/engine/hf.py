@@ -192,6 +192,15 @@ class TransformersEngine(Engine):
         for key, tensor in tensors.items():
             params[key].copy_(tensor)
 
+    def _score(self, request: Request) -> list[float]:
+        """The log-probability of each of ``request``'s prompt tokens after the first (its adapter's, if any),
+        one position at a time from the logits of a forward pass over the whole prompt."""
+        ids = torch.tensor([request.prompt_ids], device=self.device)
+        by_row = {"adapter_names": [request.params.adapter or ""]} if self._adapters else {}
+        logits = self.batches.model(input_ids=ids, **by_row).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+        return [float(x) for x in logprobs.cpu()]
+
     def _versions(self) -> int | dict[str, int]:
         """The versions rows are sampled from now: the model's, or with adapters each adapter's."""
         return dict(self._adapters) if self._adapters else self._version
@@ -221,6 +230,9 @@ class TransformersEngine(Engine):
                 room = self.max_batch - (len(running.requests) if running else 0)
                 newcomers = self._take(room, wait=running is None)
             try:
+                for request in newcomers:
+                    if request.params.prompt_logprobs:
+                        request.prompt_logprobs = self._score(request)
                 if newcomers:
                     joined = batches.prefill(newcomers, self._versions())
                     running = batches.merge(running, joined) if running is not None else joined

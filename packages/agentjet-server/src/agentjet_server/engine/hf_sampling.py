@@ -34,6 +34,7 @@ class Request(TokenStream):
     generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)
     grammar: Grammar | None = None  # response_format's matcher
+    prompt_logprobs: list[float] | None = None  # scored before its prefill if its params ask for them
 
 
 # the version of the weights a batch samples from: one for every row, or per adapter (an adapter per agent)
@@ -124,7 +125,8 @@ class Sampler:
             top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
         finish = self.finish_reason(request, token)
         mu = None if behaviour is None else float(behaviour[token])
-        return TokenEvent(token, float(logprobs[token]), version, top, finish, mu)
+        scored = request.prompt_logprobs if len(request.output_ids) == 1 else None
+        return TokenEvent(token, float(logprobs[token]), version, top, finish, mu, scored)
 
     def process(self, scores: torch.Tensor, request: Request) -> torch.Tensor:
         """The row's logits as its settings change them, in vLLM's order: the response_format grammar; logit

@@ -34,6 +34,17 @@ class VLLMRequest(TokenStream):
     adapter: int | None = None  # serving a LoRA adapter: the version of the one this request runs on
 
 
+def prompt_logprobs(request: VLLMRequest, output: Any) -> list[float] | None:
+    """The log-probability of each prompt token after the first, from a request's first output, if it asked."""
+    if not request.params.prompt_logprobs:
+        return None
+    entries = list(output.prompt_logprobs or [])[1:]  # the first token has none
+    ids = request.prompt_ids[1:]
+    if len(entries) != len(ids):
+        raise EngineError(f"vLLM scored {len(entries)} of the prompt's {len(ids)} tokens after the first")
+    return [float(entry[token].logprob) for entry, token in zip(entries, ids, strict=True)]
+
+
 class RequestBook:
     """The requests of one vLLM ``LLMEngine``, in the engine thread: ``live`` by id, and ``held``."""
 
@@ -68,6 +79,7 @@ class RequestBook:
                 top_p=p.top_p,
                 seed=p.seed,
                 logprobs=p.top_logprobs,  # 0: the sampled token's log-probability only
+                prompt_logprobs=0 if p.prompt_logprobs else None,  # 0: each prompt token's own only
                 stop_token_ids=sorted(self._chat.stop_ids),
                 detokenize=False,
                 output_kind=self._delta,
@@ -113,6 +125,7 @@ class RequestBook:
             if request.params.top_logprobs:
                 ranked = sorted((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None)
                 top = [(tid, lp) for _, tid, lp in ranked[: request.params.top_logprobs]]
+            scored = prompt_logprobs(request, output) if not request.output_ids else None
             request.output_ids.append(token)
             finish: FinishReason | None = None
             if token in self._chat.stop_ids or self._chat.hits_stop_string(request.output_ids, request.params.stop):
@@ -124,7 +137,7 @@ class RequestBook:
             logprob = float(sampled.logprob if sampled is not None else float("nan"))
             # constrained: vLLM's log-probabilities are those of the masked distribution, the behaviour policy's
             behaviour = logprob if request.params.grammar else None
-            request.push(TokenEvent(token, logprob, version, top, finish, behaviour))
+            request.push(TokenEvent(token, logprob, version, top, finish, behaviour, scored))
             if finish is not None:
                 if output.finished:
                     self.live.pop(request.request_id, None)

@@ -320,7 +320,8 @@ class PromptBuilder:
             if not ids:
                 raise InvalidRequestError(f"{where} is empty; send some text or token ids", param="prompt")
             room = self.engine.max_context - len(ids)
-            asked = request.max_tokens or 16
+            # max_tokens 0 (echo only): the engine samples one token, which the answer leaves out
+            asked = max(request.max_tokens if request.max_tokens is not None else 16, 1)
             if room <= 0 or asked > room:
                 raise InvalidRequestError(
                     f"{where} is {len(ids)} tokens and the model's context is {self.engine.max_context}: at most "
@@ -337,6 +338,7 @@ class PromptBuilder:
                 stop=tuple(request.stop_list),
                 top_logprobs=request.logprobs or 0,
                 adapter=adapter,
+                prompt_logprobs=bool(request.echo) and request.logprobs is not None,
                 **processing(self.engine, request, asked, self.exact_sampling),
             )
             out.append(PreparedRequest(ids, params, "", False, request.logprobs is not None, agent=agent))

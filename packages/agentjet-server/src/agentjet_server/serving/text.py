@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from agentjet_client.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion, Usage
 from agentjet_server.engine.base import TokenEvent
+from agentjet_server.errors import EngineError
 from agentjet_server.serving.choice import ChoiceState, Sampler, usage
 from agentjet_server.serving.prompt import PreparedRequest, PromptBuilder
 
@@ -32,6 +33,42 @@ def legacy_logprobs(state: ChoiceState, events: list[TokenEvent], offset: int) -
     )
 
 
+def echoed(choice: CompletionChoice, state: ChoiceState, text: str | None, scored_only: bool) -> CompletionChoice:
+    """``choice`` with its prompt in front (``text`` as sent, or the token ids' text) and, if log-probs were
+    asked, each prompt token's (the engine's ``prompt_logprobs``; the first token's is None, as nothing
+    predicts it). ``scored_only`` (max_tokens 0): the prompt alone, nothing sampled, no turn to train."""
+    ids = state.prepared.prompt_ids
+    chat = state.engine.chat
+    prompt = text if text is not None else chat.decode_all(ids)
+    logprobs = None
+    if choice.logprobs is not None:
+        scored = state.events[0].prompt_logprobs if state.events else None
+        if scored is None or len(scored) != len(ids) - 1:
+            raise EngineError("the engine did not score the prompt's tokens (echo with logprobs)")
+        tokens = [chat.decode_all([t]) for t in ids]
+        offsets = [0]
+        for token in tokens[:-1]:
+            offsets.append(offsets[-1] + len(token))
+        values: list[float | None] = [None, *scored]
+        tops: list[dict[str, float] | None] | None = None
+        if choice.logprobs.top_logprobs is not None:  # a prompt token's own log-prob only (the engines score that)
+            tops = [None, *({t: v} for t, v in zip(tokens[1:], scored, strict=True))]
+        sampled = choice.logprobs
+        if scored_only:
+            logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
+        else:
+            shift = len(prompt)
+            logprobs = CompletionLogprobs(
+                tokens=tokens + sampled.tokens,
+                token_logprobs=values + sampled.token_logprobs,
+                top_logprobs=None if tops is None else tops + (sampled.top_logprobs or []),
+                text_offset=offsets + [o + shift for o in sampled.text_offset],
+            )
+    if scored_only:
+        return CompletionChoice(index=choice.index, text=prompt, logprobs=logprobs, finish_reason="length")
+    return choice.model_copy(update={"text": prompt + choice.text, "logprobs": logprobs})
+
+
 def _prompt_tokens(prepared: list[PreparedRequest]) -> int:
     return sum(len(p.prompt_ids) for p in prepared)
 
@@ -46,27 +83,31 @@ class TextService:
     async def complete(self, request: CompletionRequest, model_name: str) -> TextCompletion:
         prepared = await asyncio.to_thread(self.prompts.prepare_text, request)
         states = await self.sampler.sample([(p, j) for p in prepared for j in range(request.n)])
-        return await asyncio.to_thread(self._completion, prepared, states, model_name)
+        return await asyncio.to_thread(self._completion, request, prepared, states, model_name)
 
     def _completion(
-        self, prepared: list[PreparedRequest], states: list[ChoiceState], model_name: str
+        self, request: CompletionRequest, prepared: list[PreparedRequest], states: list[ChoiceState], model_name: str
     ) -> TextCompletion:
-        choices = [
-            CompletionChoice(
+        texts = request.prompts
+        scored_only = request.max_tokens == 0  # the one token the engine sampled is left out
+        choices = []
+        for i, state in enumerate(states):
+            choice = CompletionChoice(
                 index=i,
                 text=state.text,
                 logprobs=legacy_logprobs(state, state.events, 0) if state.prepared.want_logprobs else None,
                 finish_reason=state.finish_reason(),
                 agentjet=state.extension(),
             )
-            for i, state in enumerate(states)
-        ]
+            if request.echo:
+                prompt = texts[i // request.n]
+                choice = echoed(choice, state, prompt if isinstance(prompt, str) else None, scored_only)
+            choices.append(choice)
+        counted = usage(_prompt_tokens(prepared), states)
+        if scored_only:
+            counted = Usage(prompt_tokens=counted.prompt_tokens, completion_tokens=0, total_tokens=counted.prompt_tokens)
         return TextCompletion(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=model_name,
-            choices=choices,
-            usage=usage(_prompt_tokens(prepared), states),
+            id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=choices, usage=counted
         )
 
     async def stream(self, request: CompletionRequest, model_name: str) -> AsyncIterator[str]:
