@@ -51,6 +51,7 @@ def test_a_teacher_scores_every_step_and_its_kl_is_recorded(model_dir, tmp_path)
     [
         ({"teacher": "/no/such/model"}, "--teacher /no/such/model does not exist"),
         ({"teacher": ".", "algorithm": "ppo"}, "with --algorithm ppo it is not supported yet"),
+        ({"teacher": ".", "teacher_model": "big"}, "--teacher-model names the model of a --teacher URL"),
     ],
 )
 def test_teacher_settings_that_cannot_work_are_refused_with_what_to_do(settings, message):
@@ -60,3 +61,67 @@ def test_teacher_settings_that_cannot_work_are_refused_with_what_to_do(settings,
 
     with pytest.raises(ValidationError, match=message):
         ServerSettings(**settings)
+
+
+def teacher_logprobs(model_dir: Path, tokens: list[int]) -> list[float]:
+    """Each token's log-prob after the first under the model in ``model_dir``, computed here."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0].tolist()
+
+
+def test_a_teacher_behind_a_url_scores_as_in_process_and_its_outage_keeps_the_batch(model_dir, tmp_path):
+    from agentjet_server.engine.tokens import ChatTokenizer
+    from agentjet_server.errors import ConfigError
+    from agentjet_server.learner.batch import Sequence
+    from agentjet_server.learner.teacher import RemoteTeacher, TeacherError, TeacherUnavailable
+
+    teacher_dir = perturbed_copy(model_dir, tmp_path / "teacher")
+    teacher = LiveServer(teacher_dir, name="teacher", serve_only=True)
+    port = teacher.port
+    encode = ChatTokenizer(model_dir).tokenizer.encode
+    # the scores that come back are the teacher model's own, at the trained positions only
+    remote = RemoteTeacher(teacher.url)
+    assert remote.connect(encode) == "teacher"
+    tokens = encode("Write eight as a digit. 8")
+    sequence = Sequence.single(tokens, 3, [0.0] * (len(tokens) - 3), 1.0)
+    remote.score([sequence])
+    assert sequence.teacher_logprobs == pytest.approx(teacher_logprobs(teacher_dir, tokens)[2:], abs=1e-4)
+    with pytest.raises(TeacherError, match="not 'other': fix --teacher-model"):
+        RemoteTeacher(teacher.url, model="other").connect(encode)
+    student = LiveServer(model_dir, batch_groups=2, group_size=4, teacher=teacher.url, distill_coef=0.5)
+    try:
+        run_digits_client(student.url, 16, 4)
+        wait_for(lambda: student.runtime.loop.trainer.steps >= 2, "two distillation steps")
+        history = httpx2.get(student.url + "/v1/metrics/history").json()
+        steps = [line for line in history["lines"] if line.get("kind") == "step"]
+        assert {s["mode"] for s in steps} == {"distill"} and all(s["teacher_kl"] > 0.01 for s in steps)
+        # the teacher goes away: the next batch waits in the buffer, the error says why, nothing is trained
+        teacher.stop()
+        trained_before = student.runtime.store.trained
+        run_digits_client(student.url, 8, 4)
+        wait_for(lambda: "TeacherUnavailable" in (student.runtime.loop.error or ""), "the teacher's outage reported")
+        assert student.runtime.loop.trainer.steps == 2 and student.runtime.store.trained == trained_before
+        with pytest.raises(TeacherUnavailable):
+            RemoteTeacher(teacher.url, attempts=1).score([sequence])
+        with pytest.raises(ConfigError, match="cannot be reached .* start it, or fix --teacher"):
+            LiveServer(model_dir, teacher=teacher.url)
+        # back on its port: the kept batch is trained, with the teacher's signal
+        teacher = LiveServer(teacher_dir, port=port, name="teacher", serve_only=True)
+        wait_for(lambda: student.runtime.loop.trainer.steps == 3, "the kept batch trained")
+        assert student.runtime.store.trained == trained_before + 8
+    finally:
+        student.stop()
+        teacher.stop()
+
+
+def wait_for(condition: object, what: str, limit: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + limit
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

@@ -555,7 +555,11 @@ def layout_for(settings: Any, learner_device: str, learner_ranks: int, serves: b
         engine_dtype=engine_dtype,
         **{name: getattr(settings, name) for name in SETTINGS_AS_THEY_ARE},
         reference=settings.kl_coef > 0,
-        teacher_parameters=ModelShape.from_pretrained(settings.teacher).parameters if settings.teacher else 0,
+        teacher_parameters=(
+            ModelShape.from_pretrained(settings.teacher).parameters
+            if settings.teacher is not None and not settings.remote_teacher
+            else 0  # a teacher behind a URL holds its own memory
+        ),
         learner_ranks=learner_ranks,
         engine_replicas=settings.engine_replicas if serves else 1,
         # with replicas, those on a learner's device sleep through its steps

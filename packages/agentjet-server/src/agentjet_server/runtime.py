@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
 from pathlib import Path
@@ -33,13 +34,14 @@ from agentjet_server.ingest.wal import TrajectoryLog
 from agentjet_server.learner import distributed
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
+from agentjet_server.learner.teacher import RemoteTeacher, TeacherError
 from agentjet_server.learner.trainer import Learner
 from agentjet_server.observe.inspection import RecentTrajectories
 from agentjet_server.observe.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
 from agentjet_server.observe.sinks import open_sinks
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
 from agentjet_server.serving.parsing import load_parser
-from agentjet_server.settings import ServerSettings
+from agentjet_server.settings import TEACHER_KEY_ENV, ServerSettings
 from agentjet_server.state.checkpoint import METRICS_FILE, StateDir
 from agentjet_server.state.recovery import LiveConfiguration, Recovery, restored_configuration
 
@@ -55,6 +57,20 @@ def trainable_copy(model_path: str, device: str, dtype: torch.dtype = torch.floa
     model = model.to(device)
     model.eval()
     return model  # type: ignore[no-any-return]
+
+
+def remote_teacher(settings: ServerSettings, model_path: str) -> RemoteTeacher:
+    """The --teacher URL, checked before training starts (it answers, and splits text as the student does)."""
+    assert settings.teacher is not None
+    from agentjet_server.engine.tokens import ChatTokenizer
+
+    teacher = RemoteTeacher(settings.teacher, settings.teacher_model, os.environ.get(TEACHER_KEY_ENV) or None)
+    try:
+        name = teacher.connect(ChatTokenizer(Path(model_path)).tokenizer.encode)
+    except TeacherError as exc:
+        raise ConfigError(str(exc)) from exc
+    logger.info("distillation teacher: %s at %s", name, teacher.url)
+    return teacher
 
 
 def build_learner(
@@ -84,13 +100,17 @@ def build_learner(
             f"--reference {settings.reference} has a vocabulary of {_vocab(reference)} tokens and the model "
             f"{_vocab(model)}: the KL needs the same tokenizer; pass a checkpoint of this model"
         )
-    teacher = trainable_copy(str(settings.teacher), ctx.device, compute) if settings.teacher is not None else None
+    local = settings.teacher is not None and not settings.remote_teacher
+    teacher = trainable_copy(str(settings.teacher), ctx.device, compute) if local else None
+    remote = remote_teacher(settings, model_path) if settings.remote_teacher and ctx.is_main else None
     if teacher is not None and _vocab(teacher) != _vocab(model):
         raise ConfigError(
             f"--teacher {settings.teacher} has a vocabulary of {_vocab(teacher)} tokens and the model "
             f"{_vocab(model)}: distillation compares log-probs token by token, so it needs the same tokenizer"
         )
-    learner = Learner(model, config, pad_id=int(config_pad or 0), ctx=ctx, reference=reference, teacher=teacher)
+    learner = Learner(
+        model, config, pad_id=int(config_pad or 0), ctx=ctx, reference=reference, teacher=teacher, remote_teacher=remote
+    )
     resuming = resume_from is not None
     if ctx.enabled:
         resuming = bool(distributed.broadcast(ctx, resuming))

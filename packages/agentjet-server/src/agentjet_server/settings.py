@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 API_KEYS_ENV = "AGENTJET_API_KEYS"
 ADMIN_KEYS_ENV = "AGENTJET_ADMIN_KEYS"
+TEACHER_KEY_ENV = "AGENTJET_TEACHER_API_KEY"  # the key a --teacher URL takes, if it asks for one
 
 
 def is_loopback(host: str) -> bool:
@@ -263,9 +264,13 @@ class LearnerOptions(OptionGroup):
         ge=0,
     )
     reference: Path | None = setting(None, "reference model dir for --kl-coef (default: the initial weights)")
-    teacher: Path | None = setting(
-        None, "on-policy distillation: a teacher model dir (same tokenizer) scores the samples trained on"
+    teacher: str | None = setting(
+        None,
+        "on-policy distillation: a teacher (same tokenizer) scores the samples trained on: a model dir, or the "
+        "URL of a server that scores prompts (/v1/completions echo + logprobs: AgentJet, vLLM); its key from "
+        f"{TEACHER_KEY_ENV}",
     )
+    teacher_model: str | None = setting(None, "the model to ask a --teacher URL for (default: its first listed)")
     distill_coef: float = setting(
         1.0,
         "weight of the teacher's per-token advantage (--teacher)",
@@ -363,6 +368,12 @@ class ServerSettings(
 
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("teacher", mode="before")
+    @classmethod
+    def _teacher_text(cls, value: object) -> object:
+        """A model dir may come as a ``Path`` (from Python); it is kept as text, as a URL is."""
+        return str(value) if isinstance(value, Path) else value
+
     @field_validator("mix", mode="before")
     @classmethod
     def _parse_mix(cls, value: object) -> object:
@@ -410,8 +421,13 @@ class ServerSettings(
             raise ValueError(f"--reference {self.reference} does not exist; pass a local Hugging Face model directory")
         if self.reference is not None and self.kl_coef == 0:
             raise ValueError("--reference is only used by the KL penalty: set --kl-coef above 0 (e.g. 0.01)")
-        if self.teacher is not None and not self.teacher.exists():
-            raise ValueError(f"--teacher {self.teacher} does not exist; pass a local Hugging Face model directory")
+        if self.teacher is not None and not self.remote_teacher and not Path(self.teacher).exists():
+            raise ValueError(
+                f"--teacher {self.teacher} does not exist; pass a local Hugging Face model directory or the URL "
+                "(http://...) of a server that scores prompts"
+            )
+        if self.teacher_model is not None and not self.remote_teacher:
+            raise ValueError("--teacher-model names the model of a --teacher URL; a teacher dir is its own model")
         if self.teacher is not None and self.algorithm == "ppo":
             raise ValueError("--teacher adds its advantage to GRPO's; with --algorithm ppo it is not supported yet")
         if self.optimizer_dtype == "bfloat16" and self.learner_dtype != "bfloat16":
@@ -480,6 +496,11 @@ class ServerSettings(
         for what, on in refused.items():
             if on:
                 raise ValueError(f"--adapters runs on one transformers engine with GRPO for now, not with {what}")
+
+    @property
+    def remote_teacher(self) -> bool:
+        """Whether --teacher is a server's URL (not a model dir)."""
+        return self.teacher is not None and self.teacher.startswith(("http://", "https://"))
 
     @property
     def engine_device(self) -> str:

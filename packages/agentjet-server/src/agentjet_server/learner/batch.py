@@ -45,6 +45,9 @@ class Sequence:
     weights: list[float] = field(default_factory=list)
     group: int = 0  # index of its GRPO group in the batch (PPO normalises advantages per group)
     adapter: str | None = None  # with an adapter per agent: the adapter that sampled it, and that it trains
+    # distillation from a teacher behind HTTP (``learner.teacher``): its log-prob of each trained token, filled
+    # just before the step (a local teacher scores the packed micro-batches itself)
+    teacher_logprobs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.positions)
@@ -58,6 +61,8 @@ class Sequence:
             len(self.rewards),
             len(self.weights),
         }
+        if self.teacher_logprobs:
+            lengths.add(len(self.teacher_logprobs))
         if lengths != {n}:
             raise ValueError(
                 "a sequence needs one log-prob, advantage, version, reward and weight per trained position"

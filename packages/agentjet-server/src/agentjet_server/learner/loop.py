@@ -29,11 +29,14 @@ from agentjet_server.learner import distributed
 from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.requests import Requests
+from agentjet_server.learner.teacher import TeacherUnavailable
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats, score
 from agentjet_server.observe.metrics import BatchFigures, StepRecord, TagFigures, batch_figures, step_record
 from agentjet_server.versions import PolicyVersions
 
 logger = logging.getLogger(__name__)
+
+TEACHER_RETRY_S = 5.0  # how long a batch waits before asking an unreachable teacher again
 
 
 class TrainingLoop:
@@ -194,6 +197,12 @@ class TrainingLoop:
             except _Stopping:
                 self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
                 break
+            except TeacherUnavailable as exc:  # the batch waits for the teacher: nothing is lost to its outage
+                logger.warning("%s; the batch is kept and tried again in %.0f s", exc, TEACHER_RETRY_S)
+                self.error = f"TeacherUnavailable: {exc}"
+                self.buffer.put_back()
+                self._stop.wait(TEACHER_RETRY_S)
+                continue
             except Exception as exc:  # a failed step is logged and reported; serving goes on
                 logger.exception("learner step failed")
                 self.error = f"{type(exc).__name__}: {exc}"
@@ -268,6 +277,8 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
+        if self.trainer.remote_teacher is not None and config.distill_coef > 0:
+            self.trainer.remote_teacher.score(batch.sequences)  # before the version is logged: it may fail
         parts: dict[str | None, Batch] = {None: batch}
         if config.adapters:
             parts = {name: part for name, part in batch.by_adapter(served).items()}

@@ -30,6 +30,7 @@ they share).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,7 @@ class Packed:
     rewards: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)  # each entry's group in the batch
+    teacher_logprobs: list[float] = field(default_factory=list)  # NaN where its sequence had none
     spans: list[tuple[int, int]] = field(default_factory=list)  # each sequence's entries, in order
     sequences: int = 0
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
@@ -97,6 +99,7 @@ class Packed:
         self.rewards.extend(seq.rewards)
         self.weights.extend(seq.weights)
         self.groups.extend([seq.group] * len(seq.positions))
+        self.teacher_logprobs.extend(seq.teacher_logprobs or [math.nan] * len(seq.positions))
         self.spans.append((first, len(self.entry_nodes)))
         self.sequences += 1
 
@@ -164,6 +167,7 @@ class Packed:
             weights=floats(self.weights),
             groups=torch.tensor(self.groups, dtype=torch.long, device=device),
             spans=list(self.spans),
+            teacher_logprobs=floats(self.teacher_logprobs),
         )
 
 
@@ -190,6 +194,7 @@ class MicroBatch:
     reference_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None  # [E] a remote teacher's (NaN: not scored)
 
     @property
     def entries(self) -> int:

@@ -53,6 +53,7 @@ from agentjet_server.learner.losses import (
 from agentjet_server.learner.packing import DENSE_TREE_MAX, MicroBatch, Packed, pack
 from agentjet_server.learner.policy import PolicyModel
 from agentjet_server.learner.resume import load_training_state, training_state
+from agentjet_server.learner.teacher import RemoteTeacher
 
 OffPolicy = Literal["decoupled", "tis", "none"]
 
@@ -131,10 +132,14 @@ class Learner:
         ctx: DistContext | None = None,
         reference: torch.nn.Module | None = None,
         teacher: torch.nn.Module | None = None,
+        remote_teacher: RemoteTeacher | None = None,
     ) -> None:
+        """``teacher``: a local distillation teacher, which scores the packed micro-batches; or
+        ``remote_teacher``, one behind HTTP, which the loop asks to score each batch's sequences before the
+        step (``Sequence.teacher_logprobs``)."""
         if config.kl_coef > 0 and reference is None:
             raise ValueError("a KL penalty (kl_coef > 0) needs a reference model")
-        if config.distill_coef > 0 and teacher is None:
+        if config.distill_coef > 0 and teacher is None and not remote_teacher:
             raise ValueError("distillation (distill_coef > 0) needs a teacher model")
         self.model = model
         self.config = config
@@ -166,6 +171,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.reference = _frozen(reference)
         self.teacher = _frozen(teacher)
+        self.remote_teacher = remote_teacher
         self.steps = 0
 
     def release_gradients(self) -> None:
@@ -181,8 +187,8 @@ class Learner:
             raise ValueError("where the learner's state lives (--cpu-offload) is fixed when it starts")
         if config.kl_coef > 0 and self.reference is None:
             raise ValueError("a KL penalty needs a reference model: start the server with --kl-coef above 0")
-        if config.distill_coef > 0 and self.teacher is None:
-            raise ValueError("distillation needs a teacher: start the server with --teacher DIR")
+        if config.distill_coef > 0 and self.teacher is None and self.remote_teacher is None:
+            raise ValueError("distillation needs a teacher: start the server with --teacher DIR or URL")
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr
             group["weight_decay"] = config.weight_decay
@@ -380,13 +386,19 @@ def prepare(learner: Learner, plan: list[MiniBatch], version: int | None, tokens
                     m.reference_logprobs = learner.reference.run(m)[0]
     if need_values:
         ppo_advantages(real, config.gamma, config.lam, config.advantage_norm == "group", learner.ctx)
-    if learner.teacher is None or config.distill_coef <= 0:
+    if config.distill_coef <= 0 or (learner.teacher is None and learner.remote_teacher is None):
         return {}
     gaps = []
     with torch.no_grad():
         for m in real:
-            with learner.autocast():
-                gaps.append(learner.teacher.run(m)[0].float() - m.old_logprobs)  # -(reverse KL) per sampled token
+            if learner.teacher is not None:
+                with learner.autocast():
+                    scored = learner.teacher.run(m)[0].float()
+            elif m.teacher_logprobs is None or bool(torch.isnan(m.teacher_logprobs).any()):
+                raise ValueError("a token of this batch has no teacher log-prob: the remote teacher did not score it")
+            else:
+                scored = m.teacher_logprobs
+            gaps.append(scored - m.old_logprobs)  # -(reverse KL) per sampled token
     # the baseline of a token is the mean gap of its group's tokens at the same depth (the siblings' choices
     # at that step, as GRPO's group mean is the rewards'): the advantages at each step then sum to zero, so
     # the tokens no sibling sampled are not all pushed up (or down) together, which AdamW, scaling each

@@ -105,7 +105,7 @@ class TextService:
             choices.append(choice)
         counted = usage(_prompt_tokens(prepared), states)
         if scored_only:
-            counted = Usage(prompt_tokens=counted.prompt_tokens, completion_tokens=0, total_tokens=counted.prompt_tokens)
+            counted = Usage(prompt_tokens=counted.prompt_tokens, completion_tokens=0, total_tokens=counted.total_tokens)
         return TextCompletion(
             id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=choices, usage=counted
         )
