@@ -161,19 +161,8 @@ class TrainingLoop:
             logger.info("learner settings changed: %s", _differences(self.trainer.config, config))
             self.trainer.reconfigure(config)
         if checkpoints:
-            self._answer(checkpoints)
+            _answer(self, checkpoints)
         self.requests.run(calls)
-
-    def _answer(self, requests: list[Future[Any]]) -> None:
-        try:
-            saved = self.checkpoint()
-        except Exception as exc:
-            logger.exception("checkpoint asked for through the admin API failed")
-            for future in requests:
-                future.set_exception(exc)
-        else:
-            for future in requests:
-                future.set_result(saved)
 
     def _run(self) -> None:
         ctx = self.trainer.ctx
@@ -198,10 +187,7 @@ class TrainingLoop:
                 self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
                 break
             except TeacherUnavailable as exc:  # the batch waits for the teacher: nothing is lost to its outage
-                logger.warning("%s; the batch is kept and tried again in %.0f s", exc, TEACHER_RETRY_S)
-                self.error = f"TeacherUnavailable: {exc}"
-                self.buffer.put_back()
-                self._stop.wait(TEACHER_RETRY_S)
+                _keep_for_teacher(self, exc)
                 continue
             except Exception as exc:  # a failed step is logged and reported; serving goes on
                 logger.exception("learner step failed")
@@ -213,7 +199,7 @@ class TrainingLoop:
         _, requests, calls = self.requests.take()
         self.requests.run(calls, stopping=True)
         if requests:  # asked for while stopping: that checkpoint is the last one
-            self._answer(requests)
+            _answer(self, requests)
         elif self._final_checkpoint and self.trainer.steps != self.saved_step:
             self._try_checkpoint()
         if ctx.enabled:
@@ -277,8 +263,7 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
-        if self.trainer.remote_teacher is not None and config.distill_coef > 0:
-            self.trainer.remote_teacher.score(batch.sequences)  # before the version is logged: it may fail
+        _teacher_scores(self, batch)  # before the version is logged: it may fail
         parts: dict[str | None, Batch] = {None: batch}
         if config.adapters:
             parts = {name: part for name, part in batch.by_adapter(served).items()}
@@ -297,6 +282,37 @@ class TrainingLoop:
         self.buffer.commit()
         self._on_trained(batch.trajectories)
         return stats
+
+
+def _answer(loop: TrainingLoop, requests: list[Future[Any]]) -> None:
+    """(learner thread) The checkpoint asked for by ``requests``, written now."""
+    try:
+        saved = loop.checkpoint()
+    except Exception as exc:
+        logger.exception("checkpoint asked for through the admin API failed")
+        for future in requests:
+            future.set_exception(exc)
+    else:
+        for future in requests:
+            future.set_result(saved)
+
+
+def _teacher_scores(loop: TrainingLoop, batch: Batch) -> None:
+    """(learner thread) With a teacher behind a URL, its log-probs of the batch's trained tokens."""
+    teacher = loop.trainer.remote_teacher
+    if teacher is None or loop.trainer.config.distill_coef <= 0:
+        return
+    teacher.score(batch.sequences)
+    if loop.error is not None and loop.error.startswith("TeacherUnavailable"):
+        loop.error = None  # it answers again
+
+
+def _keep_for_teacher(loop: TrainingLoop, exc: TeacherUnavailable) -> None:
+    """(learner thread) The teacher cannot be reached: the batch goes back to the buffer, tried again later."""
+    logger.warning("%s; the batch is kept and tried again in %.0f s", exc, TEACHER_RETRY_S)
+    loop.error = f"TeacherUnavailable: {exc}"
+    loop.buffer.put_back()
+    loop._stop.wait(TEACHER_RETRY_S)
 
 
 class _Stopping(Exception):

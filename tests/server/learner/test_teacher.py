@@ -1,6 +1,8 @@
-"""``agentjet-server up --teacher DIR``: the teacher is loaded beside the learner, scores the trained tokens of
-every step (recorded as ``teacher_kl``, the step's mode ``distill``, counted in ``/metrics``); settings that
-cannot work are refused with what to do."""
+"""Distillation teachers. ``agentjet-server up --teacher DIR``: the teacher is loaded beside the learner, scores
+the trained tokens of every step (recorded as ``teacher_kl``, the step's mode ``distill``, counted in
+``/metrics``); settings that cannot work are refused with what to do. ``--teacher URL`` (``learner.teacher``):
+another server scores each batch over ``/v1/completions`` (echo), as the same model would in process; an
+outage of the teacher keeps the batch until it answers again."""
 
 from __future__ import annotations
 
@@ -107,12 +109,12 @@ def test_a_teacher_behind_a_url_scores_as_in_process_and_its_outage_keeps_the_ba
         assert student.runtime.loop.trainer.steps == 2 and student.runtime.store.trained == trained_before
         with pytest.raises(TeacherUnavailable):
             RemoteTeacher(teacher.url, attempts=1).score([sequence])
-        with pytest.raises(ConfigError, match="cannot be reached .* start it, or fix --teacher"):
+        with pytest.raises(ConfigError, match=r"cannot be reached .* start it, or fix --teacher"):
             LiveServer(model_dir, teacher=teacher.url)
         # back on its port: the kept batch is trained, with the teacher's signal
         teacher = LiveServer(teacher_dir, port=port, name="teacher", serve_only=True)
         wait_for(lambda: student.runtime.loop.trainer.steps == 3, "the kept batch trained")
-        assert student.runtime.store.trained == trained_before + 8
+        assert student.runtime.store.trained == trained_before + 8 and student.runtime.loop.error is None
     finally:
         student.stop()
         teacher.stop()
