@@ -172,6 +172,19 @@ def test_logprobs_after_an_update_match_transformers_on_the_learners_weights(sdk
     assert vllm_server.engine.updates[-1].version == version
 
 
+def test_echo_scores_a_prompt_as_the_learners_model_does_and_a_second_time_from_the_prefix_cache(sdk, vllm_server):
+    ids = vllm_server.engine.render(ASK) + vllm_server.engine.chat.tokenizer.encode("Something, then more.")
+    learner = vllm_server.runtime.loop.learner
+    with torch.no_grad():
+        logits = learner.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    for _ in range(2):  # the second: the prompt's blocks are cached, and it is scored all the same
+        reply = sdk.completions.create(model="agentjet-tiny", prompt=ids, max_tokens=0, echo=True, logprobs=0)
+        scored = reply.choices[0].logprobs.token_logprobs
+        assert scored[0] is None and len(scored) == len(ids) and reply.usage.completion_tokens == 0
+        assert max(abs(a - b) for a, b in zip(scored[1:], expected, strict=True)) < 1e-3
+
+
 def test_request_in_flight_during_an_update_completes(vllm_server, sdk):
     """Long streams run while the learner steps; each finishes, its tokens switch version once."""
     results: list[dict] = []
