@@ -221,7 +221,8 @@ def test_adapters_survive_a_restart_with_their_versions_and_weights(model_dir, t
         ({"lora_rank": 4, "adapters": "default,executor"}, "not 'default'"),
         ({"lora_rank": 4, "adapters": "a b"}, "names must be distinct agent names"),
         ({"lora_rank": 4, "adapters": " , "}, "names no adapter"),
-        ({"lora_rank": 4, "adapters": "p,e", "engine": "vllm"}, "not with --engine vllm"),
+        ({"lora_rank": 4, "adapters": "p,e", "engine_replicas": 2}, "not with --engine-replicas 2"),
+        ({"lora_rank": 4, "engine": "vllm", "lora_targets": "all-linear,lm_head"}, "vLLM serves no LoRA on the output"),
         ({"lora_rank": 4, "adapters": "p,e", "algorithm": "ppo"}, "not with --algorithm ppo"),
     ],
 )

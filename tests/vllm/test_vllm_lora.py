@@ -87,6 +87,77 @@ def test_vllm_serves_the_adapter_with_the_learners_logprobs_and_per_request_vers
         engine.close()
 
 
+def test_two_adapters_on_one_vllm_engine_keep_their_own_versions_and_give_the_transformers_engines_tokens(
+    chatty_model_dir,
+):
+    """``--adapters planner,executor`` on vLLM: each adapter's requests run on its own LoRA at its own version
+    (mixed in one running batch), greedy tokens equal the transformers engine's serving the same adapters,
+    and an update of one adapter leaves the other's tokens and version where they were."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.engine.adapter import LoraSpec
+    from agentjet_server.engine.base import EngineOptions, SamplingParams
+    from agentjet_server.engine.hf import TransformersEngine
+    from agentjet_server.engine.lora_layers import adapter_of, attach_adapters
+    from agentjet_server.engine.vllm import VLLMEngine
+
+    spec, names = LoraSpec(rank=8, alpha=16.0), ("planner", "executor")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(chatty_model_dir)
+    attach_adapters(model, spec, names)
+
+    def trained(name: str, scale: float) -> dict[str, torch.Tensor]:
+        """Adapter ``name``'s tensors as a learner sends them, its B matrices moved off zero."""
+        with torch.no_grad():
+            out = {}
+            for key, param in model.named_parameters():
+                if adapter_of(key) == name:
+                    if ".lora_B." in key:
+                        param.normal_(0, scale)
+                    out[key] = param.detach().clone()
+        return out
+
+    options = EngineOptions(model_name="agentjet-tiny", adapters=names, lora=spec)
+    vllm, hf = VLLMEngine(chatty_model_dir, options), TransformersEngine(chatty_model_dir, options)
+    try:
+        assert vllm.adapters == names and hf.adapters == names
+        ids = vllm.render(ASK)
+
+        def greedy(engine, adapter: str) -> list:
+            async def together() -> list:  # both adapters' requests in one running batch
+                async def one(name: str) -> list:
+                    params = SamplingParams(max_tokens=16, temperature=0.0, adapter=name)
+                    return [e async for e in engine.generate(ids, params)]
+
+                return await asyncio.gather(one("planner"), one("executor"))
+
+            return dict(zip(names, asyncio.run(together()), strict=True))[adapter]
+
+        def tokens(engine, adapter: str) -> tuple[list[int], set[int]]:
+            events = greedy(engine, adapter)
+            return [e.token_id for e in events], {e.version for e in events}
+
+        base = tokens(vllm, "planner")[0]
+        assert base == tokens(vllm, "executor")[0]  # fresh adapters (B = 0) are the base model
+        tensors = trained("planner", 0.3)
+        for engine in (vllm, hf):
+            engine.update_named_adapter("planner", tensors, 1)
+        planner, executor = tokens(vllm, "planner"), tokens(vllm, "executor")
+        assert planner[1] == {1} and executor == (base, {0})
+        assert planner[0] != base, "the planner's adapter should change its greedy answer"
+        assert planner == tokens(hf, "planner") and executor == tokens(hf, "executor")
+        for version in (1, 2):  # the executor moves twice; the planner stays at its one update
+            tensors = trained("executor", 0.3)
+            for engine in (vllm, hf):
+                engine.update_named_adapter("executor", tensors, version)
+        assert tokens(vllm, "executor")[1] == {2} and tokens(vllm, "planner") == planner
+        assert tokens(vllm, "executor") == tokens(hf, "executor")
+        assert vllm.adapter_version("executor") == 2 and vllm.adapter_version("planner") == 1
+    finally:
+        vllm.close()
+        hf.close()
+
+
 # a prompt the run trains on: how far the adapter moved the model is measured where it learned
 # ("Say something." moved by 0.002-0.01 only, depending on the run: too close to call)
 TRAINED_ASK = [{"role": "user", "content": "Write three as a digit."}]
@@ -149,3 +220,44 @@ def test_a_client_run_trains_the_adapter_vllm_serves_and_resume_serves_it_again(
     base = _plain_logprobs(model_dir, prompt, completion)
     assert max(abs(a - b) for a, b in zip(logprobs, trained, strict=True)) < 1e-3  # the checkpoint's adapter
     assert max(abs(a - b) for a, b in zip(logprobs, base, strict=True)) > 1e-2  # not the bare base model
+
+
+def _greedy(url: str, model: str) -> tuple[list[int], list[int]]:
+    import httpx2
+
+    body = {"model": model, "messages": TRAINED_ASK, "max_tokens": 8, "temperature": 0}
+    ext = httpx2.post(url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["agentjet"]
+    return ext["completion_token_ids"], ext["completion_versions"]
+
+
+def test_planner_and_executor_as_two_adapters_on_one_vllm_server_train_and_resume(tmp_path):
+    """``--engine vllm --adapters planner,executor``: examples/planner_executor's two agents train their own
+    adapters through vLLM's multi-LoRA, each at its own version; ``--resume`` serves both again, token for
+    token, at the checkpoint's versions."""
+    env = {**os.environ, "AGENTJET_CACHE_DIR": str(CACHE), "AGENTJET_DIGITS": "3,8"}
+    state = tmp_path / "state"
+    args = ["--engine", "vllm", "--lora-rank", "8", "--adapters", "planner,executor", "--lr", "2e-3"]
+    args += ["--batch-groups", "2", "--group-size", "8", "--state-dir", str(state), "--log-level", "info"]
+    command = [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "planner_executor")]
+    command += ["--episodes", "96", "--group-size", "8", "--seed", "0", "--spool-dir", str(tmp_path / "spool")]
+    server = ServerProcess(args, tmp_path / "server.log", env=env)
+    try:
+        proc = subprocess.run([*command, "--server", server.url], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        status = server.wait_trained()
+        before = {name: _greedy(server.url, name) for name in ("planner", "executor")}
+    finally:
+        server.stop()
+    versions = status["adapters"]
+    assert versions["planner"] >= 2 and versions["executor"] >= 2 and status["learner"]["last_error"] is None
+    for name, (_, tags) in before.items():
+        assert set(tags) == {versions[name]}, f"{name}'s tokens carry {set(tags)}, its adapter is at {versions[name]}"
+    log = (tmp_path / "server.log").read_text()
+    assert f"vLLM serves adapter planner v{versions['planner']} to new requests" in log
+    server = ServerProcess([*args, "--resume"], tmp_path / "resumed.log", env=env)
+    try:
+        assert server.status()["adapters"] == versions
+        after = {name: _greedy(server.url, name) for name in ("planner", "executor")}
+    finally:
+        server.stop()
+    assert after == before

@@ -430,6 +430,11 @@ class ServerSettings(
             raise ValueError("--teacher-model names the model of a --teacher URL; a teacher dir is its own model")
         if self.teacher is not None and self.algorithm == "ppo":
             raise ValueError("--teacher adds its advantage to GRPO's; with --algorithm ppo it is not supported yet")
+        if self.engine == "vllm" and self.lora_rank and "lm_head" in self.lora_targets.replace(" ", "").split(","):
+            raise ValueError(
+                "--lora-targets lm_head: vLLM serves no LoRA on the output head; leave lm_head out with --engine vllm "
+                "(or serve with --engine transformers)"
+            )
         if self.optimizer_dtype == "bfloat16" and self.learner_dtype != "bfloat16":
             raise ValueError(
                 "--optimizer-dtype bfloat16 keeps the weights themselves in bf16, so the learner computes in bf16: "
@@ -489,13 +494,12 @@ class ServerSettings(
                 f"not 'default' ('default' is the one adapter of --lora-rank alone)"
             )
         refused = {
-            "--engine vllm (serves one adapter so far)": self.engine == "vllm",
             f"--engine-replicas {self.engine_replicas}": self.engine_replicas > 1,
             "--algorithm ppo (a value head per adapter)": self.algorithm == "ppo",
         }
         for what, on in refused.items():
             if on:
-                raise ValueError(f"--adapters runs on one transformers engine with GRPO for now, not with {what}")
+                raise ValueError(f"--adapters runs on one engine with GRPO for now, not with {what}")
 
     @property
     def remote_teacher(self) -> bool:

@@ -131,6 +131,12 @@ class VLLMEngine(Engine):
         from transformers import AutoConfig
 
         limit = int(getattr(AutoConfig.from_pretrained(str(path)), "max_position_embeddings", 4096))
+        # an adapter per agent (``--adapters``): each name its own LoRA adapters, at its own versions
+        if options.adapters and (options.lora or lora) is None:
+            raise ValueError("an adapter per agent needs the adapters' LoRA settings (--lora-rank)")
+        lora = lora or (options.lora if options.adapters else None)
+        counts = dict(options.adapter_versions)
+        self._named: dict[str, int] = {name: counts.get(name, 0) for name in options.adapters}
         self.max_context = min(limit, max_model_len or limit)
         args: dict[str, Any] = {
             "model": str(path),
@@ -147,7 +153,7 @@ class VLLMEngine(Engine):
             "async_scheduling": False,  # a step's outputs must come from that step's weights
             "enable_prefix_caching": True,
             "enforce_eager": (not device.startswith("cuda")) if enforce_eager is None else enforce_eager,
-            **(lora_engine_args(lora) if lora is not None else {}),
+            **(lora_engine_args(lora, len(self._named)) if lora is not None else {}),
             **(sleep_engine_args(device) if sleep_mode else {}),
             **(engine_args or {}),
         }
@@ -173,6 +179,10 @@ class VLLMEngine(Engine):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
             raise EngineError("the engine is shut down")
+        if (params.adapter is not None or self._named) and params.adapter not in self._named:
+            raise EngineError(
+                f"no adapter {params.adapter!r} in this engine (it serves {', '.join(self._named) or 'no adapters'})"
+            )
         request = VLLMRequest(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -206,6 +216,23 @@ class VLLMEngine(Engine):
         if self._adapters is None:
             raise EngineError("this engine was started without LoRA; it takes whole weights (update_weights)")
         self._adapters.offer(adapter, version, self._rouse, self._closed)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(self._named)
+
+    def adapter_version(self, name: str) -> int:
+        try:
+            return self._named[name]
+        except KeyError:
+            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._named) or 'none'})") from None
+
+    def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
+        """Serve new requests of adapter ``name`` with ``adapter`` (its tensors, under the learner's peft names)
+        as that adapter's ``version``; returns once it is live."""
+        if name not in self._named or self._adapters is None:
+            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._named) or 'none'})")
+        self._adapters.offer(adapter, version, self._rouse, self._closed, name=name)
 
     @property
     def can_sleep(self) -> bool:
@@ -291,7 +318,7 @@ class VLLMEngine(Engine):
                 if self._switch.asleep:
                     self._requests.held.append(item)
                 else:
-                    self._requests.add(item, self._version)
+                    self._requests.add(item, self._version_of(item))
             elif isinstance(item, tuple) and item[0] == "abort":
                 self._requests.abort(item[1])
             try:
@@ -301,7 +328,11 @@ class VLLMEngine(Engine):
 
     def _release_held(self) -> None:
         if not self._switch.asleep:  # else waking failed: they wait for the next try
-            self._requests.release_held(self._version)
+            self._requests.release_held(self._version_of)
+
+    def _version_of(self, request: VLLMRequest) -> int:
+        """The version a request starts on now: its adapter's, with an adapter per agent, else the engine's."""
+        return self._named[request.params.adapter] if request.params.adapter else self._version
 
     def _apply(self, update: WeightUpdate, load: Callable[[WeightUpdate], None]) -> None:
         """``load`` an update between two steps: the engine woken first (the weights must be resident to
@@ -337,10 +368,14 @@ class VLLMEngine(Engine):
         update = self._adapters.take()
         if update is not None:
             self._apply(update, self._register_adapter)
-        self._adapters.drop_unused(self._engine, self._version, self._requests.adapters_in_use())
+        self._adapters.drop_unused(self._engine, self._requests.adapters_in_use())
 
     def _register_adapter(self, update: WeightUpdate) -> None:
         assert self._adapters is not None
-        self._adapters.register(self._engine, update.version)
+        self._adapters.register(self._engine, update.version, update.adapter or "")
+        if update.adapter is not None:  # one adapter per agent: its own version moves
+            self._named[update.adapter] = update.version
+            logger.info("vLLM serves adapter %s v%d to new requests", update.adapter, update.version)
+            return
         self._version = update.version
         logger.info("vLLM serves LoRA adapter v%d to new requests", update.version)

@@ -10,6 +10,7 @@ serving a LoRA adapter, the version of the adapter the request started on, to it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ class VLLMRequest(TokenStream):
     prompt_ids: list[int]
     params: SamplingParams
     output_ids: list[int] = field(default_factory=list)
-    adapter: int | None = None  # serving a LoRA adapter: the version of the one this request runs on
+    adapter: int | None = None  # serving LoRA adapters: the version of the one this request runs on (of its name)
 
 
 def prompt_logprobs(request: VLLMRequest, output: Any) -> list[float] | None:
@@ -69,8 +70,9 @@ class RequestBook:
         if request.cancelled:
             return
         p = request.params
-        prompt = {"prompt_token_ids": request.prompt_ids, "cache_salt": f"agentjet-v{version}"}
-        lora = self._adapters.lora_request(version) if self._adapters is not None else None
+        salt = f"agentjet-{p.adapter}-v{version}" if p.adapter else f"agentjet-v{version}"
+        prompt = {"prompt_token_ids": request.prompt_ids, "cache_salt": salt}
+        lora = self._adapters.lora_request(version, p.adapter or "") if self._adapters is not None else None
         try:
             params = self._vllm_params(
                 n=1,
@@ -99,15 +101,15 @@ class RequestBook:
             request.adapter = version
         self.live[request.request_id] = request
 
-    def release_held(self, version: int) -> None:
-        """Add the requests held while the engine slept, on the weights of ``version``."""
+    def release_held(self, version_of: Callable[[VLLMRequest], int]) -> None:
+        """Add the requests held while the engine slept, each on the weights (or adapter) of its version now."""
         held, self.held = self.held, []
         for request in held:
-            self.add(request, version)
+            self.add(request, version_of(request))
 
-    def adapters_in_use(self) -> set[int]:
-        """The versions of the LoRA adapters that live requests run on."""
-        return {request.adapter for request in self.live.values() if request.adapter is not None}
+    def adapters_in_use(self) -> set[tuple[str, int]]:
+        """The (name, version) of the LoRA adapters that live requests run on (name "": plain LoRA's)."""
+        return {(r.params.adapter or "", r.adapter) for r in self.live.values() if r.adapter is not None}
 
     def deliver(self, output: Any, version: int) -> None:
         """One step's output for one request (``version``: of the weights that step ran on) to its caller."""
