@@ -55,6 +55,8 @@ def test_a_teacher_scores_every_step_and_its_kl_is_recorded(model_dir, tmp_path)
         ({"teacher": "/no/such/model"}, "--teacher /no/such/model does not exist"),
         ({"teacher": ".", "algorithm": "ppo"}, "with --algorithm ppo it is not supported yet"),
         ({"teacher": ".", "teacher_model": "big"}, "--teacher-model names the model of a --teacher URL"),
+        ({"teacher": "http://127.0.0.1:9", "distill_loss": "full"}, "--distill-loss full needs the teacher's whole"),
+        ({"distill_loss": "full"}, "a local --teacher DIR"),
     ],
 )
 def test_teacher_settings_that_cannot_work_are_refused_with_what_to_do(settings, message):

@@ -161,6 +161,68 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows_with_training(model_
         raise AssertionError("a KL penalty without a reference model was accepted")
 
 
+def _own_answers(model, ids: list[int], step: int, count: int = 16) -> list[Trajectory]:
+    """``count`` first tokens the model samples after ``ids``, as unrewarded episodes with their log-probs."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+    tokens = torch.multinomial(logp.exp(), count, replacement=True, generator=torch.Generator().manual_seed(step))
+    turns = [_turn(ids, [int(t)], [0]).model_copy(update={"completion_logprobs": [float(logp[t])]}) for t in tokens]
+    return [Trajectory(id=f"s{step}-{i}", task_id="t", turns=[turn], reward=0.0) for i, turn in enumerate(turns)]
+
+
+def test_the_full_distillation_loss_is_the_exact_kl_over_the_vocabulary_and_pulls_faster(model_dir):
+    """``distill_loss="full"``: the step's loss is the exact KL(student || teacher) over the vocabulary at each
+    trained position (checked on the unpacked sequences), the sampled advantage is not added, and on the
+    same samples it pulls the student toward the teacher further than the sampled advantage does."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.learner.packing import pack
+    from agentjet_server.learner.trainer import objective
+
+    tok = load_tokenizer(model_dir)
+
+    def models() -> tuple[torch.nn.Module, torch.nn.Module]:
+        torch.manual_seed(0)
+        student, teacher = (AutoModelForCausalLM.from_pretrained(model_dir) for _ in range(2))
+        with torch.no_grad():
+            teacher.lm_head.weight.add_(0.2 * torch.randn_like(teacher.lm_head.weight))
+        return student, teacher
+
+    student, teacher = models()
+    learner = Learner(student, LearnerConfig(distill_coef=1.0, distill_loss="full"), pad_id=0, teacher=teacher)
+    _, group = make_group(tok, student, "Write two as a digit.", 2, 0)
+    batch = build_batch([[t.model_copy(update={"reward": 0.0}) for t in group]], keep_flat=True)
+    [micro] = [p.tensors("cpu") for p in pack(batch.sequences, 4096)]
+    prepare(learner, [_mini(micro)], version=None, tokens=float(micro.entries))
+    assert float(micro.advantages.abs().max()) == 0.0  # no sampled advantage: the loss term carries it
+    loss, stats = objective(
+        learner.config, learner.policy, micro, float(micro.entries), learner.autocast, "rl", learner.teacher
+    )
+    expected = []
+    with torch.no_grad():
+        for sequence in batch.sequences:
+            ids = torch.tensor([sequence.tokens])
+            s, t = (torch.log_softmax(m(input_ids=ids).logits[0].float(), -1) for m in (student, teacher))
+            expected += [float((s[p - 1].exp() * (s[p - 1] - t[p - 1])).sum()) for p in sequence.positions]
+    assert float(loss.detach()) == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+    assert stats["teacher_kl_exact"] == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+
+    ids = group[0].turns[0].prompt_token_ids
+    finals = {}
+    for mode in ("sampled", "full"):  # the same budget of the student's own samples, each loss
+        student, teacher = models()
+        config = LearnerConfig(lr=1e-2, distill_coef=1.0, distill_loss=mode)
+        learner = Learner(student, config, pad_id=0, teacher=teacher)
+        for step in range(6):
+            learner.step(build_batch([_own_answers(student, ids, step)], keep_flat=True))
+        with torch.no_grad():
+            s, t = (torch.log_softmax(m(input_ids=torch.tensor([ids])).logits[0, -1], -1) for m in (student, teacher))
+        finals[mode] = float((s.exp() * (s - t)).sum())
+    assert finals["full"] < finals["sampled"], finals
+    with pytest.raises(ValueError, match="a local teacher"):
+        Learner(AutoModelForCausalLM.from_pretrained(model_dir), LearnerConfig(distill_loss="full"), pad_id=0)
+
+
 def test_a_teacher_adds_its_per_token_advantage_and_distillation_pulls_the_student_toward_it(model_dir):
     """prepare() adds distill_coef * (log pi_teacher - log pi_behaviour) to each sampled token's advantage
     (checked against the teacher run on the unpacked sequence); flat groups then still train, and steps on

@@ -56,6 +56,7 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         is_cap=settings.is_cap,
         kl_coef=settings.kl_coef,
         distill_coef=settings.distill_coef if settings.teacher is not None else 0.0,
+        distill_loss=settings.distill_loss,
         mini_batches=settings.mini_batches,
         gamma=settings.gamma,
         lam=settings.lam,

@@ -277,6 +277,11 @@ class LearnerOptions(OptionGroup):
         live="the weight of the teacher's advantage, from the next step (only with --teacher)",
         ge=0,
     )
+    distill_loss: Literal["sampled", "full"] = setting(
+        "sampled",
+        "distillation: sampled = the teacher's advantage at each sampled token; full = the exact KL to the "
+        "teacher over the vocabulary at each sampled position (a local --teacher DIR)",
+    )
     mini_batches: int = setting(
         1,
         "optimizer steps per batch, each on its share",
@@ -425,6 +430,11 @@ class ServerSettings(
             raise ValueError(
                 f"--teacher {self.teacher} does not exist; pass a local Hugging Face model directory or the URL "
                 "(http://...) of a server that scores prompts"
+            )
+        if self.distill_loss == "full" and (self.teacher is None or self.remote_teacher):
+            raise ValueError(
+                "--distill-loss full needs the teacher's whole distribution: a local --teacher DIR (a --teacher URL "
+                "answers the sampled tokens' log-probs; use --distill-loss sampled)"
             )
         if self.teacher_model is not None and not self.remote_teacher:
             raise ValueError("--teacher-model names the model of a --teacher URL; a teacher dir is its own model")

@@ -23,6 +23,12 @@ def _cache_kwarg(module: Any) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
+def chosen_and_entropy(logp: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From log-probabilities ``[E, V]``: each entry's target's ``[E]``, and the entropy there ``[E]``."""
+    chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return chosen, -(logp.exp() * logp).sum(-1)
+
+
 class PolicyModel(torch.nn.Module):
     """Wraps a causal LM: logits ``[E, V]`` at the E nodes whose next token is trained (and, with
     a value head, the critic's values ``[E]`` there).
@@ -73,13 +79,17 @@ class PolicyModel(torch.nn.Module):
 
     def run(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Log-prob of each trained entry's token, the policy's entropy there, and the values ``[E]``."""
+        logp, values = self.distribution(batch)
+        chosen, entropy = chosen_and_entropy(logp, batch.targets)
+        return chosen, entropy, values
+
+    def distribution(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The log-probabilities of the whole vocabulary ``[E, V]`` (float32) at each trained entry, and the
+        values ``[E]``."""
         logits, values = self(
             batch.input_ids, batch.position_ids, batch.attention_mask, batch.entry_nodes, batch.segments
         )
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        chosen = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return chosen, entropy, values
+        return torch.log_softmax(logits.float(), dim=-1), values
 
     def _segment_hidden(
         self, decoder: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: list[tuple[int, int, int]]

@@ -51,7 +51,7 @@ from agentjet_server.learner.losses import (
     tis_policy_loss,
 )
 from agentjet_server.learner.packing import DENSE_TREE_MAX, MicroBatch, Packed, pack
-from agentjet_server.learner.policy import PolicyModel
+from agentjet_server.learner.policy import PolicyModel, chosen_and_entropy
 from agentjet_server.learner.resume import load_training_state, training_state
 from agentjet_server.learner.teacher import RemoteTeacher
 
@@ -77,6 +77,10 @@ class LearnerConfig:
     # on-policy distillation: each sampled token's advantage gains this times log pi_teacher - log pi_behaviour
     # (the negative of the per-token reverse KL to the teacher); needs a teacher
     distill_coef: float = 0.0
+    # "sampled": that advantage at each sampled token (the teacher's log-prob of it is all it needs, so a
+    # teacher behind a URL does); "full": instead, the exact KL(student || teacher) over the whole vocabulary
+    # at each sampled token's position, a loss term of its own (a local teacher's logits)
+    distill_loss: Literal["sampled", "full"] = "sampled"
     gamma: float = 1.0  # PPO: discount per trained token
     lam: float = 0.95  # PPO: GAE lambda
     vf_coef: float = 0.5  # PPO: weight of the value loss
@@ -141,6 +145,8 @@ class Learner:
             raise ValueError("a KL penalty (kl_coef > 0) needs a reference model")
         if config.distill_coef > 0 and teacher is None and not remote_teacher:
             raise ValueError("distillation (distill_coef > 0) needs a teacher model")
+        if config.distill_loss == "full" and teacher is None:
+            raise ValueError("the full-vocabulary distillation loss needs the teacher's logits: a local teacher")
         self.model = model
         self.config = config
         self.pad_id = pad_id
@@ -332,7 +338,10 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 for planned in mini.micro:
                     part = planned if planned is not None else idle
-                    loss, stats = objective(self.config, self.policy, part, mini.tokens, self.autocast, batch.mode)
+                    teacher = self.teacher if self.config.distill_loss == "full" else None
+                    loss, stats = objective(
+                        self.config, self.policy, part, mini.tokens, self.autocast, batch.mode, teacher
+                    )
                     weight = float(part.entries) / batch_tokens
                     if planned is None:
                         loss, weight = loss * 0.0, 0.0
@@ -424,7 +433,8 @@ def prepare(learner: Learner, plan: list[MiniBatch], version: int | None, tokens
                 entry[1] += w
     for key, gap, m in zip(keys, gaps, real, strict=True):
         baseline = torch.tensor([sums[k][0] / max(sums[k][1], 1e-12) for k in key.tolist()], dtype=gap.dtype)
-        m.advantages = m.advantages + config.distill_coef * (gap - baseline.to(gap.device))
+        if config.distill_loss == "sampled":  # "full" is a loss term of its own (``objective``)
+            m.advantages = m.advantages + config.distill_coef * (gap - baseline.to(gap.device))
     return {"shares": {"teacher_kl": -gap_sum / max(tokens, 1.0)}}
 
 
@@ -553,13 +563,16 @@ def objective(
     tokens: float,
     autocast: Callable[[], Any],
     mode: Mode = "rl",
+    teacher: PolicyModel | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of its mini-batch's loss (normalised by the mini-batch's
     ``tokens``) and its figures (means over its entries): the policy objective of ``--off-policy``,
     plus the KL, value and entropy terms where they are on; for ``mode`` "sft" the negative
-    log-likelihood of the trained tokens alone."""
+    log-likelihood of the trained tokens alone. With ``teacher`` (``distill_loss`` "full"), plus the exact
+    KL(student || teacher) over the vocabulary at each trained position."""
     with autocast():
-        logprobs, entropy, values = policy.run(part)
+        distribution, values = policy.distribution(part)
+    logprobs, entropy = chosen_and_entropy(distribution, part.targets)
     weights = part.weights
     if mode == "dpo":  # each sequence's weight (``weigh_pairs``) times its log-prob: the pair loss's gradient
         return -(logprobs.float() * part.advantages * weights).sum(), {"entropy": float(entropy.detach().mean())}
@@ -609,6 +622,12 @@ def objective(
         stats.update(value_stats)
     if config.entropy_coef:
         loss = loss - config.entropy_coef * (entropy * weights).sum() / tokens
+    if teacher is not None:
+        with torch.no_grad(), autocast():
+            taught = teacher.distribution(part)[0]
+        exact = (distribution.exp() * (distribution - taught)).sum(-1)  # [E] KL(student || teacher) per position
+        loss = loss + config.distill_coef * (exact * weights).sum() / tokens
+        stats["teacher_kl_exact"] = float(exact.detach().mean())
     with torch.no_grad():
         stats["entropy"] = float(entropy.mean())
     return loss, stats
