@@ -1,6 +1,7 @@
 """On-policy distillation from the small embedded model into the tiny one, then RL on the demo from each start.
 
     .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 24000] [--rl-episodes 26000] [--json FILE]
+        [--distill-loss full|sampled]      (--rl-episodes 0: the distillation alone)
 
 1. The teacher: the embedded small model (``--model-size small``) fine-tuned in this process on 64 chats of
    the demo's words in six phrasings (the SFT of ``tests/e2e/test_sft.py``), until its greedy answers are
@@ -84,6 +85,19 @@ def answer(model: Any, chat: Any, prompt: str) -> str:
         return str(chat.decode_all([int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())]))
 
 
+def first_token_accuracy(model_dir: Path) -> dict[str, int]:
+    """How many of the ten words the model answers right, greedy, on the demo's phrasing and the held-out one."""
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_server.engine.tokens import ChatTokenizer
+
+    chat, model = ChatTokenizer(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
+    right = {}
+    for key, phrasing in (("right_demo", "Write {w} as a digit."), ("right_held_out", HELD_OUT)):
+        right[key] = sum(answer(model, chat, phrasing.format(w=w)) == str(d) for d, w in enumerate(WORDS))
+    return right
+
+
 def first_token_kl(student: Path, teacher: Path, phrasing: str) -> float:
     """The exact KL(student || teacher) of the answer's first token, averaged over the ten words."""
     import torch
@@ -104,7 +118,7 @@ def first_token_kl(student: Path, teacher: Path, phrasing: str) -> float:
     return total / len(WORDS)
 
 
-def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path) -> dict[str, Any]:
+def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path, loss: str = "sampled") -> dict[str, Any]:
     """Distils ``teacher`` into ``student`` on the demo's prompts with no reward; the weights go to ``out``."""
     tasks = [
         {"id": f"digit-{d}-{i}", "prompt": p.format(w=w, W=w.capitalize())}
@@ -123,7 +137,7 @@ def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path) -
         return 0.0
 
     started = time.monotonic()
-    args = ("--teacher", str(teacher), "--distill-coef", "1.0", "--seed", str(seed))
+    args = ("--teacher", str(teacher), "--distill-coef", "1.0", "--distill-loss", loss, "--seed", str(seed))
     with served(student, *args) as url, SwarmClient(url) as client:
         config = RunConfig(episodes=episodes, group_size=GROUP, concurrency=32, seed=seed)
         asyncio.run(Runner(client, unrewarded, config, spool=None).run())
@@ -132,7 +146,8 @@ def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path) -
         shutil.copytree(Path(path) / "model", out)
     lines = history["lines"] if isinstance(history, dict) else history
     kls = [line["teacher_kl"] for line in lines if line.get("kind") == "step" and line.get("teacher_kl") is not None]
-    return {"seconds": time.monotonic() - started, "steps": len(kls), "sampled_kl": (kls[0], kls[-1])}
+    accuracy = first_token_accuracy(out)
+    return {"seconds": time.monotonic() - started, "steps": len(kls), "sampled_kl": (kls[0], kls[-1]), **accuracy}
 
 
 def main() -> None:
@@ -141,6 +156,12 @@ def main() -> None:
     parser.add_argument("--distill-episodes", type=int, default=24000)
     parser.add_argument("--rl-episodes", type=int, default=26000)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--distill-loss",
+        choices=("sampled", "full"),
+        default="full",
+        help="the server's --distill-loss: the sampled tokens' advantage, or the exact KL over the vocabulary",
+    )
     args = parser.parse_args()
     tiny = embedded("tiny")
     results: list[dict[str, Any]] = []
@@ -155,7 +176,7 @@ def main() -> None:
         for run in range(args.runs):
             student = Path(tmp) / f"student-{run}"
             print(f"run {run}: distilling ({args.distill_episodes} episodes, no reward) ...", flush=True)
-            report = distill(tiny, teacher, args.distill_episodes, run, student)
+            report = distill(tiny, teacher, args.distill_episodes, run, student, args.distill_loss)
             after = {
                 "demo": first_token_kl(student, teacher, "Write {w} as a digit."),
                 "held out": first_token_kl(student, teacher, HELD_OUT),
@@ -163,11 +184,12 @@ def main() -> None:
             print(
                 f"  {report['seconds']:.0f} s, {report['steps']} steps; KL after: demo prompts {after['demo']:.3f}, "
                 f"held out {after['held out']:.3f}; sampled KL {report['sampled_kl'][0]:.3f} -> "
-                f"{report['sampled_kl'][1]:.3f}",
+                f"{report['sampled_kl'][1]:.3f}; greedy right: demo {report['right_demo']}/10, held out "
+                f"{report['right_held_out']}/10",
                 flush=True,
             )
             row: dict[str, Any] = {"run": run, "distill": report, "kl_before": before, "kl_after": after}
-            for start, model in (("warm-up", tiny), ("distilled", student)):
+            for start, model in (("warm-up", tiny), ("distilled", student)) if args.rl_episodes else ():
                 print(f"  RL from the {start} model ...", flush=True)
                 figures = ours(model, args.rl_episodes, 0.0, run).figures()
                 row[start] = figures
@@ -176,6 +198,8 @@ def main() -> None:
             results.append(row)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
+    if not args.rl_episodes:
+        return
     print(
         "\n| run | KL demo before -> after | KL held out before -> after | RL episodes to 0.8: warm-up | distilled "
         "| distilled, with the distillation's episodes |"
