@@ -118,11 +118,14 @@ def first_token_kl(student: Path, teacher: Path, phrasing: str) -> float:
     return total / len(WORDS)
 
 
-def distill(student: Path, teacher: Path, episodes: int, seed: int, out: Path, loss: str = "sampled") -> dict[str, Any]:
-    """Distils ``teacher`` into ``student`` on the demo's prompts with no reward; the weights go to ``out``."""
+def distill(
+    student: Path, teacher: Path, episodes: int, seed: int, out: Path, loss: str, phrasings: list[str]
+) -> dict[str, Any]:
+    """Distils ``teacher`` into ``student`` on the words in ``phrasings``, with no reward; the weights go to
+    ``out``."""
     tasks = [
         {"id": f"digit-{d}-{i}", "prompt": p.format(w=w, W=w.capitalize())}
-        for i, p in enumerate(PHRASES)
+        for i, p in enumerate(phrasings)
         for d, w in enumerate(WORDS)
     ]
 
@@ -157,6 +160,12 @@ def main() -> None:
     parser.add_argument("--rl-episodes", type=int, default=26000)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
+        "--phrasings",
+        choices=("demo", "six"),
+        default="demo",
+        help="what the distillation asks: the demo's prompts (RL's own), or the words in the teacher's six phrasings",
+    )
+    parser.add_argument(
         "--distill-loss",
         choices=("sampled", "full"),
         default="full",
@@ -176,7 +185,8 @@ def main() -> None:
         for run in range(args.runs):
             student = Path(tmp) / f"student-{run}"
             print(f"run {run}: distilling ({args.distill_episodes} episodes, no reward) ...", flush=True)
-            report = distill(tiny, teacher, args.distill_episodes, run, student, args.distill_loss)
+            phrasings = PHRASES if args.phrasings == "six" else [PHRASES[0]]
+            report = distill(tiny, teacher, args.distill_episodes, run, student, args.distill_loss, phrasings)
             after = {
                 "demo": first_token_kl(student, teacher, "Write {w} as a digit."),
                 "held out": first_token_kl(student, teacher, HELD_OUT),
