@@ -1,17 +1,18 @@
 """On-policy distillation from the small embedded model into the tiny one, then RL on the demo from each start.
 
-    .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 24000] [--rl-episodes 26000] [--json FILE]
-        [--distill-loss full|sampled]      (--rl-episodes 0: the distillation alone)
+    .venv/bin/python bench/distill.py [--runs 3] [--distill-episodes 96000] [--rl-episodes 26000] [--json FILE]
+        [--distill-loss full|sampled] [--phrasings six|demo]      (--rl-episodes 0: the distillation alone)
 
 1. The teacher: the embedded small model (``--model-size small``) fine-tuned in this process on 64 chats of
    the demo's words in six phrasings (the SFT of ``tests/e2e/test_sft.py``), until its greedy answers are
    right.
-2. Per run (seed): ``agentjet-server up --teacher TEACHER`` on the embedded tiny model, fed by a digits agent
-   asking the words in the six phrasings of the teacher's data, whose reward is always 0: the step's only
-   signal is the teacher's per-token advantage ``log pi_teacher - log pi_student`` at each token the
-   student sampled (on-policy distillation). The exact KL(student || teacher) of the answer's first token
-   is measured before and after, on the demo's prompts and on ten prompts of a phrasing neither the teacher
-   nor the distillation saw (held out).
+2. Per run (seed): ``agentjet-server up --teacher TEACHER --distill-loss full`` on the embedded tiny model,
+   fed by a digits agent asking the words in the six phrasings of the teacher's data (``--phrasings demo``:
+   the demo's alone), whose reward is always 0: the step's only signal is the teacher's, at each token the
+   student sampled (``full``: the exact KL over the vocabulary there; ``sampled``: the advantage
+   ``log pi_teacher - log pi_student`` of the sampled token). The exact KL(student || teacher) of the
+   answer's first token, and the greedy answers, are measured before and after, on the demo's prompts and
+   on ten prompts of a phrasing neither the teacher nor the distillation saw (held out).
 3. RL on the demo (groups of 16, 10 groups a step, the server's defaults, seed = run) from the distilled
    student and from the tiny model's warm-up alone: episodes until the mean reward over three consecutive
    steps (160 episodes each) reaches 0.8, as ``bench/peers.py`` measures it.
@@ -156,13 +157,13 @@ def distill(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--distill-episodes", type=int, default=24000)
+    parser.add_argument("--distill-episodes", type=int, default=96000)
     parser.add_argument("--rl-episodes", type=int, default=26000)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
         "--phrasings",
         choices=("demo", "six"),
-        default="demo",
+        default="six",
         help="what the distillation asks: the demo's prompts (RL's own), or the words in the teacher's six phrasings",
     )
     parser.add_argument(
