@@ -22,6 +22,7 @@ import torch
 
 from agentjet_server.engine.adapter import LoraSpec
 from agentjet_server.engine.tokens import ChatTokenizer, Messages, ToolSpecs, check_model_dir
+from agentjet_server.errors import EngineError
 
 FinishReason = Literal["stop", "length"]
 
@@ -246,3 +247,16 @@ class Engine(abc.ABC):
 
     def wake(self) -> None:  # noqa: B027 (not abstract: an engine without sleep mode is always awake)
         """Serve again with the weights the engine had before ``sleep``; nothing if it is awake."""
+
+
+def check_adapter(adapter: str | None, served: Mapping[str, int]) -> None:
+    """A request's adapter must be one the engine serves (``served``: name -> version); none if it serves none."""
+    if (adapter is not None or served) and adapter not in served:
+        raise EngineError(f"no adapter {adapter!r} in this engine (it serves {', '.join(served) or 'no adapters'})")
+
+
+def named_version(name: str, served: Mapping[str, int]) -> int:
+    """The version of adapter ``name`` of ``served``; a ValueError naming the adapters if there is none."""
+    if name not in served:
+        raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(served) or 'none'})")
+    return served[name]

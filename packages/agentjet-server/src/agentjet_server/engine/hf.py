@@ -23,7 +23,15 @@ from typing import Any
 
 import torch
 
-from agentjet_server.engine.base import PROCESSED_SETTINGS, Engine, EngineOptions, SamplingParams, TokenEvent
+from agentjet_server.engine.base import (
+    PROCESSED_SETTINGS,
+    Engine,
+    EngineOptions,
+    SamplingParams,
+    TokenEvent,
+    check_adapter,
+    named_version,
+)
 from agentjet_server.engine.grammar import Grammars
 from agentjet_server.engine.handoff import WeightSlot
 from agentjet_server.engine.hf_batch import Batch, BatchRunner
@@ -93,10 +101,7 @@ class TransformersEngine(Engine):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
             raise EngineError("the engine is shut down")
-        if (params.adapter is not None or self._adapters) and params.adapter not in self._adapters:
-            raise EngineError(
-                f"no adapter {params.adapter!r} in this engine (it serves {', '.join(self._adapters) or 'no adapters'})"
-            )
+        check_adapter(params.adapter, self._adapters)
         generator = torch.Generator()
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -125,14 +130,10 @@ class TransformersEngine(Engine):
         return tuple(self._adapters)
 
     def adapter_version(self, name: str) -> int:
-        try:
-            return self._adapters[name]
-        except KeyError:
-            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._adapters) or 'none'})") from None
+        return named_version(name, self._adapters)
 
     def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
-        if name not in self._adapters:
-            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._adapters) or 'none'})")
+        named_version(name, self._adapters)
         from agentjet_server.engine.lora_layers import adapter_of
 
         own = {key for key, _ in self.model.named_parameters() if adapter_of(key) == name}

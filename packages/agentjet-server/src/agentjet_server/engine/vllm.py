@@ -50,6 +50,8 @@ from agentjet_server.engine.base import (
     EngineOptions,
     SamplingParams,
     TokenEvent,
+    check_adapter,
+    named_version,
 )
 from agentjet_server.engine.handoff import WeightSlot, WeightUpdate
 from agentjet_server.engine.vllm_adapters import AdapterBook, lora_engine_args
@@ -82,6 +84,30 @@ def _set_vllm_env(device: str) -> None:
     if not device.startswith("cuda"):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # binding cores costs 6x on shared CPUs
+
+
+def _engine_args(
+    path: Path, options: EngineOptions, max_context: int, enforce_eager: bool | None, sleep_mode: bool
+) -> dict[str, Any]:
+    """vLLM's engine arguments for serving ``path`` as ``options`` say (LoRA's and the caller's added after)."""
+    device = options.device
+    return {
+        "model": str(path),
+        "dtype": str(options.dtype).removeprefix("torch."),
+        # prompts arrive as token ids and we detokenise ourselves, but structured outputs compile their
+        # grammars against vLLM's own tokenizer; as the transformers engine's (``grammar``): xgrammar,
+        # no whitespace the model may pad JSON with
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+        "distributed_executor_backend": "uni",
+        "max_model_len": max_context,
+        "max_num_seqs": options.max_batch,
+        "seed": 0,
+        "worker_extension_cls": WORKER_EXTENSION,
+        "async_scheduling": False,  # a step's outputs must come from that step's weights
+        "enable_prefix_caching": True,
+        "enforce_eager": (not device.startswith("cuda")) if enforce_eager is None else enforce_eager,
+        **(sleep_engine_args(device) if sleep_mode else {}),
+    }
 
 
 def _launch(args: dict[str, Any], device: str) -> Any:
@@ -126,8 +152,7 @@ class VLLMEngine(Engine):
         super().__init__(
             model_path, model_name=options.model_name, chat_template=options.chat_template, version=options.version
         )
-        path, device = self.model_path, options.device
-        self.device = device
+        path, self.device = self.model_path, options.device
         from transformers import AutoConfig
 
         limit = int(getattr(AutoConfig.from_pretrained(str(path)), "max_position_embeddings", 4096))
@@ -138,28 +163,12 @@ class VLLMEngine(Engine):
         counts = dict(options.adapter_versions)
         self._named: dict[str, int] = {name: counts.get(name, 0) for name in options.adapters}
         self.max_context = min(limit, max_model_len or limit)
-        args: dict[str, Any] = {
-            "model": str(path),
-            "dtype": str(options.dtype).removeprefix("torch."),
-            # prompts arrive as token ids and we detokenise ourselves, but structured outputs compile their
-            # grammars against vLLM's own tokenizer; as the transformers engine's (``grammar``): xgrammar,
-            # no whitespace the model may pad JSON with
-            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-            "distributed_executor_backend": "uni",
-            "max_model_len": self.max_context,
-            "max_num_seqs": options.max_batch,
-            "seed": 0,
-            "worker_extension_cls": WORKER_EXTENSION,
-            "async_scheduling": False,  # a step's outputs must come from that step's weights
-            "enable_prefix_caching": True,
-            "enforce_eager": (not device.startswith("cuda")) if enforce_eager is None else enforce_eager,
-            **(lora_engine_args(lora, len(self._named)) if lora is not None else {}),
-            **(sleep_engine_args(device) if sleep_mode else {}),
-            **(engine_args or {}),
-        }
+        args = _engine_args(path, options, self.max_context, enforce_eager, sleep_mode)
+        args.update(lora_engine_args(lora, len(self._named)) if lora is not None else {})
+        args.update(engine_args or {})
         self.lora = lora
         self._sleep_mode = sleep_mode
-        self._engine = _launch(args, device)
+        self._engine = _launch(args, self.device)
         self._adapters = AdapterBook(lora, path) if lora is not None else None
         self._requests = RequestBook(self._engine, self.chat, self._adapters)
         self._switch = SleepSwitch(self._engine)
@@ -179,10 +188,7 @@ class VLLMEngine(Engine):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
             raise EngineError("the engine is shut down")
-        if (params.adapter is not None or self._named) and params.adapter not in self._named:
-            raise EngineError(
-                f"no adapter {params.adapter!r} in this engine (it serves {', '.join(self._named) or 'no adapters'})"
-            )
+        check_adapter(params.adapter, self._named)
         request = VLLMRequest(
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
@@ -222,16 +228,12 @@ class VLLMEngine(Engine):
         return tuple(self._named)
 
     def adapter_version(self, name: str) -> int:
-        try:
-            return self._named[name]
-        except KeyError:
-            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._named) or 'none'})") from None
+        return named_version(name, self._named)
 
     def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
-        """Serve new requests of adapter ``name`` with ``adapter`` (its tensors, under the learner's peft names)
-        as that adapter's ``version``; returns once it is live."""
-        if name not in self._named or self._adapters is None:
-            raise ValueError(f"no adapter {name!r} here (adapters: {', '.join(self._named) or 'none'})")
+        """New requests of adapter ``name`` run on ``adapter`` (its peft tensors) as ``version``, once live."""
+        named_version(name, self._named)
+        assert self._adapters is not None  # an engine with adapters per agent has its book
         self._adapters.offer(adapter, version, self._rouse, self._closed, name=name)
 
     @property
@@ -375,7 +377,7 @@ class VLLMEngine(Engine):
         self._adapters.register(self._engine, update.version, update.adapter or "")
         if update.adapter is not None:  # one adapter per agent: its own version moves
             self._named[update.adapter] = update.version
-            logger.info("vLLM serves adapter %s v%d to new requests", update.adapter, update.version)
-            return
-        self._version = update.version
-        logger.info("vLLM serves LoRA adapter v%d to new requests", update.version)
+        else:
+            self._version = update.version
+        which = f"adapter {update.adapter}" if update.adapter else "LoRA adapter"  # the tests read these lines
+        logger.info("vLLM serves %s v%d to new requests", which, update.version)
