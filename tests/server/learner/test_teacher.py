@@ -120,6 +120,8 @@ def test_a_teacher_behind_a_url_scores_as_in_process_and_its_outage_keeps_the_ba
         teacher = LiveServer(teacher_dir, port=port, name="teacher", serve_only=True)
         wait_for(lambda: student.runtime.store.trained == trained_before + 8, "the kept batch trained")
         assert student.runtime.loop.trainer.steps == 3 and student.runtime.loop.error is None
+        # the kept batch's tries before the teacher came back counted nothing: each episode once
+        assert sum(student.runtime.loop.tags.trained.values()) == trained_before + 8
     finally:
         student.stop()
         teacher.stop()

@@ -252,6 +252,7 @@ class TrainingLoop:
         # a group whose rewards are all equal still has the teacher's signal
         keep_flat = config.entropy_coef > 0 or config.distill_coef > 0
         batch = build_batch(groups, keep_flat=keep_flat, algorithm=config.algorithm, **staleness)
+        _teacher_scores(self, batch)  # first: a batch kept for an unreachable teacher must count nothing yet
         self.stale_at_training += batch.stale
         self.downweighted_tokens += batch.downweighted
         self.tags.count(groups, served)
@@ -263,7 +264,6 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
-        _teacher_scores(self, batch)  # before the version is logged: it may fail
         parts: dict[str | None, Batch] = {None: batch}
         if config.adapters:
             parts = {name: part for name, part in batch.by_adapter(served).items()}
