@@ -162,6 +162,8 @@ class Engine(abc.ABC):
         self.model_name = model_name or path.name
         self.chat = ChatTokenizer(path, chat_template)
         self._version = version
+        # an adapter per agent: each adapter's version (an engine that serves them fills it)
+        self._named: dict[str, int] = {}
 
     @property
     def version(self) -> int:
@@ -219,11 +221,11 @@ class Engine(abc.ABC):
     def adapters(self) -> tuple[str, ...]:
         """An adapter per agent: the adapters it serves on its frozen base, each with its own version; a
         request names one in ``SamplingParams.adapter``. None for an engine that serves one model."""
-        return ()
+        return tuple(self._named)
 
     def adapter_version(self, name: str) -> int:
         """The version of adapter ``name``'s weights that new tokens of its requests are sampled from."""
-        raise ValueError(f"{type(self).__name__} serves no adapter per agent (asked for {name!r})")
+        return named_version(name, self._named)
 
     def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new weights of adapter ``name`` (an adapter per agent) at its own ``version``; the other

@@ -65,7 +65,6 @@ class TransformersEngine(Engine):
             raise ModelLoadError(f"could not load model weights from {self.model_path}: {exc}") from exc
         # an adapter per agent: peft's adapters on the frozen base (``self.model`` keeps the plain model's
         # interface and names; ``forward`` is peft's wrapper, which runs each row with its own adapter)
-        self._adapters: dict[str, int] = {}
         forward: Any = self.model
         if options.adapters:
             if options.lora is None:
@@ -75,7 +74,7 @@ class TransformersEngine(Engine):
             forward = attach_adapters(self.model, options.lora, options.adapters).eval()
             forward.requires_grad_(False)
             counts = dict(options.adapter_versions)
-            self._adapters = {name: counts.get(name, 0) for name in options.adapters}
+            self._named = {name: counts.get(name, 0) for name in options.adapters}
         self.device = torch.device(options.device)
         self.max_batch = options.max_batch
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
@@ -87,7 +86,7 @@ class TransformersEngine(Engine):
             Sampler(self.chat, self.max_context),
             continuous,
             prompt_cache=(self.max_batch, self.max_batch * PROMPT_CACHE_TOKENS),
-            adapters=bool(self._adapters),
+            adapters=bool(self._named),
         )
         self._grammars = Grammars(self.chat, int(self.model.config.vocab_size))
         self._requests: queue.Queue[Request | object] = queue.Queue()
@@ -101,7 +100,7 @@ class TransformersEngine(Engine):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if self._closed.is_set():
             raise EngineError("the engine is shut down")
-        check_adapter(params.adapter, self._adapters)
+        check_adapter(params.adapter, self._named)
         generator = torch.Generator()
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -121,19 +120,12 @@ class TransformersEngine(Engine):
                 yield event
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        if self._adapters:
+        if self._named:
             raise EngineError("this engine serves an adapter per agent: update them with update_named_adapter")
         self._weights.offer(state_dict, version, lambda: self._requests.put(_WAKE), self._closed)
 
-    @property
-    def adapters(self) -> tuple[str, ...]:
-        return tuple(self._adapters)
-
-    def adapter_version(self, name: str) -> int:
-        return named_version(name, self._adapters)
-
     def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
-        named_version(name, self._adapters)
+        named_version(name, self._named)
         from agentjet_server.engine.lora_layers import adapter_of
 
         own = {key for key, _ in self.model.named_parameters() if adapter_of(key) == name}
@@ -181,7 +173,7 @@ class TransformersEngine(Engine):
                     self._version = update.version
                 else:  # one adapter's tensors, under the names the learner's model gives them
                     self._load_adapter(update.state_dict)
-                    self._adapters[update.adapter] = update.version
+                    self._named[update.adapter] = update.version
         except Exception as exc:  # reported to the learner that asked for it
             update.error = exc
         finally:
@@ -197,14 +189,14 @@ class TransformersEngine(Engine):
         """The log-probability of each of ``request``'s prompt tokens after the first (its adapter's, if any),
         one position at a time from the logits of a forward pass over the whole prompt."""
         ids = torch.tensor([request.prompt_ids], device=self.device)
-        by_row = {"adapter_names": [request.params.adapter or ""]} if self._adapters else {}
+        by_row = {"adapter_names": [request.params.adapter or ""]} if self._named else {}
         logits = self.batches.model(input_ids=ids, **by_row).logits[0, :-1].float()
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
         return [float(x) for x in logprobs.cpu()]
 
     def _versions(self) -> int | dict[str, int]:
         """The versions rows are sampled from now: the model's, or with adapters each adapter's."""
-        return dict(self._adapters) if self._adapters else self._version
+        return dict(self._named) if self._named else self._version
 
     def _take(self, room: int, wait: bool) -> list[Request]:
         """Up to ``room`` waiting requests; blocks briefly for the first one only when ``wait``."""

@@ -161,7 +161,7 @@ class VLLMEngine(Engine):
             raise ValueError("an adapter per agent needs the adapters' LoRA settings (--lora-rank)")
         lora = lora or (options.lora if options.adapters else None)
         counts = dict(options.adapter_versions)
-        self._named: dict[str, int] = {name: counts.get(name, 0) for name in options.adapters}
+        self._named = {name: counts.get(name, 0) for name in options.adapters}
         self.max_context = min(limit, max_model_len or limit)
         args = _engine_args(path, options, self.max_context, enforce_eager, sleep_mode)
         args.update(lora_engine_args(lora, len(self._named)) if lora is not None else {})
@@ -222,13 +222,6 @@ class VLLMEngine(Engine):
         if self._adapters is None:
             raise EngineError("this engine was started without LoRA; it takes whole weights (update_weights)")
         self._adapters.offer(adapter, version, self._rouse, self._closed)
-
-    @property
-    def adapters(self) -> tuple[str, ...]:
-        return tuple(self._named)
-
-    def adapter_version(self, name: str) -> int:
-        return named_version(name, self._named)
 
     def update_named_adapter(self, name: str, adapter: Mapping[str, torch.Tensor], version: int) -> None:
         """New requests of adapter ``name`` run on ``adapter`` (its peft tensors) as ``version``, once live."""
