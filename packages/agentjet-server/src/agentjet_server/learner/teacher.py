@@ -18,16 +18,12 @@ outage; one that refuses a request (4xx) raises ``TeacherError`` with its messag
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from collections.abc import Sequence as Seq
 from typing import Any
 
 import httpx2
 
 from agentjet_server.learner.batch import Sequence
-
-logger = logging.getLogger(__name__)
 
 SAMPLE_TEXT = "The teacher and the student split this sentence into the same tokens, 1 2 3."
 
@@ -60,8 +56,6 @@ class RemoteTeacher:
         self.concurrency = concurrency
         self.timeout = timeout
         self.attempts = attempts
-        self.requests = 0  # requests answered so far
-        self.seconds = 0.0  # time spent scoring so far
 
     def connect(self, encode: Any) -> str:
         """Check the teacher before training starts: it answers, serves ``model`` (by default its first),
@@ -94,20 +88,19 @@ class RemoteTeacher:
                 f"the teacher at {self.url} does not score prompts (echo with logprobs, max_tokens 0): "
                 f"{reply.status_code} {reply.text[:300]}"
             )
-        _prompt_logprobs(reply.json(), len(ids))
-        tokens = reply.json()["choices"][0]["logprobs"]["tokens"]
+        answer = reply.json()
+        tokens = (((answer.get("choices") or [{}])[0]).get("logprobs") or {}).get("tokens") or []
         if len(tokens) != len(ids):
             raise TeacherError(
                 f"the teacher {self.model!r} splits a sample text into {len(tokens)} tokens and the student into "
                 f"{len(ids)}: distillation compares log-probs token by token, so it needs the student's tokenizer"
             )
+        _prompt_logprobs(answer, len(ids))  # and it scores each of them
         return self.model
 
     def score(self, sequences: Seq[Sequence]) -> None:
         """Fill each sequence's ``teacher_logprobs`` (one per trained position), all requests together."""
-        started = time.perf_counter()
         asyncio.run(self._score_all(sequences))
-        self.seconds += time.perf_counter() - started
 
     async def _score_all(self, sequences: Seq[Sequence]) -> None:
         gate = asyncio.Semaphore(self.concurrency)
@@ -138,7 +131,6 @@ class RemoteTeacher:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if reply.status_code == 200:
-                    self.requests += 1
                     answer: dict[str, Any] = reply.json()
                     return answer
                 if reply.status_code < 500 and reply.status_code != 429:
