@@ -82,7 +82,7 @@ def test_echo_scores_the_prompt_with_the_models_own_log_probs_and_max_tokens_0_s
     assert choice.logprobs is not None and choice.finish_reason == "length" and choice.agentjet is None
     assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.token_logprobs[1:] == pytest.approx(expected)
     assert choice.text == engine.chat.decode_all(ids) == "".join(choice.logprobs.tokens)
-    assert reply.usage.completion_tokens == 0 and reply.usage.prompt_tokens == len(ids)
+    assert reply.usage.completion_tokens == 0 and reply.usage.prompt_tokens == reply.usage.total_tokens == len(ids)
     # with a completion: the prompt's entries, then the sampled tokens' (the same as without echo)
     both = complete(text, prompt="Once upon", max_tokens=4, seed=3, echo=True, logprobs=1).choices[0]
     alone = complete(text, prompt="Once upon", max_tokens=4, seed=3, logprobs=1).choices[0]

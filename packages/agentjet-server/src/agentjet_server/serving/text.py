@@ -103,9 +103,10 @@ class TextService:
                 prompt = texts[i // request.n]
                 choice = echoed(choice, state, prompt if isinstance(prompt, str) else None, scored_only)
             choices.append(choice)
-        counted = usage(_prompt_tokens(prepared), states)
-        if scored_only:
-            counted = Usage(prompt_tokens=counted.prompt_tokens, completion_tokens=0, total_tokens=counted.total_tokens)
+        prompt_tokens = _prompt_tokens(prepared)
+        counted = usage(prompt_tokens, states)
+        if scored_only:  # nothing sampled is answered
+            counted = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
         return TextCompletion(
             id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=choices, usage=counted
         )
