@@ -11,13 +11,13 @@ nox.options.sessions = ["lint", "tests", "vllm"]
 CPU_TORCH = "torch==2.13.0"
 LINT = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]  # pinned: newer releases format and type-check differently
 PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
-TEST_PACKAGES = ["-e", "packages/agentjet-client[research]", "-e", "packages/agentjet-server[lora]"]
+TEST_PACKAGES = ["-e", "packages/agentjet-client[research]", "-e", "packages/agentjet-server[lora,s3]"]
 
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The whole test suite."""
-    session.install(CPU_TORCH, "pytest>=8", "hypothesis>=6.100", "playwright>=1.40", "tensorboard>=2.14", "wandb>=0.17")
+    session.install(CPU_TORCH, "pytest>=8", "hypothesis>=6.100", "moto[server]>=5", "playwright>=1.40", "tensorboard>=2.14", "wandb>=0.17")
     session.install(*TEST_PACKAGES)
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 TORCH = "torch==2.13.0"
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "moto[server]>=5"]  # moto: a local S3 for --checkpoint-uri
 # the main environment only: playwright drives the dashboard test's Chromium; tensorboard and
 # wandb are the --log-to extras, tested there; the agent harnesses users bring are tested against
 # the server there too
@@ -144,7 +144,7 @@ def ensure_env(
         tools = TEST_REQUIREMENTS + (MAIN_TOOLS if where == VENV else [])
         layer = [
             ["install", "-q", TORCH, *tools],
-            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora,structured]"],
+            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora,structured,s3]"],
         ]
         _layer(bin_dir, where / ".agentjet-tests-installed", layer)
     return bin_dir

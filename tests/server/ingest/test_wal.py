@@ -43,7 +43,7 @@ def test_compaction_keeps_ids_and_counts(tmp_path):
     second = log.rotate()
     s.admit_batch([traj(3), traj(4)], version=0)  # lsn 2, 3
     third = log.rotate()
-    assert log.compact(keep_from_lsn=2, before_segment=third) == 1  # segment 2 still holds lsn 2, 3
+    assert log.compact(keep_from_lsn=2, before_segment=third) == [1]  # segment 2 still holds lsn 2, 3
     assert not (tmp_path / "00000001.wal").exists() and (tmp_path / "00000001.ids").exists()
     assert (tmp_path / f"{second:08d}.wal").exists()
     log.close()
@@ -66,7 +66,7 @@ def test_compaction_keeps_the_newest_bodies_readable_and_evaluations_stay_known(
     s.admit_batch([traj(2), traj(3)], version=0)
     third = log.rotate()
     s.admit_batch([traj(4)], version=0)
-    assert log.compact(keep_from_lsn=4, before_segment=third, keep_recent=3) == 2
+    assert log.compact(keep_from_lsn=4, before_segment=third, keep_recent=3) == [1, 2]
     assert not list(tmp_path.glob("0000000[12].wal"))
     # the ids and signatures of everything, the bodies of the newest three compacted, then the live log
     assert [r.id for r in read_records(tmp_path, compacted=True)] == ["t0", "t1", "t9", "t2", "t3", "t4"]

@@ -352,10 +352,10 @@ def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> 
     from agentjet_server.embedded import EMBEDDED_SPECS
     from agentjet_server.engine import Engine, create_engine
     from agentjet_server.runtime import create_runtime
-    from agentjet_server.state.checkpoint import StateDir
+    from agentjet_server.state.mirror import open_state_dir
 
     starting.phase(f"opening its state dir {settings.state_dir}")
-    state = StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+    state = open_state_dir(settings)
     try:
         checkpoint = state.resumed
         starting.phase(f"loading {path} into its {settings.engine} engine")

@@ -42,7 +42,8 @@ from agentjet_server.observe.sinks import open_sinks
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
 from agentjet_server.serving.parsing import load_parser
 from agentjet_server.settings import TEACHER_KEY_ENV, ServerSettings
-from agentjet_server.state.checkpoint import METRICS_FILE, StateDir
+from agentjet_server.state.checkpoint import METRICS_FILE, SAMPLE_KEY, StateDir
+from agentjet_server.state.mirror import StateMirror, open_state_dir
 from agentjet_server.state.recovery import LiveConfiguration, Recovery, restored_configuration
 
 logger = logging.getLogger(__name__)
@@ -167,8 +168,10 @@ class SwarmRuntime:
         model_path: Path | None = None,
         live: LiveConfiguration | None = None,
         log: TrajectoryLog | None = None,
+        mirror: StateMirror | None = None,
     ) -> None:
         self.engine = engine
+        self.mirror = mirror  # --checkpoint-uri: the object store the run is mirrored to
         self.settings = settings
         self.state = state
         # names this run for clients (their spool is keyed by it): the state dir's, else this process's
@@ -177,7 +180,7 @@ class SwarmRuntime:
         # the key outlives restarts (what was sampled before one still verifies, also when the
         # server died before anything was pushed); --fresh discards it with the run
         self.signer = (
-            SampleSigner.load(state.root / "sample.key", renew=settings.fresh)
+            SampleSigner.load(state.root / SAMPLE_KEY, renew=settings.fresh)
             if state is not None
             else SampleSigner.random()
         )
@@ -222,6 +225,7 @@ class SwarmRuntime:
                 model_path or Path(),
                 settings.keep_checkpoints,
                 settings.keep_recent_trajectories,
+                mirror,
             )
             if state is not None and self.log is not None
             else None
@@ -354,6 +358,8 @@ class SwarmRuntime:
             self.telemetry.tick(self.snapshot())  # the run's last figures
         self.telemetry.history.close()
         self.engine.close()
+        if self.mirror is not None:  # the last checkpoint is written: upload it (unless crashing)
+            self.mirror.close(flush=checkpoint)
         if self.log is not None:
             self.log.close()
         if self.state is not None:
@@ -370,10 +376,13 @@ def create_runtime(
     """Open (or take) the state dir, restore the live configuration an earlier run was given through the
     admin API, build the learner (from the newest checkpoint when resuming), replay the log into the
     buffer and start training; with ``--serve-only`` no learner and no training loop."""
-    state = state or StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+    state = state or open_state_dir(settings)
     log: TrajectoryLog | None = None
+    mirror = StateMirror(state.remote, state, settings) if state.remote is not None else None
     try:
         log = TrajectoryLog(state.log_dir)
+        if mirror is not None:
+            mirror.attach(log)
         live = LiveConfiguration({})
         if state.resuming:
             live = restored_configuration(state, log)
@@ -409,8 +418,12 @@ def create_runtime(
 
             vocab = int(AutoConfig.from_pretrained(model_path).vocab_size)
             logger.warning("serving only (--serve-only): pushed trajectories are refused and nothing is trained")
-        runtime = SwarmRuntime(engine, settings, learner, vocab, state, Path(model_path), live, log)
+        runtime = SwarmRuntime(engine, settings, learner, vocab, state, Path(model_path), live, log, mirror)
+        if mirror is not None:
+            mirror.upload_run_files(runtime.run_id)
     except BaseException:
+        if mirror is not None:
+            mirror.close(flush=False)
         if log is not None:
             log.close()
         state.close()

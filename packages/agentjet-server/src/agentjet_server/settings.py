@@ -7,7 +7,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -362,6 +362,45 @@ class StateOptions(OptionGroup):
     keep_recent_trajectories: int = setting(
         200, "trajectory bodies kept inspectable (dashboard, inspect) after the log compacts", ge=0
     )
+    checkpoint_uri: str | None = setting(
+        None, "mirror the run to an object store (s3://bucket/prefix): --resume restores from it"
+    )
+    checkpoint_store_options: Path | None = setting(
+        None, "JSON file of the store's options (e.g. endpoint_url); keys: the store's own variables"
+    )
+    remote_log: Literal["ack", "async"] = setting(
+        "ack", "ack: a push is answered once its log bytes are in the store; async: sooner"
+    )
+    keep_remote_checkpoints: int = setting(2, "checkpoints kept in --checkpoint-uri (older ones deleted)", ge=1)
+    object_store_timeout_s: float = setting(
+        30.0, "seconds a push waits for the store before a 503 (retry)", flag="object-store-timeout", gt=0
+    )
+    checkpoint_upload_timeout_s: float = setting(
+        600.0, "seconds shutdown waits for the last checkpoint's upload", flag="checkpoint-upload-timeout", gt=0
+    )
+
+    @model_validator(mode="after")
+    def _check_store(self) -> Self:
+        if self.checkpoint_uri is None:
+            remote = [
+                flag
+                for flag, changed in (
+                    ("--checkpoint-store-options", self.checkpoint_store_options is not None),
+                    ("--remote-log", self.remote_log != "ack"),
+                )
+                if changed
+            ]
+            if remote:
+                raise ValueError(
+                    f"{', '.join(remote)} configure --checkpoint-uri: add --checkpoint-uri s3://bucket/prefix"
+                )
+        elif "://" not in self.checkpoint_uri:
+            raise ValueError(
+                f"--checkpoint-uri {self.checkpoint_uri} needs a scheme: s3://bucket/prefix (file:///path: a mount)"
+            )
+        if self.checkpoint_store_options is not None and not self.checkpoint_store_options.is_file():
+            raise ValueError(f"--checkpoint-store-options {self.checkpoint_store_options} is not a file")
+        return self
 
 
 class ServerSettings(

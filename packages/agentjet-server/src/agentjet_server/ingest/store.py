@@ -5,7 +5,8 @@ before (it is not trained again), ``rejected`` with a reason if it is stale or d
 model, else ``accepted`` (an evaluation episode, ``purpose="eval"``, is recorded but never buffered
 for training, and is not held to the staleness bound). With a ``TrajectoryLog`` the decisions are
 on disk (fsynced) before the call returns, i.e. before the client is answered; only then do
-accepted trajectories reach the group buffer. The set of seen ids and the counts come back from the log after a restart.
+accepted trajectories reach the group buffer; with a mirrored log (``--checkpoint-uri``), also in the
+object store. The set of seen ids and the counts come back from the log after a restart.
 """
 
 from __future__ import annotations
@@ -210,6 +211,11 @@ class TrajectoryStore:
                 self._sink(trajectory, lsn)
             for task_id in missing:
                 self._absent(task_id)
+            position = self.log.position if self.log is not None else None
+        if self.log is not None and position is not None:
+            # with a mirrored log (--checkpoint-uri), answered once the mirror holds these records (and
+            # a duplicate's original): StateError, a 503, when it can't take them in time; the resend waits again
+            self.log.wait_mirrored(position)
         return results
 
     def admit(self, trajectory: Trajectory, version: PolicyVersions | int) -> TrajectoryResult:
@@ -225,12 +231,18 @@ class TrajectoryStore:
             self.known_version = max(self.known_version, versions.current)
             for name, count in versions.adapters.items():
                 self.known_adapters[name] = max(self.known_adapters.get(name, 0), count)
+            position = self.log.position if self.log is not None else None
+        if self.log is not None and position is not None:
+            self.log.wait_mirrored(position)
 
     def log_change(self, record: Configured) -> None:
         """Make an admin change durable (before it is applied or answered)."""
         with self._lock:
             if self.log is not None:
                 self.log.append([record])
+            position = self.log.position if self.log is not None else None
+        if self.log is not None and position is not None:
+            self.log.wait_mirrored(position)
 
     def replay(self, trajectory: Trajectory, lsn: int) -> None:
         """Put back a trajectory accepted by an earlier run (resume): buffered, not counted again."""

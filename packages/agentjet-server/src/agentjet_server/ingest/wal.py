@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentjet_server.errors import StateError
 
@@ -96,6 +96,19 @@ class Configured:
 
 
 Record = Accepted | Rejected | Evaluated | Published | Configured
+Position = tuple[int, int]  # (segment, byte offset): how far the log reaches
+
+
+class LogMirror(Protocol):
+    """Where the log's bytes are copied as they are written (``state/shipping.py``: an object store).
+    ``appended`` and ``rotated`` only queue (they run while ingestion is held still); ``wait`` returns
+    once everything up to ``position`` is copied, else raises StateError."""
+
+    def appended(self, segment: int, offset: int, data: bytes) -> None: ...
+
+    def rotated(self, segment: int) -> None: ...
+
+    def wait(self, position: Position) -> None: ...
 
 
 def fsync_dir(path: Path) -> None:
@@ -275,8 +288,9 @@ class LogScan:
 class TrajectoryLog:
     """Append-only, fsynced, segmented. Not thread-safe: the trajectory store serialises writers."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, mirror: LogMirror | None = None) -> None:
         self.directory = directory
+        self.mirror = mirror
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -393,6 +407,18 @@ class TrajectoryLog:
             self._restore()
             raise StateError(f"cannot write the trajectory log in {self.directory}: {exc}") from exc
         self._good += len(data)
+        if self.mirror is not None:
+            self.mirror.appended(self._segment, self._good - len(data), data)
+
+    @property
+    def position(self) -> Position:
+        """Where the acknowledged records end: a later ``wait_mirrored`` of it covers them all."""
+        return self._segment, self._good
+
+    def wait_mirrored(self, position: Position) -> None:
+        """With a mirror, return once it holds the log up to ``position`` (StateError when it can't)."""
+        if self.mirror is not None:
+            self.mirror.wait(position)
 
     def rotate(self) -> int:
         """Start a new segment; returns its number (records before it are in older segments).
@@ -403,18 +429,20 @@ class TrajectoryLog:
         fd, size = self._open_segment(self._segment + 1)
         old = self._fd
         self._fd, self._good, self._segment = fd, size, self._segment + 1
+        if self.mirror is not None:
+            self.mirror.rotated(self._segment)
         try:
             os.close(old)
         except OSError as exc:
             logger.warning("trajectory log: closing segment %d: %s", self._segment - 1, exc)
         return self._segment
 
-    def compact(self, keep_from_lsn: int, before_segment: int, keep_recent: int = 0) -> int:
+    def compact(self, keep_from_lsn: int, before_segment: int, keep_recent: int = 0) -> list[int]:
         """Reduce segments older than ``before_segment`` whose trajectories all have an lsn below
         ``keep_from_lsn`` (trained and checkpointed) to their ids. The bodies of the newest
         ``keep_recent`` trajectories among them (and those kept before) stay in ``recent.wal``, for
-        inspection and the dashboard. Returns how many segments were compacted."""
-        done = 0
+        inspection and the dashboard. Returns the numbers of the segments compacted."""
+        done: list[int] = []
         recent: deque[Record] = deque(maxlen=keep_recent) if keep_recent else deque(maxlen=0)
         for number in self._segments():
             if number >= before_segment:
@@ -444,7 +472,7 @@ class TrajectoryLog:
             )
             path.unlink()
             fsync_dir(self.directory)
-            done += 1
+            done.append(number)
         return done
 
     def _recent_records(self) -> Iterator[tuple[Record, int]]:

@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
@@ -38,12 +38,16 @@ from agentjet_server.batching.buffer import BufferSnapshot
 from agentjet_server.errors import StateError
 from agentjet_server.ingest.wal import fsync_dir
 
+if TYPE_CHECKING:
+    from agentjet_server.state.objectstore import ObjectStore
+
 logger = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 METRICS_FILE = "metrics.jsonl"  # the run's metrics history (``metrics.History``)
 MODEL_RECORD = "model.json"  # the model a run started from
 RUN_ID = "run_id"
+SAMPLE_KEY = "sample.key"  # signs sampled turns (``ingest/signing``)
 
 
 def recorded_model(root: Path) -> dict[str, str] | None:
@@ -159,9 +163,15 @@ class StateDir:
         self.resumed: Checkpoint | None = None
         self.resuming = False
         self.run_id = ""  # set by ``open``
+        self.pinned: set[Path] = set()  # checkpoints being uploaded: retention leaves them
+        self.remote: ObjectStore | None = None  # --checkpoint-uri: the store the run is mirrored to
 
     @classmethod
-    def open(cls, root: Path, *, resume: bool = False, fresh: bool = False) -> StateDir:
+    def open(
+        cls, root: Path, *, resume: bool = False, fresh: bool = False, remote: ObjectStore | None = None
+    ) -> StateDir:
+        """``remote``: the object store the run is mirrored to; an earlier run there is restored into
+        an empty ``root`` first (``restore``), so the start policy below sees it as local."""
         if resume and fresh:
             raise StateError("--resume and --fresh contradict each other; pass one of them")
         try:
@@ -184,6 +194,15 @@ class StateDir:
         lock.write(f"agentjet-server pid {os.getpid()}\n")
         lock.flush()
         state = cls(root, lock)
+        if remote is not None:
+            from agentjet_server.state.restore import reconcile
+
+            state.remote = remote
+            try:
+                reconcile(state, remote, resume=resume, fresh=fresh)
+            except BaseException:
+                state.close()
+                raise
         earlier = state.describe_earlier_run()
         if earlier and not (resume or fresh):
             state.close()
@@ -285,7 +304,8 @@ class StateDir:
             shutil.rmtree(tmp, ignore_errors=True)
             raise StateError(f"cannot write checkpoint {final}: {exc}; free disk space or fix permissions") from exc
         for old in self.checkpoints()[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old not in self.pinned:
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from agentjet_server.ingest.store import TrajectoryStore
 from agentjet_server.ingest.wal import TrajectoryLog
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.state.checkpoint import TRAINING_SETTINGS, CheckpointMeta, StateDir, settings_changes
+from agentjet_server.state.mirror import StateMirror
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ class Recovery:
         model_path: Path,
         keep_checkpoints: int,
         keep_recent: int,
+        mirror: StateMirror | None = None,
     ) -> None:
+        self.mirror = mirror  # --checkpoint-uri: each checkpoint is uploaded after it is written
         self.state = state
         self.log = log
         self.store = store
@@ -140,11 +143,13 @@ class Recovery:
         keep_from = min([next_lsn, *snapshot.lsns()])
         # older segments: no writer touches them
         compacted = self.log.compact(keep_from, before_segment=segment, keep_recent=self.keep_recent)
+        if self.mirror is not None:
+            self.mirror.checkpoint_written(path, meta, compacted)
         logger.info(
             "checkpoint %s (policy v%d) in %.2fs; %d log segments compacted",
             path.name,
             meta.version,
             time.perf_counter() - started,
-            compacted,
+            len(compacted),
         )
         return path
