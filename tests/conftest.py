@@ -386,3 +386,59 @@ class RulesJudge(ExampleService):
         import httpx2
 
         return int(httpx2.get(f"{self.base}/calls", timeout=5).json()["calls"])
+
+
+class S3Bucket:
+    """A bucket on a local S3 server (moto's server mode on 127.0.0.1): the uri of a run's prefix, the
+    options file that points the store at the server, and the environment a server process needs."""
+
+    def __init__(self, endpoint: str, bucket: str, options: Path) -> None:
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.options = options
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def uri(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, **_boto_credentials())
+
+
+def _boto_credentials() -> dict[str, str]:
+    return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A local S3 server (moto) for the session: its endpoint URL."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
+    """A new, empty bucket on the local S3 server; the test's process has the credentials in its environment."""
+    import json
+    import uuid
+
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server, **_boto_credentials()).create_bucket(Bucket=name)
+    options = tmp_path / "store-options.json"
+    options.write_text(json.dumps({"endpoint_url": s3_server}))
+    bucket = S3Bucket(s3_server, name, options)
+    for key, value in bucket.env.items():
+        monkeypatch.setenv(key, value)
+    return bucket

@@ -193,9 +193,11 @@ def open_store(uri: str, options_file: Path | None = None) -> ObjectStore:
     else:
         bucket = root.split("/", 1)[0]
         try:
-            reachable = fs.exists(bucket)
+            fs.info(bucket)
+        except FileNotFoundError as exc:
+            raise StateError(
+                f"object store {uri}: the bucket {bucket} does not exist (or is not visible); create it"
+            ) from exc
         except Exception as exc:
             raise store._fail("reach", "", exc) from exc
-        if not reachable:
-            raise StateError(f"object store {uri}: the bucket {bucket} does not exist (or is not visible); create it")
     return store
