@@ -19,7 +19,9 @@ import torch
 from agentjet_server.errors import StateError
 from agentjet_server.ingest.wal import Accepted, TrajectoryLog, encode
 from agentjet_server.runtime import SwarmRuntime
+from agentjet_server.settings import ServerSettings
 from agentjet_server.state.checkpoint import SAMPLE_KEY, StateDir
+from agentjet_server.state.mirror import open_state_dir
 from agentjet_server.state.objectstore import ObjectStore, open_store, part_key
 from agentjet_server.state.restore import MARKER
 from tests.server.state.runs import GROUP, GROUPS, K, max_diff, push, runtime, wait_for, weights
@@ -131,15 +133,20 @@ def bucket_with_a_run(tmp_path: Path, run_id: str = "run-in-bucket") -> ObjectSt
     return store
 
 
+def open_over(root: Path, store: ObjectStore, **flags: bool) -> StateDir:
+    """The state dir ``root`` opened as ``up`` opens it, with the run mirrored to ``store``."""
+    return open_state_dir(ServerSettings(state_dir=root, checkpoint_uri=store.uri, **flags))
+
+
 def test_a_plain_start_over_a_run_in_the_bucket_is_refused(tmp_path):
     store = bucket_with_a_run(tmp_path)
     with pytest.raises(StateError, match=r"holds an earlier run \(run-in-bucket\); pass --resume"):
-        StateDir.open(tmp_path / "state", remote=store)
+        open_over(tmp_path / "state", store)
 
 
 def test_resume_restores_the_log_and_the_run_id(tmp_path):
     store = bucket_with_a_run(tmp_path)
-    state = StateDir.open(tmp_path / "state", resume=True, remote=store)
+    state = open_over(tmp_path / "state", store, resume=True)
     try:
         assert state.run_id == "run-in-bucket" and state.resuming and state.resumed is None
         log = TrajectoryLog(state.log_dir)
@@ -156,7 +163,7 @@ def test_an_interrupted_restore_is_redone(tmp_path):
     (root / "log" / "00000001.wal").write_bytes(b"half a restore")  # what the dead restore left
     (root / "run_id").write_text("half\n")
     (root / MARKER).write_text("s3://...\n")
-    state = StateDir.open(root, resume=True, remote=store)
+    state = open_over(root, store, resume=True)
     try:
         assert not (root / MARKER).exists() and state.run_id == "run-in-bucket"
         log = TrajectoryLog(state.log_dir)
@@ -168,7 +175,7 @@ def test_an_interrupted_restore_is_redone(tmp_path):
 
 def test_fresh_deletes_the_run_in_the_bucket_too(tmp_path):
     store = bucket_with_a_run(tmp_path)
-    state = StateDir.open(tmp_path / "state", fresh=True, remote=store)
+    state = open_over(tmp_path / "state", store, fresh=True)
     try:
         assert store.list() == {} and state.run_id != "run-in-bucket"
     finally:
@@ -181,5 +188,5 @@ def test_a_state_dir_of_another_run_is_refused(tmp_path):
     (root / "log").mkdir(parents=True)
     (root / "log" / "00000001.wal").write_bytes(encode(Accepted(0, "x", (), {"id": "x"})))
     (root / "run_id").write_text("another-run\n")
-    with pytest.raises(StateError, match="holds run another-run but --checkpoint-uri .* holds run run-in-bucket"):
-        StateDir.open(root, resume=True, remote=store)
+    with pytest.raises(StateError, match=r"holds run another-run but --checkpoint-uri .* holds run run-in-bucket"):
+        open_over(root, store, resume=True)

@@ -113,7 +113,7 @@ def test_retention_takes_the_manifest_first_and_keeps_the_newest(parts):
 def test_a_checkpoint_being_uploaded_is_pinned_against_local_retention(parts, model_dir):
     from transformers import AutoModelForCausalLM
 
-    state, store, uploader = parts
+    state = parts[0]
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     trainer_state = {"weights": model.state_dict()}
     uploading = state.write(meta(1, 1), trainer_state, model, model_dir, keep=1)

@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -168,10 +169,16 @@ class StateDir:
 
     @classmethod
     def open(
-        cls, root: Path, *, resume: bool = False, fresh: bool = False, remote: ObjectStore | None = None
+        cls,
+        root: Path,
+        *,
+        resume: bool = False,
+        fresh: bool = False,
+        remote: ObjectStore | None = None,
+        reconcile: Callable[[StateDir], None] | None = None,
     ) -> StateDir:
-        """``remote``: the object store the run is mirrored to; an earlier run there is restored into
-        an empty ``root`` first (``restore``), so the start policy below sees it as local."""
+        """``remote``: the object store the run is mirrored to; ``reconcile`` (``restore.reconcile``) runs
+        once the lock is held, so that a run restored from it meets the start policy below as a local one."""
         if resume and fresh:
             raise StateError("--resume and --fresh contradict each other; pass one of them")
         try:
@@ -194,12 +201,10 @@ class StateDir:
         lock.write(f"agentjet-server pid {os.getpid()}\n")
         lock.flush()
         state = cls(root, lock)
-        if remote is not None:
-            from agentjet_server.state.restore import reconcile
-
-            state.remote = remote
+        state.remote = remote
+        if reconcile is not None:
             try:
-                reconcile(state, remote, resume=resume, fresh=fresh)
+                reconcile(state)
             except BaseException:
                 state.close()
                 raise

@@ -30,6 +30,7 @@ from agentjet_server.state.objectstore import (
     parse_part,
     part_key,
 )
+from agentjet_server.state.restore import reconcile
 from agentjet_server.state.shipping import LogShipper
 from agentjet_server.state.upload import CheckpointUploader
 
@@ -38,8 +39,16 @@ logger = logging.getLogger(__name__)
 
 def open_state_dir(settings: ServerSettings) -> StateDir:
     """The state dir of ``settings``, with the run in ``--checkpoint-uri`` restored into it when asked."""
-    remote = open_store(settings.checkpoint_uri, settings.checkpoint_store_options) if settings.checkpoint_uri else None
-    return StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh, remote=remote)
+    if not settings.checkpoint_uri:
+        return StateDir.open(settings.state_dir, resume=settings.resume, fresh=settings.fresh)
+    remote = open_store(settings.checkpoint_uri, settings.checkpoint_store_options)
+    return StateDir.open(
+        settings.state_dir,
+        resume=settings.resume,
+        fresh=settings.fresh,
+        remote=remote,
+        reconcile=lambda state: reconcile(state, remote, resume=settings.resume, fresh=settings.fresh),
+    )
 
 
 def covered(parts: list[tuple[int, int]]) -> int:

@@ -78,7 +78,7 @@ class LogShipper:
                 if left <= 0 or self._closing:
                     why = f": {self.error}" if self.error else ""
                     raise StateError(
-                        f"the object store {self.store.uri} has not taken the trajectory log for {self.timeout:.0f} s"
+                        f"the object store {self.store.uri} has not taken the trajectory log for {self.timeout:g} s"
                         f"{why}; nothing of this push is acknowledged: retry it"
                     )
                 self._cond.wait(left)
