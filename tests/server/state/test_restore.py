@@ -80,7 +80,8 @@ def test_a_run_restored_from_the_bucket_equals_training_straight_through(
 ):
     first = mirrored(model_dir, tmp_path / "machine", s3_bucket)
     assert push(first, trajectories[:HALF]) == ["accepted"] * HALF
-    wait_for(lambda: first.mirror is not None and first.mirror.last_uploaded_step == K, "checkpoint K uploaded")
+    wait_for(lambda: first.status().learner.last_uploaded_step == K, "checkpoint K uploaded")
+    assert first.snapshot().uploaded_step == K and first.status().learner.object_store_error is None
     assert push(first, trajectories[HALF:]) == ["accepted"] * HALF  # acknowledged: in the bucket, not checkpointed
     wait_for(lambda: first.loop.learner.steps >= K + 1, "a step past the checkpoint")
     first.close(checkpoint=False)  # the crash, and then the disk is lost

@@ -763,6 +763,10 @@ class LearnerInfo(_Strict):
     skipped_batches: int = 0
     last_error: str | None = None
     last_checkpoint_step: int | None = None  # what --resume would continue from
+    # with --checkpoint-uri: the newest checkpoint in the object store, the log bytes not there yet, its last error
+    last_uploaded_step: int | None = None
+    remote_log_lag_bytes: int = 0
+    object_store_error: str | None = None
     off_policy: str | None = None  # decoupled | tis | none
     stale_policy: str | None = None  # drop | downweight: an episode past max_staleness when trained
     stale_at_training: int = 0  # episodes that aged past the bound while they waited, left out

@@ -300,7 +300,20 @@ class SwarmRuntime:
             learner_error=self.loop.error,
             by_tag=self.admission.by_tag(),
             replicas=self.engine.replica_status(),
+            uploaded_step=self.mirror.last_uploaded_step if self.mirror is not None else None,
+            remote_log_lag_bytes=self.mirror.lag_bytes if self.mirror is not None else 0,
         )
+
+    def _mirror_status(self) -> dict[str, Any]:
+        """The object store's part of the learner's status (--checkpoint-uri)."""
+        if self.mirror is None:
+            return {}
+        mirror = self.mirror
+        return {
+            "last_uploaded_step": mirror.last_uploaded_step,
+            "remote_log_lag_bytes": mirror.lag_bytes,
+            "object_store_error": mirror.error,
+        }
 
     @property
     def version(self) -> int:
@@ -324,7 +337,9 @@ class SwarmRuntime:
             model=self.engine.model_name,
             policy_version=version,
             trajectories=self.store.counts(self.buffer.buffered, self.buffer.aged_out),
-            learner=learner_info(self.loop, self.settings, step, self.last_checkpoint_step),
+            learner=learner_info(self.loop, self.settings, step, self.last_checkpoint_step).model_copy(
+                update=self._mirror_status()
+            ),
             admission_budget=self.admission.budget(),
             by_tag=self.admission.by_tag(),
             uptime_s=time.monotonic() - self.started,

@@ -87,6 +87,16 @@ class RuntimeCollector(Collector):
         yield CounterMetricFamily("agentjet_learner_steps", "Learner steps taken", value=snap.step)
         yield _gauge("agentjet_learner_paused", "1 while learning is paused by the admin API", int(snap.paused))
         yield _gauge("agentjet_checkpoint_step", "Learner step of the newest checkpoint", snap.checkpoint_step)
+        yield _gauge(
+            "agentjet_checkpoint_uploaded_step",
+            "Learner step of the newest checkpoint in the object store",
+            snap.uploaded_step,
+        )
+        yield _gauge(
+            "agentjet_remote_log_lag_bytes",
+            "Trajectory log bytes not in the object store yet",
+            snap.remote_log_lag_bytes,
+        )
         yield _gauge("agentjet_uptime_seconds", "Seconds since the server started", snap.uptime_s)
 
         serving = tel.serving

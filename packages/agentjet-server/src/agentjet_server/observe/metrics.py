@@ -230,6 +230,8 @@ class Snapshot:
     learner_error: str | None
     by_tag: dict[str, TagInfo] = field(default_factory=dict)
     replicas: list[dict[str, Any]] = field(default_factory=list)  # engine replicas (--engine-replicas)
+    uploaded_step: int | None = None  # the newest checkpoint in --checkpoint-uri
+    remote_log_lag_bytes: int = 0  # log bytes not in --checkpoint-uri yet
 
 
 class History:
