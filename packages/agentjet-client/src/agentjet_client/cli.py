@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentjet_client.errors import AgentJetError
+from agentjet_client.logs import LogFormat, configure_logging
 from agentjet_client.preference import dpo_command
 from agentjet_client.report import RunReport
 from agentjet_client.research.cli import app as research_app
@@ -51,14 +52,14 @@ def _json_object(text: str, flag: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _logging(log_level: str, console: Console) -> None:
-    if console.is_terminal:  # log lines go above the live progress line, not through it
+def _logging(log_level: str, console: Console, log_format: LogFormat = "text") -> None:
+    handler: logging.Handler | None = None
+    if console.is_terminal and log_format == "text":  # log lines go above the live progress line, not through it
         from rich.logging import RichHandler
 
-        handler: logging.Handler = RichHandler(console=console, show_path=False, markup=False)
-        logging.basicConfig(level=log_level.upper(), format="%(name)s: %(message)s", handlers=[handler])
-    else:
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        handler = RichHandler(console=console, show_path=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    configure_logging(log_level, log_format, handler)
 
 
 @app.command()
@@ -167,6 +168,17 @@ def run(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="logging level")] = "warning",
+    log_format: Annotated[
+        str, typer.Option(metavar="<text|json>", help="json: a JSON object per log line, with episode ids")
+    ] = "text",
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(metavar="<file>", help="file holding the server API key (a mounted secret)"),
+    ] = None,
+    heartbeat_file: Annotated[
+        Path | None,
+        typer.Option(metavar="<file>", help="touched every second while the run goes on (a health check)"),
+    ] = None,
 ) -> None:
     """Run the agent in CODE_DIR over its tasks and push every episode to the server.
 
@@ -210,11 +222,13 @@ def run(
     )
     if bool(code_dir) == (env is not None):
         _fail("give --code-dir (your agent) or --env (an environment you have), one of them")
+    if log_format not in ("text", "json"):
+        _fail(f"--log-format is text or json, not {log_format!r}")
     options = task_options(tasks, split, eval_tasks)
     _run_agent(
         code_dir or [],
         server or [],
-        api_key,
+        _api_key(api_key, api_key_file),
         config,
         spool_dir,
         spool_max,
@@ -224,7 +238,24 @@ def run(
         options,
         env,
         _json_object(env_args, "--env-args") if env_args is not None else None,
+        log_format=log_format,  # type: ignore[arg-type]
+        heartbeat=heartbeat_file,
     )
+
+
+def _api_key(key: str | None, key_file: Path | None) -> str | None:
+    """The API key: given, or the first line of ``key_file`` (a mounted secret: not in ps, not in the environment)."""
+    if key_file is None:
+        return key
+    if key is not None:
+        _fail("give the API key one way: --api-key (AGENTJET_API_KEY) or --api-key-file, not both")
+    try:
+        lines = key_file.read_text().split()
+    except OSError as exc:
+        _fail(f"cannot read --api-key-file {key_file}: {exc.strerror}; mount the secret there or fix the path")
+    if not lines:
+        _fail(f"--api-key-file {key_file} is empty; write the key in it")
+    return lines[0]
 
 
 @app.command(name="try")
@@ -351,8 +382,10 @@ def _run_agent(
     options: dict[str, Any] | None = None,
     env: str | None = None,
     env_args: dict[str, Any] | None = None,
+    log_format: LogFormat = "text",
+    heartbeat: Path | None = None,
 ) -> None:
-    _logging(log_level, console)
+    _logging(log_level, console, log_format)
     from agentjet_client.client import SwarmClient, wait_until_serving
     from agentjet_client.progress import RunProgress
     from agentjet_client.runner import Runner
@@ -453,6 +486,8 @@ def _run_agent(
         with RunProgress(console, total, figures) as progress:
             while not job.done():
                 progress.update(runner.report.evaluated if config.eval_only else runner.report.finished)
+                if heartbeat is not None:
+                    heartbeat.touch()
                 await asyncio.wait({job}, timeout=1.0)
             progress.update(runner.report.evaluated if config.eval_only else runner.report.finished, force=True)
         return job.result()
@@ -747,8 +782,32 @@ def gateway_command(
     made.serve(host, port)
 
 
+ENV_PREFIX = "AGENTJET_CLIENT_"
+
+
+def command() -> Any:
+    """The CLI as a click command, with every option of ``run`` also read from the environment as
+    ``AGENTJET_CLIENT_<OPTION>`` (``--code-dir`` is ``AGENTJET_CLIENT_CODE_DIR``; a repeatable option
+    takes several values separated by spaces): a container is configured by its environment alone."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    run_command = group.commands["run"]  # type: ignore[attr-defined]
+    for param in run_command.params:
+        if param.param_type_name == "option" and param.envvar is None:
+            param.envvar = ENV_PREFIX + (param.name or "").upper()
+    return group
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM (an orchestrator stopping the pod) ends a run as Ctrl-C does
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminated)
     try:
-        app()
+        command()(prog_name="agentjet-client")
     except KeyboardInterrupt:
         sys.exit(130)

@@ -25,6 +25,7 @@ from agentjet_client.delivery import Sender
 from agentjet_client.failures import Failure, FailureLog, StopRule, describe
 from agentjet_client.isolation import AgentFailed
 from agentjet_client.judging import waiting_for
+from agentjet_client.logs import bind_ids
 from agentjet_client.protocol import TrajectoryStatus
 from agentjet_client.report import RunReport, coerce_reward
 from agentjet_client.rewards import Scored
@@ -159,6 +160,7 @@ class Rollouts:
             agent, code_version = track.agent, track.code_version
             purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
             episode = self.client.episode(group_id, task_tag=track.tag, purpose=purpose)
+            bind_ids(episode_id=episode.id, trajectory_id=episode.id, task_id=task_id)  # this task is the episode
             status: TrajectoryStatus = "complete"
             error: str | None = None
             reward, agent_rewards = 0.0, None

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from agentjet_client.logs import configure_logging
 from agentjet_server import admin_cli
 from agentjet_server.admin_client import as_toml
 from agentjet_server.errors import AgentJetServerError
@@ -57,6 +58,7 @@ UP_EXTRAS = [
     ("admin_key", list[str] | None, None, "accepted admin key (repeatable)", "Security"),
     ("admin_key_file", list[Path] | None, None, "file of admin keys, one per line", "Security"),
     ("log_level", str, "info", "logging level", None),
+    ("log_format", str, "text", "text, or json: a JSON object per line, with the run's ids", None),
 ]
 
 
@@ -83,6 +85,16 @@ def _negated(name: str) -> bool:
     return ServerSettings.model_fields[name].default is True
 
 
+ENV_PREFIX = "AGENTJET_SERVER_"
+
+
+def envvar_of(flag: str) -> str:
+    """The environment variable that sets an option of ``up`` (for images and orchestrators, which
+    configure by environment): ``--checkpoint-uri`` is ``AGENTJET_SERVER_CHECKPOINT_URI``,
+    ``--no-metrics`` is ``AGENTJET_SERVER_NO_METRICS=1``. A flag given on the command line wins."""
+    return ENV_PREFIX + flag.split("/")[0].removeprefix("--").replace("-", "_").upper()
+
+
 def _option(name: str, field: Any, flag: str, panel: str) -> Parameter:
     """A setting as an option of ``up``. A switch is named by the side that changes its default
     (``--resume``, ``--no-memory-check``); one that other settings decide (None) has both sides. Names
@@ -96,7 +108,14 @@ def _option(name: str, field: Any, flag: str, panel: str) -> Parameter:
     else:
         decls = [f"--{flag}"]
     metavar = "<text>" if get_origin(field.annotation) in (list, dict) else None
-    option = typer.Option(*decls, help=field.description, rich_help_panel=panel, metavar=metavar)
+    option = typer.Option(
+        *decls,
+        help=field.description,
+        rich_help_panel=panel,
+        metavar=metavar,
+        envvar=envvar_of(decls[0]),
+        show_envvar=False,
+    )
     return Parameter(name, Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
 
 
@@ -107,7 +126,9 @@ def _up_signature() -> Signature:
 
     def extra(name: str, annotation: Any, default: Any, help_text: str, panel: str | None) -> Parameter:
         metavar = "<file>" if name.endswith("_file") else "<key>" if name.endswith("_key") else None
-        option = typer.Option(help=help_text, rich_help_panel=panel, metavar=metavar)
+        # keys themselves come from the environment as AGENTJET_API_KEYS / AGENTJET_ADMIN_KEYS (collect_keys)
+        envvar = None if name.endswith("_key") else envvar_of(name.replace("_", "-"))
+        option = typer.Option(help=help_text, rich_help_panel=panel, metavar=metavar, envvar=envvar, show_envvar=False)
         return Parameter(name, Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option])
 
     params.append(extra(*UP_EXTRAS[0]))
@@ -142,7 +163,9 @@ def up(ctx: typer.Context, **options: Any) -> None:
             given[name] = not given[name]
     if options["config"] is not None:
         given = _with_job_file(ctx, options["config"], given)
-    logging.basicConfig(level=str(given["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if given["log_format"] not in ("text", "json"):
+        _fail(f"--log-format is text or json, not {given['log_format']!r}")
+    configure_logging(str(given["log_level"]), given["log_format"])
     extras = {name for name, *_ in UP_EXTRAS}
     fields = {k: v for k, v in given.items() if k not in extras and v is not None}  # None: the setting's default
     try:

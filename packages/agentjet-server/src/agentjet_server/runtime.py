@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from agentjet_client.logs import set_static_ids
 from agentjet_client.protocol import (
     LearnerInfo,
     ReplicaInfo,
@@ -176,6 +177,7 @@ class SwarmRuntime:
         self.state = state
         # names this run for clients (their spool is keyed by it): the state dir's, else this process's
         self.run_id = state.run_id if state is not None else uuid.uuid4().hex[:16]
+        set_static_ids(run_id=self.run_id)  # --log-format json: on every line
         self.model_path = model_path
         # the key outlives restarts (what was sampled before one still verifies, also when the
         # server died before anything was pushed); --fresh discards it with the run
