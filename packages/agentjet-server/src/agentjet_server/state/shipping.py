@@ -1,8 +1,9 @@
 """Log shipping: the trajectory log's bytes copied to the object store as they are written.
 
-``TrajectoryLog.append`` hands each write to ``LogShipper.appended`` (it only queues). One thread
-puts everything queued for a segment as one object, ``log/<seg>/<start>-<end>.part`` (a group
-commit: the pushes that arrived meanwhile share it), and moves the watermark. With ``--remote-log
+``TrajectoryLog.append`` hands each write to ``LogShipper.appended`` (it only queues). A few threads
+each put everything queued for a segment as one object, ``log/<seg>/<start>-<end>.part`` (a group
+commit: the pushes that arrived meanwhile share it; several puts are in flight at once), and the
+watermark moves over the puts that finished, in log order. With ``--remote-log
 ack`` a push is answered only once the watermark passes its records (``wait``), so an acknowledged
 trajectory is in the bucket even if the server's disk is lost; with ``async`` the answer does not
 wait (while less than ``max_lag`` bytes are queued), and a lost disk loses the unshipped tail.
@@ -27,6 +28,8 @@ from agentjet_server.state.objectstore import ObjectStore, part_key
 logger = logging.getLogger(__name__)
 
 MAX_PART = 32 << 20  # bytes in one put at most
+LINGER = 0.2  # with --remote-log async, seconds between puts while little is queued
+PUTS_IN_FLIGHT = 4  # puts sent at once: a push waits about one round trip to the store, not two
 
 
 class LogShipper:
@@ -48,10 +51,17 @@ class LogShipper:
         self._queued = 0  # bytes
         self._shipped: Position = start
         self._closing = False
+        self._flushing = 0  # flushes waiting: no lingering then
+        self._not_before = 0.0  # with ``async``, no put before this (monotonic) time
         self.error: str | None = None
         self.parts = 0  # puts made
-        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
-        self._thread.start()
+        self._flight: deque[list[int]] = deque()  # puts taken off the queue, in log order: [segment, start, end, done]
+        self._bodies: dict[int, bytes] = {}
+        self._threads = [
+            threading.Thread(target=self._run, name=f"log-shipper-{n}", daemon=True) for n in range(PUTS_IN_FLIGHT)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     # -- the log's side (under the trajectory store's lock: queue and return) -------------------
     def appended(self, segment: int, offset: int, data: bytes) -> None:
@@ -92,11 +102,16 @@ class LogShipper:
         """Wait until everything queued is shipped; False if ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
-                    return False
-                self._cond.wait(min(left, 1.0))
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                while self._queue or self._flight:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not any(t.is_alive() for t in self._threads):
+                        return False
+                    self._cond.wait(min(left, 1.0))
+            finally:
+                self._flushing -= 1
         return True
 
     def wait_shipped(self, position: Position, stop: threading.Event) -> bool:
@@ -118,60 +133,74 @@ class LogShipper:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join(timeout=10)
+        for thread in self._threads:
+            thread.join(timeout=10)
 
-    # -- the thread ------------------------------------------------------------------------------
-    def _next(self) -> tuple[int, int, list[bytes]] | None:
-        """The queued bytes that go in the next put (contiguous, one segment), left queued until
-        shipped; None when closing with nothing queued."""
+    # -- the threads ----------------------------------------------------------------------------
+    def _next(self) -> list[int] | None:
+        """Take the next put off the queue: the contiguous bytes of one segment, as an entry
+        ``[segment, start, end, done]`` of ``_flight`` (in log order); None when closing with nothing left."""
         with self._cond:
-            while not self._queue:
-                if self._closing:
+            while not self._queue or (self._lingering() and not self._closing):
+                if not self._queue and self._closing:
                     return None
-                self._cond.wait()
-            segment, offset, data = self._queue[0]
-            if not data:  # a new segment: nothing to put
-                self._queue.popleft()
-                self._shipped = max(self._shipped, (segment, 0))
-                self._cond.notify_all()
-                return segment, offset, []
-            chunks, end = [data], offset + len(data)
-            for seg, off, more in list(self._queue)[1:]:
-                if seg != segment or off != end or not more or end - offset >= MAX_PART:
+                self._cond.wait(max(self._not_before - time.monotonic(), 0.001) if self._queue else None)
+            segment, offset, data = self._queue.popleft()
+            end, chunks = offset + len(data), [data]
+            while data and self._queue and end - offset < MAX_PART:
+                seg, off, more = self._queue[0]
+                if seg != segment or off != end or not more:
                     break
+                self._queue.popleft()
                 chunks.append(more)
                 end += len(more)
-            return segment, offset, chunks
+            entry = [segment, offset, end, 0]
+            self._flight.append(entry)
+            self._bodies[id(entry)] = b"".join(chunks)
+            if self.mode == "async":  # nobody waits: fewer, larger puts (each costs the server CPU)
+                self._not_before = time.monotonic() + LINGER
+            return entry
+
+    def _lingering(self) -> bool:
+        """With ``async``, a put waits ``LINGER`` after the last (unless much is queued, or a flush waits)."""
+        return self._queued < MAX_PART and not self._flushing and time.monotonic() < self._not_before
+
+    def _done(self, entry: list[int]) -> None:
+        """``entry`` is in the bucket: the watermark moves over every finished put before the first unfinished one."""
+        with self._cond:
+            entry[3] = 1
+            while self._flight and self._flight[0][3]:
+                segment, start, end, _ = self._flight.popleft()
+                self._queued -= end - start
+                self._shipped = (segment, end) if end > start else max(self._shipped, (segment, 0))
+            self._cond.notify_all()
 
     def _run(self) -> None:
-        delay = 0.1
+        """One of ``PUTS_IN_FLIGHT`` threads: each takes the next put, and retries it until the store takes it."""
         while True:
-            job = self._next()
-            if job is None:
+            entry = self._next()
+            if entry is None:
                 return
-            segment, offset, chunks = job
-            if not chunks:
-                continue
-            data = b"".join(chunks)
-            try:
-                self.store.put(part_key(segment, offset, offset + len(data)), data)
-            except StateError as exc:
-                if self.error is None:
-                    logger.error("log shipping: %s (retrying)", exc)
-                self.error = str(exc)
+            segment, start, end, _ = entry
+            data = self._bodies.pop(id(entry))
+            delay = 0.1
+            while data:
+                try:
+                    self.store.put(part_key(segment, start, end), data)
+                except StateError as exc:
+                    if self.error is None:
+                        logger.error("log shipping: %s (retrying)", exc)
+                    self.error = str(exc)
+                    with self._cond:
+                        if self._closing:
+                            return
+                        self._cond.wait(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                if self.error is not None:
+                    logger.info("log shipping: the object store takes the log again")
+                self.error = None
                 with self._cond:
-                    if self._closing:
-                        return
-                    self._cond.wait(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if self.error is not None:
-                logger.info("log shipping: the object store takes the log again")
-            self.error, delay = None, 0.1
-            with self._cond:
-                for _ in chunks:
-                    self._queue.popleft()
-                self._queued -= len(data)
-                self.parts += 1
-                self._shipped = (segment, offset + len(data))
-                self._cond.notify_all()
+                    self.parts += 1
+                break
+            self._done(entry)
