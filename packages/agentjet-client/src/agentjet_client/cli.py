@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentjet_client.errors import AgentJetError
-from agentjet_client.logs import LogFormat, configure_logging
+from agentjet_client.logs import LogFormat, configure_logging, set_static_ids
 from agentjet_client.preference import dpo_command
 from agentjet_client.report import RunReport
 from agentjet_client.research.cli import app as research_app
@@ -426,6 +426,8 @@ def _run_agent(
                     f"the server at {url} only serves (started with --serve-only) and trains nothing: point run at "
                     "a training server (a --serve-only one is for judges and evaluation: agentjet-client eval)"
                 )
+        if len(statuses) == 1:  # --log-format json: the server's run on every line
+            set_static_ids(run_id=next(iter(statuses.values())).run_id)
         sizes = {url: status.learner.group_size for url, status in statuses.items()}
         config = config if config.eval_only else _with_group_size(config, sizes)
         for track in tracks:  # tasks that fail to load say so now, with the agent's own frames
