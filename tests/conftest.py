@@ -396,7 +396,11 @@ class S3Bucket:
         self.endpoint = endpoint
         self.bucket = bucket
         self.options = options
-        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def uri(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix}"
