@@ -11,7 +11,7 @@ nox.options.sessions = ["lint", "tests", "vllm"]
 CPU_TORCH = "torch==2.13.0"
 LINT = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]  # pinned: newer releases format and type-check differently
 PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
-TEST_PACKAGES = ["-e", "packages/agentjet-client[research]", "-e", "packages/agentjet-server[lora,s3]"]
+TEST_PACKAGES = ["-e", "packages/agentjet-client[research,otel]", "-e", "packages/agentjet-server[lora,s3,otel]"]
 
 
 @nox.session(python="3.11")

@@ -128,7 +128,7 @@ def ensure_env(
     tests: bool = True,
     extra: list[str] | None = None,
     remove: list[str] | None = None,
-    client_extras: str = "[langchain,agentscope,anthropic,research,datasets,gym,openenv,verifiers,mcp]",
+    client_extras: str = "[langchain,agentscope,anthropic,research,datasets,gym,openenv,verifiers,mcp,otel]",
 ) -> Path:
     """A virtual environment with torch (CPU), ``extra`` and both packages; with ``tests`` also pytest,
     the test tools and the client's ``client_extras`` (for the framework examples and tests). Returns
@@ -150,7 +150,7 @@ def ensure_env(
         tools = TEST_REQUIREMENTS + (MAIN_TOOLS if where == VENV else [])
         layer = [
             ["install", "-q", TORCH, *tools],
-            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora,structured,s3]"],
+            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora,structured,s3,otel]"],
         ]
         _layer(bin_dir, where / ".agentjet-tests-installed", layer)
     return bin_dir

@@ -67,6 +67,7 @@ class EpisodeRecorder:
         self._rewards: dict[int, float] = {}  # turn index -> its own reward (``reward_turn``)
         self.failures = 0
         self.last_failure: str | None = None
+        self.trace: Any = None  # the episode span's context: each captured call's span starts under it
 
     def answers(self) -> list[Answer | None]:
         """Each turn's answer as the agent got it (text and tool calls), in turn order."""

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from agentjet_client import tracing
 from agentjet_client.errors import AgentJetError
 from agentjet_client.logs import LogFormat, configure_logging, set_static_ids
 from agentjet_client.preference import dpo_command
@@ -386,6 +387,7 @@ def _run_agent(
     heartbeat: Path | None = None,
 ) -> None:
     _logging(log_level, console, log_format)
+    tracing.configure("agentjet-client")  # with the OTEL_* variables: a trace per episode, over OTLP
     from agentjet_client.client import SwarmClient, wait_until_serving
     from agentjet_client.progress import RunProgress
     from agentjet_client.runner import Runner
@@ -426,8 +428,9 @@ def _run_agent(
                     f"the server at {url} only serves (started with --serve-only) and trains nothing: point run at "
                     "a training server (a --serve-only one is for judges and evaluation: agentjet-client eval)"
                 )
-        if len(statuses) == 1:  # --log-format json: the server's run on every line
-            set_static_ids(run_id=next(iter(statuses.values())).run_id)
+        run_ids = {status.run_id for status in statuses.values() if status.run_id}
+        if len(run_ids) == 1:  # --log-format json: the server's run on every line
+            set_static_ids(run_id=run_ids.pop())
         sizes = {url: status.learner.group_size for url, status in statuses.items()}
         config = config if config.eval_only else _with_group_size(config, sizes)
         for track in tracks:  # tasks that fail to load say so now, with the agent's own frames

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_check
 
 import httpx2
 
+from agentjet_client import tracing
 from agentjet_client.capture import EpisodeRecorder
 from agentjet_client.protocol import Trajectory, TrajectoryStatus, check_agent_name
 from agentjet_client.transport import AsyncCaptureTransport, CaptureTransport
@@ -106,6 +107,8 @@ class Episode:
         self.task_id = task_id
         self.task_tag = task_tag
         self.recorder = EpisodeRecorder()
+        attributes = {"agentjet.episode_id": self.id, "agentjet.task_id": task_id, "agentjet.purpose": purpose}
+        self._span, self.recorder.trace = tracing.start_episode(self.id, attributes)  # a trace per episode
         self._closers: list[Any] = []
         self._async_clients: list[Any] = []
 
@@ -233,13 +236,25 @@ class Episode:
             error=error[:4000] if error else None,
             metadata=meta,
             purpose=self.purpose,
+            traceparent=tracing.traceparent(self.recorder.trace),
         )
+
+    @property
+    def trace_ids(self) -> tuple[str | None, str | None]:
+        """``(trace_id, span_id)`` of the episode's span, in hex (Nones when not traced)."""
+        return tracing.ids(self.recorder.trace)
+
+    def _end_span(self) -> None:
+        if self._span is not None:
+            self._span.end()
+            self._span = None
 
     def close(self) -> None:
         self.context.forget(self.id)
         for http in self._closers:
             http.close()
         self._closers.clear()
+        self._end_span()
 
     async def aclose(self) -> None:
         for http in self._async_clients:

@@ -674,6 +674,9 @@ class Trajectory(_Strict):
     reward: float = 0.0
     agent_rewards: dict[str, float] | None = None
     error: str | None = Field(default=None, max_length=4000)
+    # the W3C traceparent of the episode's span (OpenTelemetry), when the client traces: the server's
+    # ingest and learner-step spans join the episode's trace
+    traceparent: str | None = Field(default=None, max_length=128)
     metadata: dict[str, Any] = Field(default_factory=dict)
     purpose: Literal["train", "eval"] = Field(
         default="train",

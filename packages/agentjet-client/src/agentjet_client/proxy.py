@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentjet_client import tracing
 from agentjet_client.capture import EpisodeRecorder, SSECollector, api_of, chat_form, parse_request_body, with_claim
 
 logger = logging.getLogger(__name__)
@@ -155,11 +156,16 @@ class CaptureProxy:
         started = time.time()
         sent = with_claim(body, recorder.extension(agent, chat)) if recorder is not None and chat is not None else body
         headers.pop("content-length", None)
-        upstream_request = self._http().build_request(
-            request.method, url, content=sent, headers=headers, params=request.query_params
-        )
+        # the call's span: under its episode's (the proxy's loop runs in a thread of its own), else under
+        # whatever trace the caller's headers carry
+        parent = recorder.trace if recorder is not None else tracing.extract(request.headers)
         try:
-            upstream = await self._http().send(upstream_request, stream=True)
+            with tracing.span("chat", parent=parent, kind="client", attributes={"agentjet.agent": agent}):
+                tracing.inject(headers)
+                upstream_request = self._http().build_request(
+                    request.method, url, content=sent, headers=headers, params=request.query_params
+                )
+                upstream = await self._http().send(upstream_request, stream=True)
         except httpx2.HTTPError as exc:
             return _error(502, f"could not reach the AgentJet server of agent '{agent}' at {server}: {exc}")
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}

@@ -160,7 +160,11 @@ class Rollouts:
             agent, code_version = track.agent, track.code_version
             purpose: Literal["train", "eval"] = "eval" if evaluation is not None else "train"
             episode = self.client.episode(group_id, task_tag=track.tag, purpose=purpose)
-            bind_ids(episode_id=episode.id, trajectory_id=episode.id, task_id=task_id)  # this task is the episode
+            trace_id, span_id = episode.trace_ids
+            # this task is the episode: its lines carry its ids
+            bind_ids(
+                episode_id=episode.id, trajectory_id=episode.id, task_id=task_id, trace_id=trace_id, span_id=span_id
+            )
             status: TrajectoryStatus = "complete"
             error: str | None = None
             reward, agent_rewards = 0.0, None

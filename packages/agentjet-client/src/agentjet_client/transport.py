@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx2
 
+from agentjet_client import tracing
 from agentjet_client.capture import EpisodeRecorder, SSECollector, api_of, chat_form, parse_request_body, with_claim
 
 
@@ -113,6 +114,9 @@ class _Capture:
     def _on_stream_end(self, body: dict[str, Any], started: float, api: str) -> Any:
         return lambda chunks: self.recorder.record_chunks(self.agent, body, chunks, started, api)
 
+    def _attributes(self, api: str) -> dict[str, str]:
+        return {"agentjet.agent": self.agent, "agentjet.api": api}
+
     def _call(self, request: httpx2.Request, raw: bytes) -> tuple[str, dict[str, Any]] | None:
         """The API a request samples from and the chat request it means; None for anything else."""
         if not self.record:
@@ -139,7 +143,9 @@ class CaptureTransport(_Capture, httpx2.BaseTransport):
         started = time.time()
         api, body = call
         request = _claimed(request, self.recorder.extension(self.agent, body))
-        response = self.inner.handle_request(request)
+        with tracing.span("chat", parent=self.recorder.trace, kind="client", attributes=self._attributes(api)):
+            tracing.inject(request.headers)
+            response = self.inner.handle_request(request)
         if response.status_code != 200:
             return response
         assert isinstance(response.stream, httpx2.SyncByteStream)
@@ -178,7 +184,9 @@ class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
         started = time.time()
         api, body = call
         request = _claimed(request, self.recorder.extension(self.agent, body))
-        response = await self.inner.handle_async_request(request)
+        with tracing.span("chat", parent=self.recorder.trace, kind="client", attributes=self._attributes(api)):
+            tracing.inject(request.headers)
+            response = await self.inner.handle_async_request(request)
         if response.status_code != 200:
             return response
         assert isinstance(response.stream, httpx2.AsyncByteStream)

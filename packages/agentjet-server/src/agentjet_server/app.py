@@ -9,9 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from agentjet_server.api import HANDLERS, ROUTES, Api
 from agentjet_server.engine.base import Engine
+from agentjet_server.observe.tracing import TracingMiddleware
 from agentjet_server.runtime import SwarmRuntime, create_runtime
 from agentjet_server.settings import ServerSettings
 
@@ -40,7 +42,9 @@ def create_app(
         api.gate.close()
         rt.close()
 
-    app = Starlette(routes=ROUTES, exception_handlers=HANDLERS, lifespan=lifespan)
+    # each API request a span under the trace its headers carry (when tracing is configured)
+    middleware = [Middleware(TracingMiddleware)]
+    app = Starlette(routes=ROUTES, exception_handlers=HANDLERS, lifespan=lifespan, middleware=middleware)
     app.state.runtime = rt
     app.state.api = api
     return app

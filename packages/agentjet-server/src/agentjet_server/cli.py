@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from agentjet_client import tracing
 from agentjet_client.logs import configure_logging
 from agentjet_server import admin_cli
 from agentjet_server.admin_client import as_toml
@@ -166,6 +167,7 @@ def up(ctx: typer.Context, **options: Any) -> None:
     if given["log_format"] not in ("text", "json"):
         _fail(f"--log-format is text or json, not {given['log_format']!r}")
     configure_logging(str(given["log_level"]), given["log_format"])
+    tracing.configure("agentjet-server")  # with the OTEL_* variables: spans over OTLP
     extras = {name for name, *_ in UP_EXTRAS}
     fields = {k: v for k, v in given.items() if k not in extras and v is not None}  # None: the setting's default
     try:

@@ -40,6 +40,7 @@ from agentjet_server.learner.trainer import Learner
 from agentjet_server.observe.inspection import RecentTrajectories
 from agentjet_server.observe.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
 from agentjet_server.observe.sinks import open_sinks
+from agentjet_server.observe.tracing import record_ingest
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
 from agentjet_server.serving.parsing import load_parser
 from agentjet_server.settings import TEACHER_KEY_ENV, ServerSettings
@@ -324,7 +325,9 @@ class SwarmRuntime:
     def ingest(self, batch: TrajectoryBatch) -> TrajectoryBatchResult:
         if self.settings.serve_only:  # the API refuses the push first; this guards other callers
             raise ConflictError("this server runs with --serve-only and trains nothing")
+        started = time.time()
         results = self.store.admit_batch(batch.trajectories, self.loop.served)
+        record_ingest(batch.trajectories, results, started)
         now = time.time()
         for trajectory, result in zip(batch.trajectories, results, strict=True):
             if result.status == "accepted":

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from agentjet_client import tracing
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
@@ -32,6 +33,7 @@ from agentjet_server.learner.requests import Requests
 from agentjet_server.learner.teacher import TeacherUnavailable
 from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats, score
 from agentjet_server.observe.metrics import BatchFigures, StepRecord, TagFigures, batch_figures, step_record
+from agentjet_server.observe.tracing import step_links
 from agentjet_server.versions import PolicyVersions
 
 logger = logging.getLogger(__name__)
@@ -182,7 +184,10 @@ class TrainingLoop:
                 continue
             last_sent = time.monotonic()
             try:
-                self.run_step(groups)
+                with tracing.span(
+                    "learner step", links=step_links(groups), attributes={"agentjet.step": self.trainer.steps + 1}
+                ):
+                    self.run_step(groups)
             except _Stopping:
                 self.buffer.put_back()  # stopping while the state dir refuses: the batch stays buffered
                 break
