@@ -27,13 +27,16 @@ def wait_until_up(url: str) -> None:
 
 
 @contextlib.contextmanager
-def served(model_dir: Path, *extra: str, sources: Path | None = None) -> Iterator[str]:
-    """``sources``: a checkout whose packages' code the server runs instead of the installed one."""
+def served(
+    model_dir: Path, *extra: str, sources: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """``sources``: a checkout whose packages' code the server runs instead of the installed one; ``env``:
+    variables the server gets besides this process's."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "agentjet_server", "up", "--port", str(port)]
-    env = {**os.environ}
+    env = {**os.environ, **(env or {})}
     if sources is not None:
         paths = [str(sources / "packages" / name / "src") for name in ("agentjet-server", "agentjet-client")]
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])

@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx2
@@ -104,6 +105,8 @@ def main() -> None:
     on, off = metrics_on_off(model_dir, n)
     results["server, metrics on (/metrics scraped every 2 s)"] = on
     results["server, metrics off (--no-metrics)"] = off
+    print("tracing on and off: two servers, traced and untraced requests alternating in blocks of 20 ...", flush=True)
+    results.update(tracing_on_off(model_dir, n))
     print("learning paused, with batches waiting, against idle and training ...", flush=True)
     results.update(paused_and_training(model_dir, n))
 
@@ -116,6 +119,9 @@ def main() -> None:
         print(f"{name:<62} {p50:8.2f} {p99:8.2f} {p50 / base50:7.2f} {p99 / base99:7.2f} {p50 - base50:8.2f}")
     ratio = statistics.median(on) / statistics.median(off)
     print(f"\nchat p50 with metrics on / off: {ratio:.3f} (target <= 1.05)")
+    on, off, traced, untraced = (statistics.median(results[name]) for name in TRACING_ROWS)
+    print(f"server chat p50 with tracing on / off: {on / off:.3f} (target <= 1.05)")
+    print(f"episode chat p50, client and server traced / not: {traced / untraced:.3f}")
     idle = statistics.median(results["server idle (nothing to train)"])
     paused = statistics.median(results["server paused, 8 batches waiting"])
     print(f"chat p50 paused with batches waiting / idle: {paused / idle:.3f}")
@@ -151,6 +157,75 @@ def metrics_on_off(model_dir: Path, n: int, block: int = 20) -> tuple[list[float
             scraper.join(timeout=5)
             http_scrape.close()
     return on[:n], off[:n]
+
+
+class _Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that takes every export (what a collector's receiver does first)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def tracing_on_off(model_dir: Path, n: int, block: int = 20) -> dict[str, list[float]]:
+    """Chat latency with tracing on and off, in alternating blocks so that drift of the machine falls on all alike:
+    the server's chat path (a server exporting its spans over OTLP to a local endpoint, each request carrying a
+    client's trace context, against a server without tracing and requests without it), and the whole episode
+    path (a traced client's ``episode.openai()``: episode and call spans exported too, against an untraced one)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from agentjet_client import tracing
+
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{collector.server_address[1]}"
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
+    body = {"model": "agentjet-tiny", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    context = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "baggage": "agentjet.episode=e1",
+    }
+    out: dict[str, list[float]] = {name: [] for name in TRACING_ROWS}
+    try:
+        with (
+            served(model_dir, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) as url_on,
+            served(model_dir) as url_off,
+            SwarmClient(url_on) as client_on,
+            SwarmClient(url_off) as client_off,
+            httpx2.Client() as http,
+        ):
+            for _ in range(n // block + 1):  # the first block of each is warming, dropped below
+                for name, url, headers in ((TRACING_ROWS[0], url_on, context), (TRACING_ROWS[1], url_off, {})):
+                    post = lambda u=url, h=headers: http.post(u + "/v1/chat/completions", json=body, headers=h)  # noqa: E731
+                    out[name] += timed(lambda post=post: post().raise_for_status(), block, warm=0)
+                for name, client, traced in ((TRACING_ROWS[2], client_on, True), (TRACING_ROWS[3], client_off, False)):
+                    tracing.use_provider(provider if traced else None)
+                    episode = client.episode("bench")
+                    sdk = episode.openai()
+                    out[name] += timed(lambda sdk=sdk: sdk.chat.completions.create(**body), block, warm=0)
+                    episode.close()
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+        collector.shutdown()
+    return {name: values[block : n + block] for name, values in out.items()}
+
+
+TRACING_ROWS = (
+    "server chat, tracing on (spans over OTLP)",
+    "server chat, tracing off",
+    "episode chat, client and server traced",
+    "episode chat, not traced",
+)
 
 
 def paused_and_training(model_dir: Path, n: int) -> dict[str, list[float]]:

@@ -29,6 +29,11 @@ except ImportError:  # the otel extra is not installed: no traces
     trace = None  # type: ignore[assignment]
 
 EPISODE_BAGGAGE = "agentjet.episode"
+_KINDS = (
+    {"client": trace.SpanKind.CLIENT, "server": trace.SpanKind.SERVER, "internal": trace.SpanKind.INTERNAL}
+    if trace is not None
+    else {}
+)
 _provider: Any = None  # set by ``use_provider``; else the process's global one
 
 
@@ -42,11 +47,19 @@ def use_provider(provider: Any) -> None:
     _provider = provider
 
 
+_tracers: dict[tuple[int, str], Any] = {}
+
+
 def tracer(name: str) -> Any:
     """A tracer (a no-op one when nothing is configured), or None without opentelemetry."""
     if trace is None:
         return None
-    return (_provider or trace.get_tracer_provider()).get_tracer(name)
+    provider = _provider or trace.get_tracer_provider()
+    key = (id(provider), name)
+    found = _tracers.get(key)
+    if found is None:
+        found = _tracers[key] = provider.get_tracer(name)
+    return found
 
 
 def configure(service: str) -> bool:
@@ -84,9 +97,8 @@ def span(
     if tracer_ is None:
         yield None
         return
-    kinds = {"client": trace.SpanKind.CLIENT, "server": trace.SpanKind.SERVER, "internal": trace.SpanKind.INTERNAL}
     with tracer_.start_as_current_span(
-        name, context=parent, kind=kinds[kind], attributes=dict(attributes or {}), links=links
+        name, context=parent, kind=_KINDS[kind], attributes=attributes, links=links
     ) as current:
         yield current
 
