@@ -278,6 +278,7 @@ def serve(settings: Any) -> None:
             )
         path = _model_path(settings, ctx, starting)
         settings = _memory_plan(settings, path, ctx)
+        replicas = _remote_replicas(settings, path, ctx, starting)
         if not ctx.is_main:
             import signal
 
@@ -291,10 +292,16 @@ def serve(settings: Any) -> None:
 
             # an engine replica sleeping on this rank's device wakes into the memory the step leaves
             hosts_sleeper = settings.engine_sleep and hosts_replica(settings, ctx.device)
-            loop.worker_loop(build_learner(settings, str(path), ctx), ctx, free_cache=hosts_sleeper)
+            try:
+                loop.worker_loop(
+                    build_learner(settings, str(path), ctx), ctx, free_cache=hosts_sleeper, replicas=replicas
+                )
+            finally:
+                if replicas is not None and replicas.host is not None:
+                    replicas.host.close()
         else:
             assert starting is not None
-            _serve_main(settings, path, ctx, starting)
+            _serve_main(settings, path, ctx, starting, replicas)
         finished = True
     finally:
         if starting is not None:
@@ -364,7 +371,51 @@ def _chat_template(path: Path | None) -> str | None:
     return text
 
 
-def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> None:
+def _remote_replicas(settings: Any, path: Path, ctx: Any, starting: StartingPort | None) -> Any:
+    """``--remote-replica-ranks``: every rank joins the replicas' group; each named rank starts its engine
+    replica (on its own device, from the base model) and rank 0 learns where they listen. None without it."""
+    ranks = settings.remote_replica_list()
+    if not ranks:
+        return None
+    import os
+
+    from agentjet_server.errors import ConfigError
+    from agentjet_server.learner import distributed
+
+    if not ctx.enabled:
+        raise ConfigError("--remote-replica-ranks names ranks of a torchrun job: start the server under torchrun")
+    if starting is not None:
+        starting.phase(f"waiting for the engine replicas on ranks {', '.join(map(str, ranks))}")
+
+    def start_host(authkey: bytes) -> Any:
+        from agentjet_server.engine.remote_replicas import ReplicaHost
+
+        options = {"model_name": settings.model_name or served_name(path), "device": ctx.device}
+        options |= {"max_batch": settings.max_batch, "dtype": settings.dtype}
+        options["chat_template"] = _chat_template(settings.chat_template)
+        return ReplicaHost(settings.engine, path, authkey, os.environ.get("MASTER_ADDR", "127.0.0.1"), **options)
+
+    return distributed.replica_ranks(ctx, ranks, start_host)
+
+
+def _with_remote_replicas(engine: Any, replicas: Any, ctx: Any, path: Path, options: dict[str, Any]) -> Any:
+    """Rank 0's engine and the replicas on other ranks behind one engine; weights reach those by broadcast."""
+    from agentjet_server.engine.remote_replicas import RemoteEngine, RemoteReplicas
+    from agentjet_server.learner import distributed
+
+    remotes = [RemoteEngine(address, replicas.authkey, path, **options) for address in replicas.addresses]
+    console.print(
+        "[cyan]agentjet[/cyan] engine replicas on other ranks: "
+        + ", ".join(f"rank {r} at {a[0]}:{a[1]}" for r, a in zip(replicas.ranks, replicas.addresses, strict=True))
+    )
+    return RemoteReplicas(
+        engine,
+        remotes,
+        publish=lambda weights, version: distributed.send_weights(ctx, replicas, dict(weights), version),
+    )
+
+
+def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort, replicas: Any = None) -> None:
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
@@ -461,6 +512,8 @@ def _serve_main(settings: Any, path: Path, ctx: Any, starting: StartingPort) -> 
             engine = EngineProcess("vllm", engine_path, **options)
         else:
             engine = create_engine(settings.engine, engine_path, **options)
+        if replicas is not None:
+            engine = _with_remote_replicas(engine, replicas, ctx, path, options)
         starting.phase("loading the learner's copy of the model" + (" and its checkpoint" if checkpoint else ""))
         runtime = create_runtime(engine, settings, str(path), ctx, state=state)
     except BaseException:

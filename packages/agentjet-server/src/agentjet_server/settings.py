@@ -149,6 +149,11 @@ class EngineOptions(OptionGroup):
         "cores); requests go to the least-loaded, an episode's calls to the one holding its prefix",
         ge=1,
     )
+    remote_replica_ranks: str | None = setting(
+        None,
+        "under torchrun, ranks on other machines that each host an engine replica too (e.g. 8,16): "
+        "weights reach them by broadcast, requests over TCP",
+    )
     tensor_parallel_size: int = setting(1, "vLLM: devices per engine replica, for models that need several", ge=1)
     gpu_memory_utilization: float | None = setting(
         None, "vLLM's share of its GPU (default: what the learner's memory plan leaves on a shared GPU)", gt=0, le=1
@@ -512,6 +517,14 @@ class ServerSettings(
         ):
             raise ValueError("--lora-alpha, --lora-dropout and --lora-targets shape an adapter: add --lora-rank R")
         self._check_adapters()
+        if self.remote_replica_ranks is not None:
+            if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", self.remote_replica_ranks):
+                raise ValueError(f"--remote-replica-ranks takes ranks, e.g. 8,16 (got {self.remote_replica_ranks!r})")
+            if self.lora_rank:
+                raise ValueError(
+                    "--remote-replica-ranks publishes merged weights; with --lora-rank the engine serves an adapter: "
+                    "leave one of them out"
+                )
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
             raise ValueError("--tensor-parallel-size splits a model over devices with vLLM: it needs --engine vllm")
         if any(len(k) < 8 for k in self.api_keys + self.admin_keys):
@@ -558,6 +571,10 @@ class ServerSettings(
     @property
     def engine_device(self) -> str:
         return self.engine_device_list()[0]
+
+    def remote_replica_list(self) -> tuple[int, ...]:
+        """``--remote-replica-ranks`` as ranks (none without it)."""
+        return tuple(sorted({int(r) for r in (self.remote_replica_ranks or "").split(",") if r.strip()}))
 
     def engine_device_list(self) -> list[str]:
         """``--engine-devices`` as a list (one entry: every replica there), else ``--device``."""

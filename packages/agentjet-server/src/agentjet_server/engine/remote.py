@@ -104,7 +104,11 @@ class EngineProcess(Engine):
         if ready[0] != "ready":
             self._process.join(timeout=10)
             raise ModelLoadError(f"the {kind} engine process failed to start: {ready[1]}")
-        self.max_context = int(ready[1])
+        self._attach(int(ready[1]))
+
+    def _attach(self, max_context: int) -> None:
+        """Start reading the connection (``_conn``) to an engine that said it is ready."""
+        self.max_context = max_context
         self._streams: dict[int, TokenStream] = {}
         self._updates: dict[int, tuple[threading.Event, list[str | None]]] = {}
         self._ids = itertools.count()
@@ -233,7 +237,9 @@ def _child_main(conn: Any, kind: str, model_path: str, engine_kwargs: dict[str, 
     asyncio.run(_serve_pipe(conn, engine))
 
 
-async def _serve_pipe(conn: Any, engine: Any) -> None:
+async def _serve_pipe(conn: Any, engine: Any, owns_engine: bool = True) -> None:
+    """Serve ``engine`` over ``conn`` until it closes; ``owns_engine``: close the engine then too (a
+    connection from another machine to a replica host's engine does not)."""
     loop = asyncio.get_running_loop()
     send_lock = threading.Lock()
     tasks: dict[int, asyncio.Task[None]] = {}
@@ -296,5 +302,6 @@ async def _serve_pipe(conn: Any, engine: Any) -> None:
         elif message[0] == "close":
             for task in tasks.values():
                 task.cancel()
-            engine.close()
+            if owns_engine:
+                engine.close()
             return

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -54,6 +54,30 @@ class Score:
 
     batch: object  # a Batch
     adapter: str | None = None
+
+
+@dataclass(frozen=True)
+class PublishWeights:
+    """Rank 0 publishes new weights to the engine replicas on other ranks (``--remote-replica-ranks``):
+    their names, shapes and dtypes; the tensors follow by broadcast in the replicas' group."""
+
+    version: int
+    specs: tuple[tuple[str, tuple[int, ...], str], ...]
+
+
+@dataclass
+class ReplicaRanks:
+    """The ranks that host an engine replica, their process group with rank 0, and (rank 0) where each
+    replica is served, or (a host rank) this rank's replica."""
+
+    ranks: tuple[int, ...]
+    group: Any  # a torch.distributed ProcessGroup
+    authkey: bytes
+    addresses: list[tuple[str, int]]
+    host: object = None  # a ReplicaHost on a host rank
+
+
+BUCKET_BYTES = 256 << 20  # weights cross in flat buffers of at most this many bytes
 
 
 # on GPUs, NCCL for the model's tensors and gloo for the few CPU tensors the learner reduces
@@ -222,3 +246,92 @@ def shutdown(ctx: DistContext, wait_for_others: bool = True) -> None:
     gc.collect()
     dist.destroy_process_group()
     gc.collect()
+
+
+def replica_ranks(ctx: DistContext, ranks: tuple[int, ...], start_host: Callable[[bytes], object]) -> ReplicaRanks:
+    """(every rank, collectively) The process group of rank 0 and the replica ranks; each of those
+    starts its replica (``start_host(authkey)``, an object with an ``address``), and rank 0 learns where
+    they listen. The key that guards the replicas' connections comes from rank 0."""
+    import secrets
+
+    import torch.distributed as dist
+
+    bad = [r for r in ranks if not 0 < r < ctx.world_size]
+    if bad:
+        raise ConfigError(
+            f"--remote-replica-ranks {','.join(map(str, ranks))}: rank(s) {bad} are not other ranks of this job "
+            f"(1 to {ctx.world_size - 1}); name ranks on the other machines, e.g. the first of each"
+        )
+    group = dist.new_group([0, *ranks])  # every rank takes part in making it
+    box: list[object] = [secrets.token_bytes(32) if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    authkey = box[0]
+    assert isinstance(authkey, bytes)
+    host = start_host(authkey) if ctx.rank in ranks else None
+    addresses: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(addresses, getattr(host, "address", None))
+    found = [addresses[r] for r in ranks]
+    return ReplicaRanks(ranks, group, authkey, [a for a in found if isinstance(a, tuple)], host)
+
+
+def send_weights(ctx: DistContext, replicas: ReplicaRanks, weights: dict[str, torch.Tensor], version: int) -> None:
+    """(rank 0) ``weights`` at ``version`` to every replica rank; returns once each has loaded them
+    (EngineError-like RuntimeError if one could not)."""
+    import torch.distributed as dist
+
+    specs = tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in weights.items())
+    broadcast(ctx, PublishWeights(version, specs))
+    for bucket in _buckets(specs):
+        flat = torch.cat([weights[name].detach().reshape(-1).to("cpu") for name, _, _ in bucket])
+        dist.broadcast(flat, src=0, group=replicas.group)
+    ok = torch.ones(1)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=replicas.group)
+    if ok.item() < 1:
+        raise RuntimeError(f"an engine replica on another rank could not load the weights of v{version}")
+
+
+def receive_weights(ctx: DistContext, replicas: ReplicaRanks, message: PublishWeights) -> dict[str, torch.Tensor]:
+    """(a replica rank) The tensors rank 0 broadcasts after ``message``."""
+    import torch.distributed as dist
+
+    out: dict[str, torch.Tensor] = {}
+    for bucket in _buckets(message.specs):
+        dtype = getattr(torch, bucket[0][2])
+        flat = torch.empty(sum(_numel(shape) for _, shape, _ in bucket), dtype=dtype)
+        dist.broadcast(flat, src=0, group=replicas.group)
+        offset = 0
+        for name, shape, _ in bucket:
+            out[name] = flat[offset : offset + _numel(shape)].view(shape)
+            offset += _numel(shape)
+    return out
+
+
+def acknowledge(replicas: ReplicaRanks, ok: bool) -> None:
+    """(a replica rank) Whether this rank's replica loaded the weights (rank 0 waits for every rank's)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if ok else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=replicas.group)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _buckets(
+    specs: tuple[tuple[str, tuple[int, ...], str], ...],
+) -> list[list[tuple[str, tuple[int, ...], str]]]:
+    """Consecutive tensors of one dtype, up to ``BUCKET_BYTES`` each (a larger tensor alone)."""
+    buckets: list[list[tuple[str, tuple[int, ...], str]]] = []
+    size = 0
+    for spec in specs:
+        nbytes = _numel(spec[1]) * torch.empty(0, dtype=getattr(torch, spec[2])).element_size()
+        if not buckets or buckets[-1][0][2] != spec[2] or size + nbytes > BUCKET_BYTES:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(spec)
+        size += nbytes
+    return buckets

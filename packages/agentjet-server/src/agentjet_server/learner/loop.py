@@ -417,10 +417,14 @@ def _differences(old: LearnerConfig, new: LearnerConfig) -> str:
     return ", ".join(f"{k} {before[k]} -> {after[k]}" for k in after if before[k] != after[k])
 
 
-def worker_loop(learner: Learner, ctx: DistContext, free_cache: bool = False) -> None:
+def worker_loop(
+    learner: Learner, ctx: DistContext, free_cache: bool = False, replicas: distributed.ReplicaRanks | None = None
+) -> None:
     """Ranks other than 0: take part in every step rank 0 starts, until it says stop. ``free_cache``:
     an engine replica sleeps on this rank's GPU through the step; the memory the step cached goes back
-    to the driver before rank 0 (waiting for this rank in the weight gather) wakes the replica."""
+    to the driver before rank 0 (waiting for this rank in the weight gather) wakes the replica.
+    ``replicas``: with ``--remote-replica-ranks``, a replica rank loads each published version into its
+    engine replica."""
     logger.info("learner rank %d waiting for batches", ctx.rank)
     while True:
         message = distributed.broadcast(ctx, None)
@@ -428,6 +432,10 @@ def worker_loop(learner: Learner, ctx: DistContext, free_cache: bool = False) ->
             logger.info("learner rank %d stopping", ctx.rank)
             return
         if message == distributed.IDLE:
+            continue
+        if isinstance(message, distributed.PublishWeights):
+            if replicas is not None and replicas.host is not None:
+                load_published(ctx, replicas, message)
             continue
         if message == distributed.CHECKPOINT:
             learner.training_state()  # gathers this rank's shards to rank 0
@@ -448,6 +456,18 @@ def worker_loop(learner: Learner, ctx: DistContext, free_cache: bool = False) ->
 
             torch.cuda.empty_cache()
         learner.full_state_dict()
+
+
+def load_published(ctx: DistContext, replicas: distributed.ReplicaRanks, message: distributed.PublishWeights) -> None:
+    """(a replica rank) The weights rank 0 publishes, into this rank's engine replica, at their version."""
+    weights = distributed.receive_weights(ctx, replicas, message)
+    ok = True
+    try:
+        replicas.host.update_weights(weights, message.version)  # type: ignore[attr-defined]
+    except Exception:
+        logger.exception("rank %d: the engine replica could not load the weights of v%d", ctx.rank, message.version)
+        ok = False
+    distributed.acknowledge(replicas, ok)
 
 
 def sleep_engine(engine: Engine) -> float | None:
