@@ -52,7 +52,8 @@ def test_a_replica_on_another_rank_serves_and_follows_every_update(model_dir, tm
             job.wait(timeout=10)
     text = log.read_text()
     assert counts["accepted"] == 96 and status["learner"]["last_error"] is None, text[-3000:]
-    assert status["policy_version"] >= 3
+    # 6 batches, less those whose groups all scored alike (skipped: no gradient in them)
+    assert status["policy_version"] >= 1 and status["policy_version"] + status["learner"]["skipped_batches"] == 6
     local, remote = status["replicas"]
     assert remote["device"].startswith("remote ") and remote["state"] == "ready"
     assert remote["requests"] > 0 and local["requests"] > 0  # the router spread the run over both
