@@ -17,7 +17,7 @@ from agentjet_server.state.upload import CheckpointUploader, UploadJob
 
 
 class Recording(ObjectStore):
-    """The store (a directory: ``put_file`` goes through ``put``), with every write and delete noted in order."""
+    """The store, with every write and delete noted in order."""
 
     def __init__(self, inner: ObjectStore) -> None:
         super().__init__(inner.fs, inner.root, inner.uri)
@@ -26,6 +26,10 @@ class Recording(ObjectStore):
     def put(self, key: str, data: bytes) -> None:
         self.ops.append(("put", key))
         super().put(key, data)
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.ops.append(("put", key))
+        super().put_file(key, path)
 
     def delete(self, keys) -> None:  # type: ignore[no-untyped-def]
         keys = list(keys)

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -95,8 +96,15 @@ class ObjectStore:
     def put_file(self, key: str, path: Path) -> None:
         """Upload a local file as one object (the library splits a large one into a multipart upload,
         which the store shows only once it is complete)."""
-        if self._local:
-            self.put(key, path.read_bytes())
+        if self._local:  # copied to a temporary file, renamed into place: never seen half written
+            try:
+                target = Path(self._path(key))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+                shutil.copyfile(path, tmp)
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise self._fail("upload", key, exc) from exc
             return
         try:
             self.fs.put_file(str(path), self._path(key))
