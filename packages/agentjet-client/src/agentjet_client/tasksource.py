@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.errors import TaskLoadError
+from agentjet_client.extras import extra_hint
 from agentjet_client.failures import describe
 
 Task = dict[str, Any]
@@ -41,7 +42,6 @@ TaskSource = Iterable[Task] | Callable[[], Iterable[Task]] | str | os.PathLike[s
 EvalSource = TaskSource | float
 
 FILE_KINDS = ".jsonl, .ndjson, .json, .csv, .parquet, or a directory saved with datasets' save_to_disk"
-_EXTRA = "pip install 'agentjet-client[datasets]'"
 
 
 def is_path(source: object) -> bool:
@@ -77,8 +77,8 @@ def _rows_json(path: Path) -> list[Task]:
 def _rows_parquet(path: Path) -> list[Task]:
     try:
         import pyarrow.parquet as pq
-    except ImportError:
-        raise TaskLoadError(f"reading {path} needs pyarrow: {_EXTRA}") from None
+    except ImportError as exc:
+        raise TaskLoadError(extra_hint(f"reading {path}", "datasets", exc)) from None
     try:
         rows: list[Task] = pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow's own errors (not Parquet, truncated)
@@ -90,8 +90,8 @@ def _rows_saved_dataset(path: Path, split: str | None) -> list[Task]:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # nothing from a hub at run time
     try:
         import datasets
-    except ImportError:
-        raise TaskLoadError(f"reading the saved dataset {path} needs datasets: {_EXTRA}") from None
+    except ImportError as exc:
+        raise TaskLoadError(extra_hint(f"reading the saved dataset {path}", "datasets", exc)) from None
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         names = sorted(loaded)

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
+from agentjet_client.extras import extra_hint
+
 logger = logging.getLogger(__name__)
 
 try:
@@ -72,8 +74,8 @@ def configure(service: str) -> bool:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        logger.warning("OTEL_* is set but the otel extra is not installed (pip install 'agentjet-client[otel]')")
+    except ImportError as exc:
+        logger.warning("OTEL_* is set, but no spans are exported: %s", extra_hint("tracing", "otel", exc))
         return False
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=resource)

@@ -12,15 +12,15 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from agentjet_client.extras import extra_hint
+
 
 def chat_model(base_url: str, api_key: str, retries: int, **kwargs: Any) -> Any:
     try:
         from agentscope.credential import OpenAICredential
         from agentscope.model import OpenAIChatModel
     except ImportError as exc:
-        raise ImportError(
-            "episode.agentscope() needs AgentScope 2.x: pip install 'agentjet-client[agentscope]'"
-        ) from exc
+        raise ImportError(extra_hint("episode.agentscope()", "agentscope", exc)) from exc
     parameters = kwargs.pop("parameters", None)
     if parameters is None:
         known = {k: kwargs.pop(k) for k in ("max_tokens", "temperature", "top_p") if k in kwargs}

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentjet_client.extras import extra_hint
+
 
 def _sdk() -> Any:
     try:
         import anthropic
     except ImportError as exc:
-        raise ImportError(
-            "episode.anthropic() needs the Anthropic SDK: pip install 'agentjet-client[anthropic]'"
-        ) from exc
+        raise ImportError(extra_hint("episode.anthropic()", "anthropic", exc)) from exc
     return anthropic
 
 

@@ -13,15 +13,14 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from agentjet_client.extras import extra_hint
+
 
 def chat_model(base_url: str, api_key: str, retries: int, **kwargs: Any) -> Any:
     try:
         from langchain_openai import ChatOpenAI
     except ImportError as exc:
-        raise ImportError(
-            "episode.langchain() needs LangChain: pip install 'agentjet-client[langchain]' "
-            "(langchain-core and langchain-openai)"
-        ) from exc
+        raise ImportError(extra_hint("episode.langchain()", "langchain", exc)) from exc
     kwargs.setdefault("model", "default")  # the server serves one model under any of its names
     kwargs.setdefault("max_retries", retries)
     return ChatOpenAI(base_url=base_url, api_key=SecretStr(api_key), **kwargs)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.agent import SwarmAgent, swarm_agent
+from agentjet_client.extras import extra_hint
 from agentjet_client.tasksource import EvalSource, TaskSource
 
 
@@ -34,8 +35,8 @@ def _maker(env: str | Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
         return lambda task: env()
     try:
         import gymnasium
-    except ImportError:
-        raise ImportError("gym_agent needs gymnasium: pip install gymnasium") from None
+    except ImportError as exc:
+        raise ImportError(extra_hint("gym_agent", "gym", exc)) from exc
     return lambda task: gymnasium.make(env, **task.get("env_kwargs", {}))
 
 

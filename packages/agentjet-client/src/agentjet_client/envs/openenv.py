@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.agent import SwarmAgent, swarm_agent
+from agentjet_client.extras import extra_hint
 from agentjet_client.tasksource import EvalSource, TaskSource
 
 _META = {"done", "reward", "metadata"}
@@ -56,8 +57,8 @@ def openenv_agent(
         raise ValueError("max_turns must be at least 1")
     try:
         from openenv.core.generic_client import GenericEnvClient
-    except ImportError:
-        raise ImportError("openenv_agent needs openenv-core: pip install 'agentjet-client[openenv]'") from None
+    except ImportError as exc:
+        raise ImportError(extra_hint("openenv_agent", "openenv", exc)) from exc
 
     async def play(task: dict[str, Any], episode: Any) -> float:
         async with GenericEnvClient(base_url=url) as env:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentjet_client.agent import SwarmAgent, swarm_agent
+from agentjet_client.extras import extra_hint
 from agentjet_client.rewards import Scored
 from agentjet_client.tasksource import EvalSource, TaskSource
 
@@ -53,8 +54,8 @@ def load(env: str, env_args: dict[str, Any] | None, where: list[Path]) -> Any:
     """``verifiers.load_environment(env, **env_args)`` with ``where`` on the import path."""
     try:
         import verifiers as vf
-    except ImportError:
-        raise ImportError("verifiers environments need verifiers: pip install 'agentjet-client[verifiers]'") from None
+    except ImportError as exc:
+        raise ImportError(extra_hint("verifiers environments", "verifiers", exc)) from exc
     for folder in reversed(where):
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.extras import extra_hint
 from agentjet_client.research.tools import ToolError, Workspace
 
 INSTRUCTIONS = (
@@ -29,7 +30,7 @@ def build_server(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765
     try:
         from mcp.server.fastmcp import FastMCP
     except ImportError as exc:
-        raise ToolError("the MCP server needs the mcp package: pip install 'agentjet-client[mcp]'") from exc
+        raise ToolError(extra_hint("the MCP server", "mcp", exc)) from exc
 
     server = FastMCP("agentjet", instructions=INSTRUCTIONS, host=host, port=port, log_level="WARNING")
 

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.extras import extra_hint
 from agentjet_client.research.study import Study, toml_text
 from agentjet_client.research.trial import TrialDir, TrialRecord, load_state, write_atomic
-
-PLOTS_EXTRA = "pip install 'agentjet-client[research]' (matplotlib) for the plots"
 
 
 def load_records(out: Path) -> list[TrialRecord]:
@@ -184,8 +183,8 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        return [], f"No plots: {PLOTS_EXTRA}."
+    except ImportError as exc:
+        return [], f"No plots: {extra_hint('the report', 'research', exc)}."
     folder = out / "plots"
     folder.mkdir(exist_ok=True)
     series = {r.id: TrialDir(out, r.id).points() for r in records}

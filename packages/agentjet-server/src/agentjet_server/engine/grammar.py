@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agentjet_client.extras import extra_hint
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 
@@ -59,12 +60,10 @@ class Grammars:
         """A fresh matcher for ``spec`` (``(JSON_OBJECT, "")`` or ``(JSON_SCHEMA, schema JSON)``)."""
         try:
             import xgrammar as xgr
-        except ImportError:
-            raise InvalidRequestError(
-                "response_format json_object and json_schema need xgrammar on the server, which is not "
-                "installed there: pip install 'agentjet-server[structured]' and restart it",
-                param="response_format",
-            ) from None
+        except ImportError as exc:
+            feature = "response_format json_object and json_schema on this server"
+            hint = extra_hint(feature, "structured", exc, package="agentjet-server")
+            raise InvalidRequestError(f"{hint}; then restart the server", param="response_format") from None
 
         with self._lock:
             if self._compiler is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from agentjet_client.extras import extra_hint
 from agentjet_server.engine.adapter import ADAPTER, LoraSpec
 
 
@@ -26,7 +27,7 @@ def attach(model: torch.nn.Module, spec: LoraSpec, name: str = ADAPTER) -> Any:
     try:
         from peft import get_peft_model
     except ImportError as exc:
-        raise ImportError("--lora-rank needs peft: pip install 'agentjet-server[lora]' (or pip install peft)") from exc
+        raise ImportError(extra_hint("--lora-rank", "lora", exc, package="agentjet-server")) from exc
     targets = spec.target_modules(model)
     head: Any = getattr(model, "get_output_embeddings", lambda: None)()
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.extras import extra_hint
 from agentjet_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class TensorBoardSink:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise ConfigError(
-                "--log-to tensorboard needs the tensorboard package: pip install 'agentjet-server[tensorboard]'"
+                extra_hint("--log-to tensorboard", "tensorboard", exc, package="agentjet-server")
             ) from exc
         self.writer = SummaryWriter(log_dir=str(directory))
         self.directory = directory
@@ -78,7 +79,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError as exc:
-            raise ConfigError("--log-to wandb needs the wandb package: pip install 'agentjet-server[wandb]'") from exc
+            raise ConfigError(extra_hint("--log-to wandb", "wandb", exc, package="agentjet-server")) from exc
         directory.mkdir(parents=True, exist_ok=True)
         options: dict[str, Any] = {
             "project": os.environ.get("WANDB_PROJECT", "agentjet"),

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.extras import extra_hint
 from agentjet_server.errors import ConfigError, StateError
 
 logger = logging.getLogger(__name__)
@@ -190,8 +191,9 @@ def open_store(uri: str, options_file: Path | None = None) -> ObjectStore:
     try:
         fs = fsspec.filesystem(protocol, **options)
     except ImportError as exc:
-        extra = " (pip install 'agentjet-server[s3]')" if protocol == "s3" else ""
-        raise ConfigError(f"--checkpoint-uri {uri}: the {protocol}:// library is not installed{extra}: {exc}") from exc
+        if protocol == "s3":
+            raise ConfigError(extra_hint(f"--checkpoint-uri {uri}", "s3", exc, package="agentjet-server")) from exc
+        raise ConfigError(f"--checkpoint-uri {uri}: the {protocol}:// library is not installed: {exc}") from exc
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"--checkpoint-uri {uri}: {exc}") from exc
     root = fs._strip_protocol(uri)
