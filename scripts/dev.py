@@ -2,9 +2,10 @@
 """Set up a virtual environment and run the demo or the tests. Needs only Python 3.11+.
 
     python3 scripts/dev.py demo        # server with the embedded model + a client that trains it (--help)
-    python3 scripts/dev.py test        # the whole test suite: the main suite; the vLLM and chaos suites beside it
+    python3 scripts/dev.py test        # everything: the main suite; beside it the vLLM and chaos suites, the extras
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
+    python3 scripts/dev.py extras      # each extra of both packages alone in a fresh environment (scripts/extras.py)
     python3 scripts/dev.py lint        # ruff, mypy --strict, the architecture's contracts, the docs site --strict
     python3 scripts/dev.py docs        # build the documentation site into site/ (open site/index.html)
 
@@ -274,7 +275,7 @@ def lint() -> int:
 
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "setup", "system-tools", "lint", "docs")
+    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "extras", "setup", "system-tools", "lint", "docs")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
@@ -285,6 +286,8 @@ def main() -> None:
         demo(extra)
     elif command == "setup":
         ensure_env()
+    elif command == "extras":
+        sys.exit(subprocess.run([sys.executable, str(ROOT / "scripts" / "extras.py"), *extra]).returncode)
     elif command == "system-tools":  # what nox's test session needs besides its own environment
         ensure_system_tools()
     elif command == "lint":
@@ -296,17 +299,21 @@ def main() -> None:
     elif command == "test-vllm":
         sys.exit(test_vllm(extra))
     elif command == "test-beside":
-        # the vLLM suite, then the fault-injection suite (in the main environment, which is set up by
-        # then): what runs beside the main suite
+        # the vLLM suite, then BESIDE (in the main environment, which is set up by then), then every extra
+        # installed alone: what runs beside the main suite
         vllm_rc = test_vllm(extra)
         print(f"+ the vLLM suite: {'passed' if vllm_rc == 0 else 'FAILED'}; then {', '.join(BESIDE)}", flush=True)
-        sys.exit(test_main([*BESIDE, *extra]) or vllm_rc)
+        beside_rc = test_main([*BESIDE, *extra])
+        print("+ every extra installed alone (scripts/extras.py)", flush=True)
+        extras_rc = subprocess.run([sys.executable, str(ROOT / "scripts" / "extras.py")]).returncode
+        sys.exit(vllm_rc or beside_rc or extras_rc)
     else:
-        # the vLLM suite (its own environment, then its tests) and then BESIDE run beside the rest: the two
-        # streams keep 2 cores busy and end at about the same time
+        # the vLLM suite (its own environment, then its tests), then BESIDE, then the extras run beside the
+        # rest: the two streams keep 2 cores busy and end at about the same time
         log = ROOT / ".agentjet" / "beside-suite.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        print(f"the vLLM suite, then {', '.join(BESIDE)} run beside the rest; output after it ({log})", flush=True)
+        what = f"the vLLM suite, then {', '.join(BESIDE)}, then the extras one by one"
+        print(f"{what} run beside the rest; output after it ({log})", flush=True)
         ensure_env()  # before the second stream needs it
         with log.open("w") as out:
             beside = subprocess.Popen([sys.executable, __file__, "test-beside", *extra], stdout=out, stderr=out)
@@ -314,7 +321,7 @@ def main() -> None:
             main_rc = test_main([*(f"--ignore={path}" for path in BESIDE), *extra])
         finally:
             beside_rc = beside.wait()
-        print(f"+ the vLLM suite, then {', '.join(BESIDE)} ({log}):", flush=True)
+        print(f"+ {what} ({log}):", flush=True)
         print(log.read_text(errors="replace"), flush=True)
         verdict = {0: "passed"}
         print(f"main suite: {verdict.get(main_rc, 'FAILED')}; beside it: {verdict.get(beside_rc, 'FAILED')}")

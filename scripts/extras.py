@@ -79,9 +79,17 @@ def run(command: list[str], **kw: object) -> None:
     subprocess.run(command, check=True, **kw)  # type: ignore[call-overload]
 
 
+# Every environment is made at this one path, one after another, and Python writes its bytecode under
+# PYCACHE: uv links the same cached files (same mtimes) into each environment, so the bytecode written while
+# the first environment imported torch is valid for the next one at the same path, and a check does not spend
+# half a minute compiling torch and transformers again
+ENV = WORK / "env"
+PYCACHE = WORK / "pycache"
+
+
 def make_env(uv: str, package: str, extra: str, wheels: dict[str, Path]) -> Path:
     """A fresh environment with ``package[extra]`` and what it depends on, nothing else."""
-    where = WORK / f"{package}-{extra}"
+    where = ENV
     shutil.rmtree(where, ignore_errors=True)
     run([uv, "venv", "--quiet", "--python", sys.executable, str(where)])
     wanted = [f"{wheels[package]}[{extra}]"]
@@ -144,6 +152,8 @@ def check(python: Path, package: str, extra: str, env: dict[str, str]) -> subpro
     # the environment's own bin first (agentjet-client, agentjet-server); nothing of .venv on the path
     path = f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     full = {**os.environ, **env, "PATH": path, "PYTHONPATH": str(CHECKS), "PYTHONNOUSERSITE": "1"}
+    full["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    full.pop("PYTHONDONTWRITEBYTECODE", None)  # (set on some machines) the bytecode is what PYCACHE keeps
     return subprocess.run(
         [str(python), str(script)], capture_output=True, text=True, env=full, cwd=tempfile.gettempdir(), timeout=600
     )
@@ -190,13 +200,16 @@ def main() -> int:
             took = f"install {installed:.0f} s, check {time.monotonic() - began - installed:.0f} s"
             if done.returncode == 0:
                 print(f"[{n}/{len(chosen)}] {name}: ok ({took}): {done.stdout.strip().splitlines()[-1]}", flush=True)
-                shutil.rmtree(python.parent.parent, ignore_errors=True)
             else:
                 failed.append(name)
-                print(f"[{n}/{len(chosen)}] {name}: FAILED ({took})", flush=True)
+                kept = WORK / f"{package}-{extra}-failed"  # to look into (its scripts name the old path)
+                shutil.rmtree(kept, ignore_errors=True)
+                ENV.rename(kept)
+                print(f"[{n}/{len(chosen)}] {name}: FAILED ({took}); its environment: {kept}", flush=True)
                 print(f"{done.stdout[-4000:]}{done.stderr[-6000:]}".rstrip(), flush=True)
     finally:
         services.stop()
+        shutil.rmtree(ENV, ignore_errors=True)
     minutes = (time.monotonic() - started) / 60
     if failed:
         print(f"extras: {len(failed)} of {len(chosen)} failed in {minutes:.1f} min: {', '.join(failed)}", flush=True)
