@@ -275,7 +275,8 @@ def lint() -> int:
 
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "extras", "setup", "system-tools", "lint", "docs")
+    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "extras", "setup", "system-tools")
+    commands += ("lint", "docs")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
