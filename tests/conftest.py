@@ -84,13 +84,31 @@ def tools_model_dir() -> Path:
     return ensure_embedded_model(CACHE, size="tools")
 
 
+def fresh_venv(where: Path, *requirements: str) -> Path:
+    """A new virtual environment at ``where`` holding ``requirements`` and what they depend on, nothing
+    else; returns its python. Built by uv where the test environment has it (seconds; scripts/dev.py installs
+    it), else by venv and pip."""
+    import subprocess
+    import sys
+    import venv
+
+    uv = Path(sys.executable).parent / "uv"
+    python = where / "bin" / "python"
+    if uv.exists():
+        subprocess.run([str(uv), "venv", "--quiet", "--python", sys.executable, str(where)], check=True, timeout=120)
+        install = [str(uv), "pip", "install", "--quiet", "--python", str(python)]
+    else:
+        venv.EnvBuilder(with_pip=True, clear=True).create(where)
+        install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*install, *requirements], check=True, timeout=900)
+    return python
+
+
 @pytest.fixture(scope="session")
 def client_only_python() -> Path:
     """A second interpreter: a venv holding agentjet-client (editable) and its dependencies only
     (no numpy, no torch), for code dirs that run in their own interpreter. Built once, cached."""
     import hashlib
-    import subprocess
-    import venv
 
     package = Path(__file__).resolve().parent.parent / "packages" / "agentjet-client"
     key = hashlib.sha256((package / "pyproject.toml").read_bytes()).hexdigest()[:12]
@@ -98,9 +116,7 @@ def client_only_python() -> Path:
     python = env_dir / "bin" / "python"
     if not (env_dir / "ready").exists():
         building = CACHE / f"client-venv-{key}.{os.getpid()}.tmp"
-        venv.EnvBuilder(with_pip=True, clear=True).create(building)
-        pip = [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, "-e", str(package)], check=True, timeout=900)
+        fresh_venv(building, "-e", str(package))
         (building / "ready").write_text("ok")
         try:
             building.rename(env_dir)
