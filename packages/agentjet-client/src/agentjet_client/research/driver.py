@@ -138,12 +138,15 @@ class TrialDriver:
         record.phase = record.after_start
         live.phase_since = time.monotonic()
         if record.phase == "training" and (live.client is None or live.client.returncode() is not None):
-            live.client = self._spawn_client(record, live)
-            record.client_pid = live.client.pid
-            record.client_starts += 1
+            self._start_client(record, live)
         elif record.phase == "evaluating":
             self._spawn_evaluation(record, live)
         live.files.save(record)
+
+    def _start_client(self, record: TrialRecord, live: Live) -> None:
+        live.client = self._spawn_client(record, live)
+        record.client_pid = live.client.pid
+        record.client_starts += 1
 
     def _check_training(self, record: TrialRecord, live: Live) -> None:
         reason = stop_reason(self.study.stop, live.series.train, live.series.evals, live.series.steps)
@@ -154,8 +157,9 @@ class TrialDriver:
         if minutes is not None and record.seconds() >= minutes * 60:
             self.end_training(record, live, "finished", f"time budget: {minutes:g} min, {record.episodes} episodes")
             return
-        assert live.client is not None
-        code = live.client.returncode()
+        # None: re-attached with its client gone, which a runner killed at the wrong moment leaves (the client
+        # finished, or died, while no runner watched): read like a client that is not ours to reap
+        code = live.client.returncode() if live.client is not None else -1
         if code is None:
             return
         tail = last_lines(live.files.client_log, 6)
@@ -168,9 +172,7 @@ class TrialDriver:
             return
         if not self._crashed(record, live, f"its client exited ({code})", live.files.client_log, "restarted"):
             return
-        live.client = self._spawn_client(record, live)
-        record.client_pid = live.client.pid
-        record.client_starts += 1
+        self._start_client(record, live)
         live.files.save(record)
 
     def end_training(self, record: TrialRecord, live: Live, status: str, reason: str) -> None:
@@ -200,8 +202,7 @@ class TrialDriver:
         live.phase_since = time.monotonic()
 
     def _check_evaluation(self, record: TrialRecord, live: Live) -> None:
-        assert live.evaluator is not None
-        code = live.evaluator.returncode()
+        code = live.evaluator.returncode() if live.evaluator is not None else -1  # None: gone, as in training
         if code is None:
             return
         try:
