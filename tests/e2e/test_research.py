@@ -273,6 +273,31 @@ def test_a_trial_that_crashes_more_often_than_max_resumes_fails_and_the_study_go
     assert "t000 failed: its server died" in log.read_text()
 
 
+def test_a_runner_that_comes_back_to_a_trial_whose_client_died_meanwhile_starts_a_client_again(tmp_path):
+    """The runner is SIGKILLed while t000 trains, and t000's client dies while no runner watches (it
+    also finished unwatched once, in a kill between its last episode and the next poll): the runner that comes
+    back re-attaches the server, starts a client again and the trial finishes, where it used to fail an
+    assertion at every restart."""
+    study = study_file(tmp_path, '"server.lr" = [1e-3]', trial="episodes = 600")
+    out, log = tmp_path / "out", tmp_path / "runner.log"
+    runner = start_runner(study, out, log)
+    try:
+        wait_for("t000 to train", lambda: record(out, "t000")["episodes"] >= 100, runner, log)
+        trained = record(out, "t000")
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+        os.kill(trained["client_pid"], signal.SIGKILL)
+        runner = start_runner(study, out, log)
+        assert runner.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    done = record(out, "t000")
+    assert done["status"] == "finished" and done["episodes"] >= 600, done
+    assert done["server_starts"] == 1 and done["client_starts"] == 2, done  # the same server, a second client
+    assert "Traceback" not in log.read_text() and "t000: re-attached (training; server running" in log.read_text()
+
+
 def metrics_lines(out: Path, trial_id: str, kind: str) -> list[dict[str, Any]]:
     """The trial server's own record (its state dir's metrics.jsonl) of one kind of line."""
     path = out / "trials" / trial_id / "state" / "metrics.jsonl"
