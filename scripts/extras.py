@@ -97,8 +97,9 @@ def make_env(uv: str, package: str, extra: str, wheels: dict[str, Path]) -> Path
     shutil.rmtree(where, ignore_errors=True)
     run([uv, "venv", "--quiet", "--python", sys.executable, str(where)])
     wanted = [str(wheels[package]) if extra.startswith("core") else f"{wheels[package]}[{extra}]"]
-    if extra == "core-lowest":
-        wanted.append("--resolution=lowest-direct")
+    if extra == "core-lowest":  # from the source directory: uv takes the dependencies of a first-party
+        # project as direct ones, those of a wheel as transitive (which lowest-direct leaves at the newest)
+        wanted = [str(PACKAGES[package]), "--resolution=lowest-direct"]
     if package == "server":  # its dependency agentjet-client is not on an index: the wheel of this checkout
         wanted += [str(wheels["client"]), TORCH]
     # no --compile-bytecode: each environment is used once
