@@ -36,8 +36,9 @@ TORCH = "torch==2.13.0"
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
 # what `test` runs beside the rest, after the vLLM suite and before the extras: the fault-injection suite and
-# some of the longest end-to-end runs, so that the two streams end at about the same time (measured in a clean-clone CI run: the main stream was the long pole by 9 minutes with only the
-# chaos suite, the research studies and the LoRA run beside it)
+# some of the longest end-to-end runs, so that the two streams end at about the same time (in a clean-clone
+# CI run with only the chaos suite, the research studies and the LoRA run beside it, the main stream was the
+# long pole by 9 minutes)
 BESIDE = [
     "tests/chaos",
     "tests/e2e/test_research.py",
@@ -294,7 +295,7 @@ def main() -> None:
     if not args or args[0] not in commands:
         sys.exit(__doc__)
     command, extra = args[0], args[1:]
-    if command != "demo" and extra[:1] in (["-h"], ["--help"]) and not command.startswith("test"):
+    if command not in ("demo", "extras") and extra[:1] in (["-h"], ["--help"]) and not command.startswith("test"):
         print(__doc__)
         return
     if command == "demo":
