@@ -53,6 +53,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "packages/agentjet-client/src", "packages/agentjet-server/src")
     session.run("python", "scripts/architecture.py")
+    session.run("python", "scripts/docs_check.py")
     session.run("mkdocs", "build", "--strict", "--quiet", env={"NO_MKDOCS_2_WARNING": "1"})
 
 

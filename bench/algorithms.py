@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _server import served
 from agentjet_client import RunConfig, Runner, SwarmClient
-from agentjet_client.loader import load_agent
+from agentjet_client.run.loader import load_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 1000

@@ -42,7 +42,7 @@ import httpx2
 
 from _server import served
 from agentjet_client import RunConfig, Runner, SwarmClient, swarm_agent
-from agentjet_client.agent import SwarmAgent
+from agentjet_client.tasks.agent import SwarmAgent
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 

@@ -203,7 +203,8 @@ def layout_rows(model: Path, device: str, steps: int, deadline: float) -> list[t
     from agentjet_server.learner.batch import Batch, Sequence
     from agentjet_server.learner.distributed import DistContext
     from agentjet_server.learner.trainer import Learner, LearnerConfig
-    from agentjet_server.memory import Layout, ModelShape, learner_items
+    from agentjet_server.memory import Layout, learner_items
+    from agentjet_server.model_shape import ModelShape
 
     shape = ModelShape.from_pretrained(model)
     generator = torch.Generator().manual_seed(0)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from _server import served
 from agentjet_client import RunConfig, Runner, SwarmClient
-from agentjet_client.isolation import WorkerPool
-from agentjet_client.loader import load_agent
+from agentjet_client.run.isolation import WorkerPool
+from agentjet_client.run.loader import load_agent
 
 SYNC = """
 import os, time

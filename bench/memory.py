@@ -119,7 +119,8 @@ def child(model: str, layout: dict[str, object], tokens: int) -> None:
 
 
 def estimate(model: Path, layout: dict[str, object], tokens: int) -> int:
-    from agentjet_server.memory import RUNTIME_OVERHEAD, Layout, ModelShape, learner_items
+    from agentjet_server.memory import RUNTIME_OVERHEAD, Layout, learner_items
+    from agentjet_server.model_shape import ModelShape
 
     chosen = Layout(micro_batch_tokens=tokens, trained_share=(LENGTH - PROMPT) / LENGTH, **layout)  # type: ignore[arg-type]
     return RUNTIME_OVERHEAD["cpu"] + sum(i.bytes for i in learner_items(ModelShape.from_pretrained(model), chosen))

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentjet_client.delivery.spool import GroupCommit, Spool
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_client.spool import GroupCommit, Spool
 
 
 def trajectories(n: int) -> list[Trajectory]:

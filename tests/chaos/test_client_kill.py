@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agentjet_client.spool import Spool, SpoolStats, spool_key
-from tests.conftest import ServerProcess
+from agentjet_client.delivery.spool import Spool, SpoolStats, spool_key
+from tests.conftest import ServerProcess, reap
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +68,7 @@ def test_client_killed_mid_run_and_restarted_loses_nothing(model_dir, tmp_path):
         counts = server.status()["trajectories"]
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=30)
+            reap(proc)
         server.stop()
     produced, acked, duplicate, lost = tally(stats, counts)
     print(

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agentjet_client.spool import spool_key
+from agentjet_client.delivery.spool import spool_key
 from tests.chaos.faultproxy import FaultProxy
 from tests.chaos.test_client_kill import spool_stats, tally
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, reap
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,9 +58,7 @@ def test_drops_partition_and_delays_lose_nothing(model_dir, tmp_path):
         finally:
             stop.set()
             faults.join()
-            if client.poll() is None:  # timed out: reap it, so nothing leaks into the next test
-                client.kill()
-                client.communicate(timeout=30)
+            reap(client)
         assert client.returncode == 0, out
         stats = spool_stats(spool_dir / spool_key(proxy.url))
         counts = server.status()["trajectories"]

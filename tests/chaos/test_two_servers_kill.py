@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from agentjet_client.spool import spool_key
+from agentjet_client.delivery.spool import spool_key
 from agentjet_server.ingest.wal import TrajectoryLog
 from tests.chaos.test_client_kill import spool_stats
 from tests.chaos.test_server_kill import latest_checkpoint
-from tests.conftest import ServerProcess, free_port
+from tests.conftest import ServerProcess, free_port, reap
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_one_of_two_servers_killed_and_resumed_loses_nothing_and_the_other_keeps
     solo = tmp_path / "solo"
     solo.mkdir()
     (solo / "agent.py").write_text(SOLO)
-    common = ["--batch-groups", "2", "--group-size", "8", "--max-staleness", "8"]
+    common = ["--batch-groups", "2", "--group-size", "8", "--max-staleness", "8", "--entropy-coef", "0.001"]
     a = ServerProcess([*common, "--state-dir", str(tmp_path / "a")], tmp_path / "a.log")
     b_port = free_port()
     b_args = [*common, "--checkpoint-every", "3", "--state-dir", str(tmp_path / "b")]
@@ -119,9 +119,7 @@ def test_one_of_two_servers_killed_and_resumed_loses_nothing_and_the_other_keeps
         final = {"a": settled(a), "b": settled(b)}
     finally:
         for client in clients.values():
-            if client.poll() is None:
-                client.kill()
-                client.communicate()
+            reap(client)
         a.stop()
         b.stop()
     feeds = {"a": ["team", "on-a"], "b": ["team", "on-b"]}

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, reap
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,9 +95,7 @@ def test_a_client_configured_by_its_environment_alone_trains_the_server(keyed_se
         assert health.returncode == 0
         out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0, out[-2000:] + err[-2000:]
     after = status(keyed_server)
     assert after["trajectories"]["accepted"] - before == 16 and after["learner"]["group_size"] == 4
@@ -125,9 +123,7 @@ def test_sigterm_ends_a_run_as_ctrl_c_does(keyed_server, tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        reap(proc)
     assert proc.returncode == 0 and "interrupted" in err, out[-2000:] + err[-2000:]  # the run's report, as after Ctrl-C
 
 

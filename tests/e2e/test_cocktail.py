@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agentjet_client.loader import code_version
-from tests.conftest import ServerProcess
+from agentjet_client.run.loader import code_version
+from tests.conftest import ServerProcess, reap
 
 pytestmark = pytest.mark.e2e
 EPISODES = 480
@@ -90,9 +90,7 @@ def test_two_families_one_in_its_own_interpreter_train_at_the_servers_mix(tmp_pa
         assert client.returncode == 0, out
         status = server.wait_trained()
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.communicate()
+        reap(client)
         server.stop()
     assert f"family_b (code {first_b} tag b) in {client_only_python}" in out
     assert "failed 0" in out, out

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +27,27 @@ SHOTS = Path(os.environ.get("AGENTJET_SCREENSHOTS", ROOT / ".agentjet" / "screen
 playwright = pytest.importorskip("playwright.sync_api", reason="the dashboard test drives Chromium with playwright")
 if CHROMIUM is None:
     pytest.skip("no chromium on PATH (python3 scripts/dev.py test installs Debian's package)", allow_module_level=True)
+
+
+RUBRIC_AGENT = """
+from agentjet_client import Rubric, swarm_agent
+
+
+def is_digit(result):
+    return 1.0 if result.strip().isdigit() else 0.0
+
+
+def short(result):
+    return 0.5
+
+
+@swarm_agent(tasks=[{"id": "rubric"}], reward=Rubric([is_digit, short]))
+def reply(task, episode):
+    answer = episode.openai().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Write three as a digit."}], max_tokens=3
+    )
+    return answer.choices[0].message.content or ""
+"""
 
 
 @pytest.fixture
@@ -144,6 +167,25 @@ def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_tok
         assert "verified" in page.inner_text("#trajectory-view")  # the signature verdict of its call
         page.hover('.tokens span[data-trained="1"]')
         page.screenshot(path=str(SHOTS / "dashboard-trajectory.png"), full_page=True)
+
+        # an episode rewarded by a Rubric (tried and pushed as an evaluation episode): each component's score
+        code = tmp_path / "rubric"
+        code.mkdir()
+        (code / "agent.py").write_text(RUBRIC_AGENT)
+        exe = str(Path(sys.executable).parent / "agentjet-client")
+        command = [exe, "try", "--code-dir", str(code), "--server", server.url, "--push"]
+        pushed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert pushed.returncode == 0 and "pushed as an evaluation episode: accepted" in pushed.stdout, pushed.stdout
+        tried = httpx2.get(server.url + "/v1/trajectories?limit=1").json()["trajectories"][0]
+        assert tried["task_id"] == "try:rubric"
+        page.reload()
+        page.click(f'#trajectory-list tr[data-id="{tried["id"]}"]')
+        page.wait_for_selector("#reward-detail", timeout=30_000)
+        page.screenshot(path=str(SHOTS / "dashboard-reward-detail.png"), full_page=True)
+        detail = page.inner_text("#reward-detail")
+        assert detail in ("reward components: is_digit 1, short 0.5", "reward components: is_digit 0, short 0.5"), (
+            detail
+        )
         assert not errors, errors
     finally:
         server.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from agentjet_client.protocol import Trajectory
 from agentjet_server.ingest.wal import Accepted, read_records
-from tests.conftest import RulesJudge, ServerProcess
+from tests.conftest import RulesJudge, ServerProcess, reap
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "judged"
@@ -48,13 +49,12 @@ def test_a_group_judge_killed_mid_run_loses_nothing_and_never_enters_a_trained_t
         judge = RulesJudge("digits", port=judge.port)
         out, _ = run.communicate(timeout=300)
         assert run.returncode == 0, out
+        judged_after = judge.calls()
         status = server.wait_trained()
         records = list(read_records(state / "log"))
         history = [json.loads(line) for line in (state / "metrics.jsonl").read_text().splitlines()]
     finally:
-        if run is not None and run.poll() is None:
-            run.kill()
-            run.communicate(timeout=30)
+        reap(run)
         judge.stop()
         server.stop()
     summary = " ".join(out.split())
@@ -63,7 +63,14 @@ def test_a_group_judge_killed_mid_run_loses_nothing_and_never_enters_a_trained_t
     assert counts["accepted"] == EPISODES and counts["rejected"] == 0 and len(trajectories) == EPISODES  # 0 lost
     # while the judge was down nothing unjudged went out: all that arrived the first judge had judged
     assert held <= judged_before * GROUP + GROUP, (held, judged_before)
-    assert "judge: " in summary
+    # the cost line: every call the two judges answered, none of them counted twice with the kept answers
+    cost = re.search(
+        r"judge: (\d+) calls answered \((\d+) without usable scores\), (\d+) unanswered, \d+ prompt \+ \d+ "
+        r"completion tokens, [\d.]+s; besides them, (\d+) groups judged from the answers kept in the spool \(no call\)",
+        summary,
+    )
+    assert cost is not None, summary
+    assert int(cost.group(1)) == judged_before + judged_after and int(cost.group(2)) == 0, (cost.group(0), judged_after)
     for trajectory in trajectories:
         meta = trajectory.metadata
         assert "agentjet_waiting_for" not in meta and meta["judge"]["kind"] == "group"

@@ -136,7 +136,9 @@ def test_a_coding_agent_runs_and_steers_a_study_through_the_mcp_server(tmp_path)
 
             assert (await until("a learner step", stepped))[-1]["loss"] is not None
             trajectories = await call(session, "recent_trajectories", run="out/t000", limit=3)
-            assert 1 <= len(trajectories) <= 3 and "reward" in json.dumps(trajectories[0])
+            assert 1 <= len(trajectories) <= 3 and isinstance(trajectories[0]["reward"], float)
+            said = trajectories[0]["timelines"][0]["text"]  # the conversation: the digits agent's question, answered
+            assert "as a digit." in said and "<|im_start|>assistant" in said, trajectories[0]
             assert (await call(session, "pause_run", run="out/t000"))["paused"] is True
             assert (await call(session, "resume_run", run="out/t000"))["paused"] is False
 

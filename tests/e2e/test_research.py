@@ -217,8 +217,10 @@ def test_refused_settings_fail_one_trial_and_the_time_budgets_end_the_others(tmp
     study = study_file(
         tmp_path,
         '"server.lr" = [-1.0, 1e-3, 2e-3]',
-        trial="episodes = 1000000\nminutes = 0.2",
-        extra="total_minutes = 0.4",
+        # 21 s a trial: a server and a client start in it and still train (a 12 s budget under a loaded CI
+        # left none); the study's 42 s stop the third trial (the first fails at once, the second takes 21 s)
+        trial="episodes = 1000000\nminutes = 0.35",
+        extra="total_minutes = 0.7",
     )
     out, log = tmp_path / "out", tmp_path / "runner.log"
     runner = start_runner(study, out, log)
@@ -230,9 +232,9 @@ def test_refused_settings_fail_one_trial_and_the_time_budgets_end_the_others(tmp
     refused, timed, last = (record(out, t) for t in ("t000", "t001", "t002"))
     assert refused["status"] == "failed" and refused["server_starts"] == 1, refused
     assert refused["reason"].startswith("its server refused the settings") and "--lr" in refused["reason"], refused
-    assert timed["status"] == "finished" and timed["reason"].startswith("time budget: 0.2 min"), timed
+    assert timed["status"] == "finished" and timed["reason"].startswith("time budget: 0.35 min"), timed
     assert timed["metric"] is not None and 0 < timed["episodes"] < 1000000
-    assert last["phase"] == "done" and "the study's budget (0.4 min) ran out" in last["reason"], last
+    assert last["phase"] == "done" and "the study's budget (0.7 min) ran out" in last["reason"], last
     assert last["status"] in ("stopped", "skipped")
     report = (out / "report.md").read_text()
     assert "failed: its server refused the settings" in report and "best-server.toml" in report

@@ -45,12 +45,12 @@ name = "{name}"
 poll_seconds = 0.5
 
 [trial]
-episodes = 320
+episodes = 160
 eval_episodes = 16
 
 [server]
 batch_groups = 4
-checkpoint_every = 5
+checkpoint_every = 2
 
 [client]
 code_dir = "{code_dir}"
@@ -61,7 +61,7 @@ env = {{ AGENTJET_DIGITS = "3,8" }}
 {space}
 
 [stop]
-window = 80
+window = 40
 """
 
 
@@ -89,7 +89,7 @@ def plan_round_2(best_variant: str) -> dict[str, Any]:
         "hypotheses": [
             {
                 "id": "h2",
-                "statement": f"with the {best_variant} reward, lr 3e-3 learns more than lr 1e-6 in 320 episodes",
+                "statement": f"with the {best_variant} reward, lr 3e-3 learns more than lr 1e-6 in 160 episodes",
                 "confirm_if": "eval_reward at 3e-3 is at least 0.2 above 1e-6",
                 "refute_if": "it is not",
             }

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from agentjet_client.spool import Spool, spool_key
-from agentjet_client.tasksource import TaskSpec
-from tests.conftest import ServerProcess
+from agentjet_client.delivery.spool import Spool, spool_key
+from agentjet_client.tasks.sources import TaskSpec
+from tests.conftest import ServerProcess, reap
 
 pytestmark = pytest.mark.e2e
 
@@ -81,14 +81,12 @@ def test_a_task_file_with_a_held_out_part_trains_each_task_its_epochs_through_a_
         second = client(code, server.url, spool_dir)
         out, _ = second.communicate(timeout=300)
         assert second.returncode == 0, out
-        assert "continued the task order a stopped run left in the spool" in " ".join(out.split()), out
+        assert "groups a stopped run left open in the spool, then went on with its task order" in " ".join(out.split())
         server.wait_trained()
         listed = httpx2.get(f"{server.url}/v1/trajectories", params={"limit": 1000}, timeout=30).json()
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=30)
+            reap(proc)
         server.stop()
     trained = [t for t in listed["trajectories"] if t["purpose"] == "train"]
     evaluated = [t for t in listed["trajectories"] if t["purpose"] == "eval"]

@@ -7,7 +7,7 @@ import datasets
 import pyarrow
 import pyarrow.parquet
 
-from agentjet_client.tasksource import read_rows
+from agentjet_client.tasks.sources import read_rows
 
 rows = [{"id": f"t{i}", "question": f"{i} + 1", "answer": str(i + 1)} for i in range(5)]
 work = Path(tempfile.mkdtemp(prefix="agentjet-smoke-datasets-"))

@@ -7,7 +7,7 @@ import importlib.util
 from _smoke import ROOT, server_url
 
 from agentjet_client import SwarmClient
-from agentjet_client.rewards import Scored
+from agentjet_client.tasks.rewards import Scored
 
 spec = importlib.util.spec_from_file_location("verifiers_example", ROOT / "examples" / "verifiers_env" / "agent.py")
 assert spec is not None and spec.loader is not None

@@ -46,6 +46,12 @@ def test_every_help_reads_whole_at_80_columns(package):
     app = importlib.import_module(f"{package}.cli").app
     entry = package.replace("_", "-")
     seen = 0
+    # the entry point itself, as a user runs it (the client's reads every option of run from the environment,
+    # which the app alone does not: an option list with the variables' names was cut 19 times)
+    main = {"agentjet_server": "up", "agentjet_client": "run"}[package]
+    out = subprocess.run([str(BIN / entry), main, "--help"], capture_output=True, text=True, env={"COLUMNS": "80"})
+    assert out.returncode == 0 and "…" not in out.stdout, out.stdout
+    assert not [line for line in out.stdout.splitlines() if len(line) > 80], out.stdout
     for path, command in _commands(get_command(app)):
         out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
         assert out.exit_code == 0, out.output
@@ -91,6 +97,16 @@ def test_cli_errors_are_one_clear_line():
     assert out.returncode == 2 and "hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir" in " ".join(out.stderr.split())
     out = run("agentjet-server", "up", "--model-size", "huge")
     assert out.returncode == 2 and "--model-size" in out.stderr and "'small'" in out.stderr
+    out = run("agentjet-server", "up", "--gae-lambda", "2")  # the flag typed, not the setting's field (lam)
+    assert out.returncode == 2 and "error: --gae-lambda: Input should be less than or equal to 1" in out.stderr
+    out = run("agentjet-server", "up", "--log-to", "foo")  # not --log-to-0
+    assert out.returncode == 2 and "error: --log-to: Input should be 'tensorboard' or 'wandb'" in out.stderr
+    out = run("agentjet-server", "up", "--header-timeout", "0")
+    assert out.returncode == 2 and "error: --header-timeout: Input should be greater than 0" in out.stderr
+    out = run("agentjet-server", "up", "--lora-rank", "4", "--adapters", "a,b", "--cpu-offload")  # before any load
+    assert (
+        out.returncode == 2 and "--adapters runs on one engine with GRPO for now, not with --cpu-offload" in out.stderr
+    )
     out = run("agentjet-server", "up", "--max-buffer-bytes", "1000")
     assert out.returncode == 2 and "--max-buffer-bytes" in out.stderr and "1048576" in out.stderr, out.stderr
     examples = Path(__file__).resolve().parents[2] / "examples" / "digits"
@@ -148,8 +164,8 @@ def test_a_state_dir_with_an_earlier_run_needs_resume_or_fresh(tmp_path):
 
 
 def test_client_status_shows_the_spool(live_server, tmp_path):
+    from agentjet_client.delivery.spool import Spool, spool_key
     from agentjet_client.protocol import Trajectory
-    from agentjet_client.spool import Spool, spool_key
 
     spool = Spool(tmp_path / spool_key(live_server.url))
     spool.put(Trajectory(id="left-1", task_id="t", turns=[], status="failed", reward=0.0))
@@ -195,7 +211,11 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
     first, second, third = turn(p1, c1), turn(p2, c2), turn(edited, c2)
     first.signature = signer.sign(Sample(p1, c1, first.completion_logprobs, [], first.finish_reason))
     second.signature = signer.sign(Sample(p2, c1, second.completion_logprobs, [], second.finish_reason))  # not its
-    trajectory = Trajectory(id="look-1", task_id="t", turns=[first, second, third], reward=1.0)
+    judge = {"model": "judge-7b", "kind": "group", "candidates": 8, "cached": False, "explanation": '{"scores": [1]}'}
+    metadata = {"task": "t", "reward_components": {"judge": 1.0, "short": 0.25}, "judge": judge}
+    trajectory = Trajectory(
+        id="look-1", task_id="t", turns=[first, second, third], reward=1.0, metadata=metadata, agent_rewards={"a": 1}
+    )
     log = TrajectoryLog(tmp_path / "log")
     TrajectoryStore(10**6, 4, lambda t, n: None, log).admit(trajectory, 0)
     log.close()
@@ -206,6 +226,8 @@ def test_inspect_shows_timelines_and_trained_tokens(model_dir, tmp_path):
     text = out.stdout
     assert "look-1" in text and "3 calls -> 2 timelines" in text  # the default is the newest trajectory
     assert "turns verified as sampled 1, not matching 1, unsigned 1" in text
+    assert "   reward components: judge 1, short 0.25\n" in text and "   reward by agent: a 1\n" in text
+    assert """   judge judge-7b (group call, 8 candidates): '{"scores": [1]}'\n""" in text
     assert "-- timeline 1" in text and "does not continue an earlier one token for token" in text
     assert text.count("TRAIN 0") == len(c1) and text.count("TRAIN 1") == len(c2) and text.count("TRAIN 2") == len(c2)
     trained_rows = [line for line in text.splitlines() if "TRAIN" in line]
@@ -280,9 +302,11 @@ def test_a_job_file_sets_up_options_and_flags_override_it(model_dir, tmp_path):
     printed = (tmp_path / "s.log").read_text()
     assert "effective configuration" in printed and "batch_groups = 3" in printed and "lr = 0.003" in printed
 
-    job.write_text("batch-groups = 3\nbatch_size = 9\n")
+    job.write_text("batch-groups = 3\nbatch_group = 9\nwhatever = 1\n")
     out = run("agentjet-server", "up", "--config", str(job))
-    assert out.returncode == 2 and "batch_size" in out.stderr and "Traceback" not in out.stderr
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in said and len(said) < 400, said  # not every name there is
+    assert "does not know: batch_group (did you mean batch-groups?), whatever; its keys are" in said, said
     job.write_text("batch-groups = [")
     out = run("agentjet-server", "up", "--config", str(job))
     assert out.returncode == 2 and "not valid TOML" in out.stderr
@@ -384,7 +408,8 @@ def test_up_serve_only_serves_refuses_pushes_and_run_says_why(model_dir, tmp_pat
 
     from tests.conftest import ServerProcess
 
-    server = ServerProcess(["--serve-only", "--state-dir", str(tmp_path / "state")], tmp_path / "server.log")
+    args = ["--serve-only", "--log-format", "json", "--state-dir", str(tmp_path / "state")]
+    server = ServerProcess(args, tmp_path / "server.log")
     try:
         status = server.status()
         assert status["serve_only"] is True and status["admission_budget"] == 0
@@ -409,4 +434,37 @@ def test_up_serve_only_serves_refuses_pushes_and_run_says_why(model_dir, tmp_pat
         assert run.returncode == 2 and "only serves (started with --serve-only)" in " ".join(run.stderr.split())
     finally:
         server.stop()
-    assert "Traceback" not in (tmp_path / "server.log").read_text()
+    # --log-format json: nothing but JSON lines, the start-up banner included; it talks of no learner
+    import json
+
+    lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()]
+    said = [line["message"] for line in lines]
+    assert any("(serve only: it never trains)" in m and "/v1" in m for m in said), said
+    assert "stopped serving policy v0 (--serve-only: it never trains)" in said, said
+    assert not [m for m in said if "checkpoint" in m or "learner" in m or "Traceback" in m], said
+
+
+def test_adapters_under_torchrun_are_refused_before_the_model_loads(tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command = [*launcher, "-m", "agentjet_server", "up", "--lora-rank", "4", "--adapters", "a,b"]
+    command += ["--state-dir", str(tmp_path / "state"), "--port", "0"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode != 0 and "--adapters runs in one learner process, not under torchrun (2 ranks)" in said, said
+    # torchrun reports its failed ranks with a traceback of its own; none of ours, nothing loaded
+    assert "agentjet_server/" not in said and "loading the learner" not in said
+
+
+def test_sft_and_dpo_fail_as_every_other_command(tmp_path):
+    """``error: ...`` on one line and exit code 2 (they exited 1 with a bare message, or 2 with a usage box)."""
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\nnot json\n')
+    out = run("agentjet-client", "sft", str(tmp_path / "bad.jsonl"))
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {tmp_path / 'bad.jsonl'}:2 is not JSON"), out.stderr
+    (tmp_path / "pairs.jsonl").write_text('{"chosen": "a"}\n')
+    out = run("agentjet-client", "dpo", str(tmp_path / "pairs.jsonl"))
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and 'has "chosen" but no "rejected"' in out.stderr
+    chats = "".join('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n' * 4)
+    (tmp_path / "chats.jsonl").write_text(chats)
+    out = run("agentjet-client", "sft", str(tmp_path / "chats.jsonl"), "--server", "http://127.0.0.1:9")
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and said.startswith("error: the server did not answer") and "Traceback" not in said

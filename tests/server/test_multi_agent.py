@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from agentjet_client import SwarmClient
-from agentjet_client.report import coerce_reward
+from agentjet_client.run.report import coerce_reward
 from agentjet_server.batching.timeline import build_timelines
 from agentjet_server.learner.batch import build_batch
 

@@ -147,7 +147,8 @@ def test_replica_layouts_that_cannot_work_are_refused_with_what_to_pass():
 
 
 def test_the_memory_plan_counts_each_cpu_replica(model_dir):
-    from agentjet_server.memory import Layout, ModelShape, plan
+    from agentjet_server.memory import Layout, plan
+    from agentjet_server.model_shape import ModelShape
 
     shape = ModelShape.from_pretrained(model_dir)
     one, three = (plan(shape, Layout(engine_replicas=n), {"cpu": 64 << 30}) for n in (1, 3))

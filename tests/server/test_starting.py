@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from agentjet_client.client import SwarmClient, wait_until_serving
+from agentjet_client.client import SwarmClient
 from agentjet_client.errors import ServerStarting
 from agentjet_client.protocol import STARTING, STARTING_RETRY_S
+from agentjet_client.run.session import wait_until_serving
 from agentjet_server.errors import ConfigError
 from agentjet_server.starting import StartingPort
 from tests.conftest import CACHE, free_port

@@ -189,12 +189,13 @@ def test_a_client_run_trains_the_adapter_vllm_serves_and_resume_serves_it_again(
     state = tmp_path / "state"
     args = ["--engine", "vllm", "--lora-rank", "16", "--lora-alpha", "64", "--lr", "2e-3"]
     args += ["--batch-groups", "2", "--group-size", "16", "--state-dir", str(state), "--log-level", "info"]
+    args += ["--entropy-coef", "0.001"]  # a batch whose groups all tie steps too: each batch an adapter update
     command = [str(BIN / "agentjet-client"), "run", "--code-dir", str(ROOT / "examples" / "digits")]
     command += ["--group-size", "16", "--concurrency", "16", "--seed", "0"]
     server = ServerProcess(args, tmp_path / "server.log", env=env)
     try:
         proc = subprocess.run(
-            [*command, "--server", server.url, "--episodes", "1600"], env=env, capture_output=True, text=True
+            [*command, "--server", server.url, "--episodes", "320"], env=env, capture_output=True, text=True
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         status = server.wait_trained()
@@ -204,7 +205,7 @@ def test_a_client_run_trains_the_adapter_vllm_serves_and_resume_serves_it_again(
     first = float(re.search(r"first 10% ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
     last = float(re.search(r"last 20% ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
     print(f"vLLM serving the adapter, digits 3 and 8: first 10% {first:.3f} -> last 20% {last:.3f}")
-    assert status["learner"]["last_error"] is None and status["policy_version"] >= 20
+    assert status["learner"]["last_error"] is None and status["policy_version"] == 10, status["learner"]
     version = status["policy_version"]
     checkpoint = sorted((state / "checkpoints").glob("step-*"))[-1]
 

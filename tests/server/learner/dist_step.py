@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.learner import distributed
 from agentjet_server.learner.batch import Batch, Sequence, build_batch
-from agentjet_server.learner.trainer import Learner, LearnerConfig, score
+from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 
 def behaviour_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> list[float]:
@@ -91,6 +91,8 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--mini-batches", type=int, default=1)
     parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload (one process too)")
+    parser.add_argument("--policy-loss", default="ppo", help="ppo | gspo | cispo | sapo | importance_sampling | dro")
+    parser.add_argument("--loss-aggregation", default="token-mean")
     parser.add_argument("--mode", default="rl", help="rl | dpo (pairs of the same groups, scored first)")
     parser.add_argument("--resume-at", type=int, default=0, help="save + reload state before this step")
     args = parser.parse_args()
@@ -124,6 +126,9 @@ def run(ctx: distributed.DistContext, args: argparse.Namespace) -> list[dict[str
         kl_coef=args.kl_coef,
         mini_batches=args.mini_batches,
         cpu_offload=args.cpu_offload,
+        policy_loss=args.policy_loss,
+        loss_aggregation=args.loss_aggregation,
+        loss_norm_length=8,
     )
     groups = [fixed_groups(model, args.groups, 5, seed=step) for step in range(args.steps)]
     if args.mode == "dpo":
@@ -144,7 +149,7 @@ def run(ctx: distributed.DistContext, args: argparse.Namespace) -> list[dict[str
             fresh = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
             learner = Learner(fresh.to(ctx.device), config, pad_id=0, ctx=ctx, reference=reference())
             learner.load_training_state(state if ctx.is_main else None)
-        scored = {"scored": float(score(learner, batch).sum())} if args.mode == "dpo" else {}
+        scored = {"scored": float(learner.score(batch).sum())} if args.mode == "dpo" else {}
         s = learner.step(batch)
         stats.append({"loss": s.loss, "grad_norm": s.grad_norm, "sequences": s.sequences, **s.extra, **scored})
     weights = learner.full_state_dict()

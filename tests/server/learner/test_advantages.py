@@ -1,4 +1,4 @@
-"""Both advantage estimators against naive references on hand-made tensors and trajectories."""
+"""GRPO's advantages (``learner.advantages``) against naive references on hand-made tensors and trajectories."""
 
 import math
 import statistics
@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from agentjet_client.protocol import Trajectory, Turn
-from agentjet_server.engine.tokens import load_tokenizer
-from agentjet_server.learner.advantages import gae, group_advantages
+from agentjet_server.learner.advantages import group_advantages
 from agentjet_server.learner.batch import build_batch
-from agentjet_server.learner.trainer import Learner, LearnerConfig, prepare
-from tests.server.learner.groups import make_group
+from tests.server.learner.groups import _turn
 
 
 def test_group_advantages_matches_naive():
@@ -27,27 +25,6 @@ def test_group_advantages_equal_rewards_are_zero_and_bad_input_raises():
     assert group_advantages(torch.tensor([0.3, 0.3, 0.3])).abs().max() == 0
     with pytest.raises(ValueError):
         group_advantages(torch.tensor([]))
-
-
-def test_gae_matches_the_naive_sum():
-    rewards = [0.0, 0.5, 0.0, 0.0, 1.0]
-    values = [0.2, -0.1, 0.4, 0.3, 0.6]
-    gamma, lam = 0.9, 0.8
-    n = len(rewards)
-    deltas = [rewards[t] + gamma * (values[t + 1] if t + 1 < n else 0.0) - values[t] for t in range(n)]
-    expected = [sum((gamma * lam) ** (k - t) * deltas[k] for k in range(t, n)) for t in range(n)]
-    adv, returns = gae(
-        torch.tensor(rewards, dtype=torch.float64), torch.tensor(values, dtype=torch.float64), gamma, lam
-    )
-    assert adv.tolist() == pytest.approx(expected, rel=1e-12)
-    assert returns.tolist() == pytest.approx([a + v for a, v in zip(expected, values, strict=False)], rel=1e-12)
-    # lambda = 1, gamma = 1: the advantage is the return to go minus the value
-    adv1, ret1 = gae(torch.tensor(rewards), torch.tensor(values), 1.0, 1.0)
-    to_go = [sum(rewards[t:]) for t in range(n)]
-    assert ret1.tolist() == pytest.approx(to_go, abs=1e-6)
-    assert adv1.tolist() == pytest.approx([g - v for g, v in zip(to_go, values, strict=False)], abs=1e-6)
-    with pytest.raises(ValueError):
-        gae(torch.zeros(3), torch.zeros(4), 1.0, 1.0)
 
 
 def episode(i: int, reward: float, agent_rewards: dict[str, float] | None = None):
@@ -83,84 +60,49 @@ def test_episode_advantages_normalise_each_agent_among_the_same_agent_of_the_sib
     assert episode_advantages([episode(0, 0.3), episode(1, 0.3)]) == [{"": 0.0}, {"": 0.0}]  # no signal
 
 
-# --- PPO's advantages through a real learner ---
-def test_ppo_advantages_are_gae_whitened_and_the_critic_learns(model_dir):
-    from transformers import AutoModelForCausalLM
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "passk"])
+def test_each_group_estimator_matches_its_formula(estimator):
+    from agentjet_server.learner.advantages import estimated
 
-    tok = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    config = LearnerConfig(lr=5e-3, algorithm="ppo", off_policy="none", advantage_norm="batch")
-    learner = Learner(model, config, pad_id=0)
-    _, group = make_group(tok, model, "What is 3 + 4?", 7, 0)
-    batch = build_batch([group], algorithm="ppo")
-    errors = []
-    for _ in range(60):
-        plan, _ = learner.plan(batch.sequences)
-        prepare(learner, plan, None)
-        micro = [m for mini in plan for m in mini.micro]
-        advantages = torch.cat([m.advantages for m in micro])
-        assert abs(float(advantages.mean())) < 1e-5 and abs(float(advantages.std(unbiased=False)) - 1) < 1e-3
-        stats = learner.step(batch)
-        errors.append(stats.extra["value_error"])
-    # the value head fits the returns down to what the prompt alone cannot tell apart: at the digit
-    # every sequence has seen the same prompt, so the best value there is the mean reward (error: the
-    # rewards' variance); at the end token the digit is known (error 0). Half the variance, averaged
-    # over the two positions (0.045 here). It wanders on the way (0.05-0.08 from step 18 to 30 on the
-    # tiny model); by step 40 both embedded models sit within 5% of it.
-    floor = statistics.pvariance([t.reward for t in group]) / 2
-    assert errors[0] > 1.5 * floor and sum(errors[-5:]) / 5 < 1.2 * floor, (floor, errors)
+    rewards = [1.0, 0.0, 0.5, 0.0, 1.0, 0.25]
+    n, mean = len(rewards), sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+    if estimator == "grpo":
+        expected = [(r - mean) / (std + 1e-6) for r in rewards]
+    elif estimator in ("dr_grpo", "reinforce_pp"):  # reinforce_pp's batch whitening comes after
+        expected = [r - mean for r in rewards]
+    elif estimator == "rloo":  # each against the mean of the others
+        expected = [r - (sum(rewards) - r) / (n - 1) for r in rewards]
+    else:  # passk: the best one alone, by its lead over the second best
+        expected = [(1.0 - 1.0) / (std + 1e-6)] + [0.0] * (n - 1)
+    got = estimated(torch.tensor(rewards, dtype=torch.float64), estimator).tolist()
+    assert got == pytest.approx(expected, abs=1e-9)
 
 
-@pytest.mark.parametrize("norm", ["group", "batch"])
-def test_ppo_advantages_are_whitened_per_group_or_over_the_batch(model_dir, norm):
-    """Against a per-token reference: GAE per sequence, then each group's (or the batch's) tokens
-    centred and divided by their spread (plus the floor, per group). Per group, a group whose
-    rewards are all equal carries no policy gradient; over the batch it is pushed down by the
-    others' mean."""
-    from transformers import AutoModelForCausalLM
+def test_passk_rewards_the_best_episode_by_its_lead_alone():
+    from agentjet_server.learner.advantages import estimated
 
-    from agentjet_server.learner.advantages import GROUP_STD_FLOOR
-
-    tok = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    learner = Learner(model, LearnerConfig(lr=5e-3, algorithm="ppo", advantage_norm=norm), pad_id=0)
-    _, solved_once = make_group(tok, model, "What is 3 + 4?", 7, 0)
-    _, flat = make_group(tok, model, "What is 2 + 2?", -1, 1)  # no right answer among the ten
-    batch = build_batch([solved_once, flat], algorithm="ppo")
-    learner.step(batch)  # the critic moves off zero, so the values (and GAE) are not trivial
-    plan, _ = learner.plan(batch.sequences)
-    prepare(learner, plan, None)
-    micro = [m for mini in plan for m in mini.micro]
-    raw, got, groups, returns = [], [], [], {}
-    for m in micro:
-        for start, end in m.spans:
-            raw += _naive_gae(m.rewards[start:end].tolist(), m.old_values[start:end].tolist(), 1.0, 0.95)
-            returns.setdefault(int(m.groups[start]), set()).add(round(float(m.rewards[start:end].sum()), 9))
-        got += m.advantages.tolist()
-        groups += m.groups.tolist() if norm == "group" else [0] * m.entries
-    expected = []
-    for a, g in zip(raw, groups, strict=True):
-        mine = [x for x, h in zip(raw, groups, strict=True) if h == g]
-        mean = sum(mine) / len(mine)
-        std = (sum((x - mean) ** 2 for x in mine) / len(mine)) ** 0.5
-        flat = norm == "group" and len(returns[g]) == 1
-        expected.append(0.0 if flat else (a - mean) / (std + (GROUP_STD_FLOOR if norm == "group" else 1e-8)))
-    assert got == pytest.approx(expected, abs=1e-4)
-    batch_groups = [g for m in micro for g in m.groups.tolist()]
-    flat_advantages = [x for x, g in zip(got, batch_groups, strict=True) if g == 1]
-    flat_mean = sum(flat_advantages) / len(flat_advantages)
-    if norm == "group":  # what the critic got wrong about this prompt is not a signal
-        assert flat_advantages == [0.0] * len(flat_advantages)
-        solved = [x for x, g in zip(got, batch_groups, strict=True) if g == 0]
-        assert abs(sum(solved) / len(solved)) < 1e-4 and max(solved) > 1.0
-    else:  # the solved group's success raises the batch mean: every flat answer looks worse than average
-        assert flat_mean < -0.1
+    got = estimated(torch.tensor([0.2, 0.9, 0.5, 0.1], dtype=torch.float64), "passk").tolist()
+    std = statistics.pstdev([0.2, 0.9, 0.5, 0.1])
+    assert got == pytest.approx([0.0, 0.4 / (std + 1e-6), 0.0, 0.0], abs=1e-9)
 
 
-def _naive_gae(rewards, values, gamma, lam):
-    out, running = [0.0] * len(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        following = values[t + 1] if t + 1 < len(values) else 0.0
-        running = rewards[t] + gamma * following - values[t] + gamma * lam * running
-        out[t] = running
-    return out
+def test_reinforce_pp_whitens_the_group_baselines_over_every_token_of_the_batch():
+    def group(task: str, rewards: list[float], tokens: list[int]) -> list[Trajectory]:
+        return [
+            Trajectory(id=f"{task}{i}", task_id=task, turns=[_turn_of(n)], reward=r)
+            for i, (r, n) in enumerate(zip(rewards, tokens, strict=True))
+        ]
+
+    groups = [group("a", [1.0, 0.0], [2, 3]), group("b", [0.5, 0.0, 1.0], [1, 1, 2])]
+    batch = build_batch(groups, estimator="reinforce_pp")
+    baselines = [0.5, -0.5, 0.0, -0.5, 0.5]  # each reward minus its group's mean
+    per_token = [b for b, n in zip(baselines, [2, 3, 1, 1, 2], strict=True) for _ in range(n)]
+    mean, std = sum(per_token) / len(per_token), statistics.pstdev(per_token)
+    got = [a for s in batch.sequences for a in s.advantages]
+    assert got == pytest.approx([(a - mean) / (std + 1e-8) for a in per_token], abs=1e-9)
+    assert abs(sum(got)) < 1e-9
+
+
+def _turn_of(completion_tokens: int) -> Turn:
+    return _turn([1, 2, 3], list(range(10, 10 + completion_tokens)), [0] * completion_tokens)

@@ -1,4 +1,4 @@
-"""The learner's attention (``learner.attention``): repeating grouped key/value heads changes no
+"""The learner's attention (``learner.policy``): repeating grouped key/value heads changes no
 log-prob and no gradient, chain by chain (a cache of ancestors' keys and values) and as one dense tree.
 
 On a GPU in fp32 this is the path every learner step takes (transformers' grouped SDPA would fall
@@ -14,9 +14,9 @@ import random
 import pytest
 import torch
 
-from agentjet_server.learner.attention import NAME, learner_sdpa, register
 from agentjet_server.learner.batch import Sequence
 from agentjet_server.learner.packing import pack
+from agentjet_server.learner.policy import NAME, learner_sdpa, register
 from agentjet_server.learner.trainer import Learner, LearnerConfig
 
 

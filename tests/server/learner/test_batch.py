@@ -51,3 +51,22 @@ def test_ppo_places_turn_rewards_and_the_episode_reward_on_tokens():
     assert main.rewards == [0.0, 0.0, 0.5, 0.0, -0.25 + 1.0]
     assert side.rewards == [2.0]
     assert batch.skipped_groups == 0 and main.advantages == [0.0] * 5  # the learner computes them (GAE)
+
+
+def test_a_truncated_episode_counts_in_its_groups_baseline_and_trains_no_token():
+    """--mask-truncated (DAPO's overlong filtering): the cut-off answer is not trained, and its reward still sets
+    the others' baseline."""
+    from agentjet_client.protocol import Trajectory
+    from tests.server.learner.groups import _turn
+
+    def episode(i: int, reward: float, finish: str) -> Trajectory:
+        turn = _turn([1, 2, 3], [10 + i, 20 + i], [0, 0]).model_copy(update={"finish_reason": finish})
+        return Trajectory(id=f"e{i}", task_id="t", turns=[turn], reward=reward)
+
+    group = [episode(0, 1.0, "stop"), episode(1, 0.0, "length"), episode(2, 0.0, "stop"), episode(3, 1.0, "stop")]
+    kept = build_batch([group])
+    masked = build_batch([group], mask_truncated=True)
+    assert len(kept.sequences) == 4 and kept.truncated == 0
+    assert len(masked.sequences) == 3 and masked.truncated == 1
+    assert [e.id for e in masked.included] == ["e0", "e2", "e3"]
+    assert [s.advantages[0] for s in masked.sequences] == [kept.sequences[i].advantages[0] for i in (0, 2, 3)]

@@ -46,6 +46,10 @@ CASES = [
     # DPO: pairs split between micro-batches and ranks (their weights need every rank's sums), scored on
     # both ranks first, at a learning rate of the batch's own
     (["--mode", "dpo", "--micro-batch-tokens", "60"], 1e-4),
+    # a sequence's ratio (GSPO) and a per-sequence normaliser: every sequence whole on one rank, the counts
+    # the whole mini-batch's on both; small micro-batches, so some ranks pad with idle passes
+    (["--policy-loss", "gspo", "--loss-aggregation", "seq-mean-token-mean", "--micro-batch-tokens", "60"], 1e-4),
+    (["--policy-loss", "cispo", "--loss-aggregation", "seq-mean-token-sum-norm"], 1e-4),
 ]
 ROUND_TRIPS = [[], ["--algorithm", "ppo"]]
 

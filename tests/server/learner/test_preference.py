@@ -12,7 +12,7 @@ import torch
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.learner.preference import pairs_batch, preference_pair
-from agentjet_server.learner.trainer import Learner, LearnerConfig, score
+from agentjet_server.learner.trainer import Learner, LearnerConfig
 from tests.server.learner.test_supervised import WORDS, runs
 
 
@@ -77,7 +77,7 @@ def reference_for(chat: ChatTokenizer, learner: Learner, pairs: list[dict], shif
     """The pairs with reference log-probs: their scores now, the chosen ones' moved by ``-shift``, 0 or
     ``shift`` (and a little more, so that no margin is 0)."""
     scored, _ = pairs_batch(chat, pairs, train=False)
-    logps = score(learner, scored).tolist()
+    logps = learner.score(scored).tolist()
     return [
         {
             **pair,

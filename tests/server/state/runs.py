@@ -40,11 +40,12 @@ def make_trajectories(vocab: int, steps: int, seed: int = 0) -> list[Trajectory]
     return out
 
 
-def runtime(model_dir: Path, state_dir: Path, **extra: object) -> SwarmRuntime:
+def runtime(model_dir: Path, state_dir: Path, start: bool = True, **extra: object) -> SwarmRuntime:
+    """A runtime over the embedded model (``start`` False: built, its learner not started yet)."""
     options: dict[str, object] = {"group_size": GROUP, "batch_groups": GROUPS, "max_staleness": 1000, "lr": 1e-2}
     settings = ServerSettings(state_dir=state_dir, **{**options, **extra})  # type: ignore[arg-type]
     engine = TransformersEngine(model_dir, EngineOptions(model_name="agentjet-tiny"))
-    return create_runtime(engine, settings, str(model_dir))
+    return create_runtime(engine, settings, str(model_dir), start=start)
 
 
 def critic(rt: SwarmRuntime) -> dict[str, torch.Tensor]:

@@ -205,12 +205,14 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     first.close(checkpoint=False)  # the crash: what the learner did after step K is gone
     assert first.loop.learner.steps > K
 
-    resumed = start(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True, algorithm=algorithm)
+    resumed = start(model_dir, tmp_path / "crashy", checkpoint_every=K, resume=True, algorithm=algorithm, start=False)
     try:
+        # looked at before the learner starts: the replayed batches would move it on at once
         assert resumed.loop.learner.steps == K and resumed.version == K  # numbering continues
         assert resumed.status().learner.last_checkpoint_step == K
         assert resumed.engine.version == K
         assert resumed.replayed == half  # the checkpoint had nothing buffered; the rest is replayed
+        resumed.start()
         wait_for(lambda: resumed.loop.learner.steps == 2 * K, "K more steps")
         time.sleep(0.3)  # nothing more would be trained (nothing left to train twice)
         assert resumed.loop.learner.steps == 2 * K and resumed.buffer.buffered == 0

@@ -57,12 +57,14 @@ def resume_from_the_bucket(model_dir, bucket, dead: SwarmRuntime, tmp_path, stra
     the checkks every restore test makes."""
     run_id, key = dead.run_id, (dead.state.root / SAMPLE_KEY).read_bytes()  # type: ignore[union-attr]
     shutil.rmtree(dead.state.root)  # type: ignore[union-attr]
-    resumed = mirrored(model_dir, tmp_path / "new-machine", bucket, resume=True)
+    resumed = mirrored(model_dir, tmp_path / "new-machine", bucket, resume=True, start=False)
     try:
         assert resumed.run_id == run_id and (tmp_path / "new-machine" / SAMPLE_KEY).read_bytes() == key
         assert not (tmp_path / "new-machine" / MARKER).exists()
+        # looked at before the learner starts: the replayed batches would move it on at once
         assert resumed.loop.learner.steps == K and resumed.version == K
         assert resumed.replayed == HALF  # everything acknowledged after the checkpoint came back from the bucket
+        resumed.start()
         wait_for(lambda: resumed.loop.learner.steps == 2 * K and resumed.version == 2 * K, "K more steps")
         diff = max_diff(weights(resumed), straight)
         print(f"restore from the bucket: max |w_restored - w_straight| = {diff:.3g} after {2 * K} steps")

@@ -31,11 +31,11 @@ from typing import Any, Literal
 import httpx2
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from agentjet_client.episode import Episode, EpisodeContext
+from agentjet_client.capture.episode import Episode, EpisodeContext
+from agentjet_client.capture.proxy import CaptureProxy
 from agentjet_client.errors import RejectedRequest, ServerError, ServerStarting, ServerUnreachable
 from agentjet_client.protocol import (
     STARTING,
-    STARTING_RETRY_S,
     ClientReport,
     ErrorResponse,
     ServerStatus,
@@ -44,7 +44,6 @@ from agentjet_client.protocol import (
     TrajectoryBatchResult,
     check_agent_name,
 )
-from agentjet_client.proxy import CaptureProxy
 
 MAX_SUBMIT_BATCH = 256
 
@@ -305,26 +304,3 @@ class SwarmClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def wait_until_serving(
-    client: SwarmClient,
-    server: str | None = None,
-    say: Callable[[str], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> ServerStatus:
-    """The server's status once it serves: while it answers that it is still starting (building or
-    loading its model) this waits, telling ``say`` what it does when that changes (at most every
-    20 s). A server that cannot be reached raises as ``client.status`` does."""
-    said, said_at = "", 0.0
-    while True:
-        try:
-            return client.status(server, retry=False)
-        except ServerStarting as exc:
-            phase = exc.message.split(" (for ")[0]
-            if say is not None and phase != said and time.monotonic() - said_at >= 20.0:
-                say(exc.message)
-                said, said_at = phase, time.monotonic()
-            sleep(STARTING_RETRY_S)
-        except (ServerUnreachable, ServerError):
-            return client.status(server)

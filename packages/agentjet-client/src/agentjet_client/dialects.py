@@ -102,51 +102,72 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(items, list):
         raise DialectError("'input' must be a string or a list of items", "input")
     for k, item in enumerate(items):
-        where = f"input[{k}]"
-        if not isinstance(item, dict):
-            raise DialectError(f"{where} must be an object", where)
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise DialectError(f"{where}.role must be user, system, developer or assistant", f"{where}.role")
-            kinds = ("output_text", "refusal") if role == "assistant" else ("input_text", "output_text")
-            text = _text_of(item.get("content"), f"{where}.content", kinds)
-            if role == "assistant" and messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
-                messages[-1]["content"] = text  # text that follows a reasoning item of the same turn
-            else:
-                messages.append({"role": "system" if role == "developer" else role, "content": text})
-        elif kind == "function_call":
-            call_id, name = str(item.get("call_id") or item.get("id") or ""), str(item.get("name") or "")
-            if not call_id or not name:
-                raise DialectError(f"{where} (a function_call) needs call_id and name", where)
-            arguments = _arguments(item.get("arguments", "{}"), f"{where}.arguments")
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":  # calls of one turn join its message
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text_of(output, f"{where}.output", ("input_text",))
-            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
-        elif kind == "reasoning":
-            # the turn's reasoning: the chat template decides whether the history shows it
-            parts = item.get("content") or []
-            thought = "".join(
-                str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
-            )
-            if thought:
-                messages.append({"role": "assistant", "content": "", "reasoning_content": thought})
-        elif kind == "item_reference":
-            raise DialectError(RESPONSES_STATELESS.format(what="item references"), where)
-        else:
-            raise DialectError(
-                f"{where} is a {kind!r} item; this server takes message, function_call and function_call_output items",
-                f"{where}.type",
-            )
+        _responses_item(item, f"input[{k}]", messages)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    _responses_tools(body, chat)
+    _copy_set(body, chat, (("max_tokens", "max_output_tokens"), ("temperature", "temperature"), ("top_p", "top_p")))
+    if body.get("top_logprobs"):
+        chat["logprobs"], chat["top_logprobs"] = True, body["top_logprobs"]
+    text_format = (body.get("text") or {}).get("format") or {}
+    if text_format.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif text_format.get("type") == "json_schema":  # Responses' flat form; chat nests it under json_schema
+        spec = {key: text_format[key] for key in ("name", "schema", "strict", "description") if key in text_format}
+        chat["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif text_format.get("type") not in (None, "text"):
+        raise DialectError("text.format type must be text, json_object or json_schema", "text.format")
+    return chat
+
+
+def _responses_item(item: Any, where: str, messages: list[dict[str, Any]]) -> None:
+    """One ``input`` item of a Responses request, added to ``messages`` as the chat messages it means."""
+    if not isinstance(item, dict):
+        raise DialectError(f"{where} must be an object", where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "system", "developer", "assistant"):
+            raise DialectError(f"{where}.role must be user, system, developer or assistant", f"{where}.role")
+        kinds = ("output_text", "refusal") if role == "assistant" else ("input_text", "output_text")
+        text = _text_of(item.get("content"), f"{where}.content", kinds)
+        if role == "assistant" and messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+            messages[-1]["content"] = text  # text that follows a reasoning item of the same turn
+        else:
+            messages.append({"role": "system" if role == "developer" else role, "content": text})
+    elif kind == "function_call":
+        call_id, name = str(item.get("call_id") or item.get("id") or ""), str(item.get("name") or "")
+        if not call_id or not name:
+            raise DialectError(f"{where} (a function_call) needs call_id and name", where)
+        arguments = _arguments(item.get("arguments", "{}"), f"{where}.arguments")
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant":  # calls of one turn join its message
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else _text_of(output, f"{where}.output", ("input_text",))
+        messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+    elif kind == "reasoning":
+        # the turn's reasoning: the chat template decides whether the history shows it
+        parts = item.get("content") or []
+        thought = "".join(
+            str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
+        )
+        if thought:
+            messages.append({"role": "assistant", "content": "", "reasoning_content": thought})
+    elif kind == "item_reference":
+        raise DialectError(RESPONSES_STATELESS.format(what="item references"), where)
+    else:
+        raise DialectError(
+            f"{where} is a {kind!r} item; this server takes message, function_call and function_call_output items",
+            f"{where}.type",
+        )
+
+
+def _responses_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """A Responses request's function tools and tool choice, in the chat request's form."""
     tools = []
     for k, tool in enumerate(body.get("tools") or []):
         if not isinstance(tool, dict) or tool.get("type") != "function":
@@ -166,18 +187,6 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif choice is not None:
         chat["tool_choice"] = choice
-    _copy_set(body, chat, (("max_tokens", "max_output_tokens"), ("temperature", "temperature"), ("top_p", "top_p")))
-    if body.get("top_logprobs"):
-        chat["logprobs"], chat["top_logprobs"] = True, body["top_logprobs"]
-    text_format = (body.get("text") or {}).get("format") or {}
-    if text_format.get("type") == "json_object":
-        chat["response_format"] = {"type": "json_object"}
-    elif text_format.get("type") == "json_schema":  # Responses' flat form; chat nests it under json_schema
-        spec = {key: text_format[key] for key in ("name", "schema", "strict", "description") if key in text_format}
-        chat["response_format"] = {"type": "json_schema", "json_schema": spec}
-    elif text_format.get("type") not in (None, "text"):
-        raise DialectError("text.format type must be text, json_object or json_schema", "text.format")
-    return chat
 
 
 def responses_answer(response: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -233,65 +242,79 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             raise DialectError(f"{where}.role must be user or assistant", f"{where}.role")
         blocks = _blocks(message.get("content"), f"{where}.content")
         if role == "assistant":
-            said: list[str] = []
-            thoughts: list[str] = []
-            calls: list[dict[str, Any]] = []
-            for j, block in enumerate(blocks):
-                kind = block["type"]
-                if kind == "text":
-                    said.append(str(block.get("text") or ""))
-                elif kind == "tool_use":
-                    call_input = block.get("input", {})
-                    calls.append(
-                        {
-                            "id": str(block.get("id") or ""),
-                            "type": "function",
-                            "function": {
-                                "name": str(block.get("name") or ""),
-                                "arguments": _arguments(call_input, f"{where}.content[{j}].input"),
-                            },
-                        }
-                    )
-                elif kind == "thinking":
-                    thoughts.append(str(block.get("thinking") or ""))  # the template decides whether it shows
-                elif kind == "redacted_thinking":
-                    continue  # nothing readable: the sampled reasoning is in the turn's tokens
-                else:
-                    raise DialectError(
-                        f"{where}.content[{j}] is a {kind!r} block; assistant turns hold text and tool_use here",
-                        f"{where}.content[{j}]",
-                    )
-            out: dict[str, Any] = {"role": "assistant", "content": "".join(said)}
-            if "".join(thoughts):
-                out["reasoning_content"] = "".join(thoughts)
-            if calls:
-                out["tool_calls"] = calls
-            messages.append(out)
-            continue
-        pending: list[str] = []
-        for j, block in enumerate(blocks):
-            kind = block["type"]
-            if kind == "text":
-                pending.append(str(block.get("text") or ""))
-            elif kind == "tool_result":
-                if pending:
-                    messages.append({"role": "user", "content": "".join(pending)})
-                    pending = []
-                result = _tool_result_text(block.get("content"), f"{where}.content[{j}].content")
-                messages.append(
-                    {"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": result}
-                )
-            else:
-                raise DialectError(
-                    f"{where}.content[{j}] is a {kind!r} block; user turns hold text and tool_result here",
-                    f"{where}.content[{j}]",
-                )
-        if pending or not blocks:
-            messages.append({"role": "user", "content": "".join(pending)})
+            messages.append(_assistant_turn(blocks, where))
+        else:
+            messages += _user_turn(blocks, where)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     if body.get("max_tokens") is None:
         raise DialectError("'max_tokens' is required (the Messages API has no default)", "max_tokens")
     chat["max_tokens"] = body["max_tokens"]
+    _messages_tools(body, chat)
+    _copy_set(body, chat, (("temperature", "temperature"), ("top_p", "top_p")))
+    if body.get("top_k") not in (None, 0, -1):
+        raise DialectError("top_k is not supported; leave it out", "top_k")
+    stops = body.get("stop_sequences")
+    if stops:
+        chat["stop"] = stops
+    return chat
+
+
+def _assistant_turn(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """An assistant turn's blocks (text, tool_use, thinking) as one chat message."""
+    said: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        kind = block["type"]
+        if kind == "text":
+            said.append(str(block.get("text") or ""))
+        elif kind == "tool_use":
+            arguments = _arguments(block.get("input", {}), f"{where}.content[{j}].input")
+            function = {"name": str(block.get("name") or ""), "arguments": arguments}
+            calls.append({"id": str(block.get("id") or ""), "type": "function", "function": function})
+        elif kind == "thinking":
+            thoughts.append(str(block.get("thinking") or ""))  # the template decides whether it shows
+        elif kind == "redacted_thinking":
+            continue  # nothing readable: the sampled reasoning is in the turn's tokens
+        else:
+            raise DialectError(
+                f"{where}.content[{j}] is a {kind!r} block; assistant turns hold text and tool_use here",
+                f"{where}.content[{j}]",
+            )
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(said)}
+    if "".join(thoughts):
+        out["reasoning_content"] = "".join(thoughts)
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _user_turn(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """A user turn's blocks as chat messages: its text, and a tool message per tool_result (in order)."""
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for j, block in enumerate(blocks):
+        kind = block["type"]
+        if kind == "text":
+            pending.append(str(block.get("text") or ""))
+        elif kind == "tool_result":
+            if pending:
+                messages.append({"role": "user", "content": "".join(pending)})
+                pending = []
+            result = _tool_result_text(block.get("content"), f"{where}.content[{j}].content")
+            messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": result})
+        else:
+            raise DialectError(
+                f"{where}.content[{j}] is a {kind!r} block; user turns hold text and tool_result here",
+                f"{where}.content[{j}]",
+            )
+    if pending or not blocks:
+        messages.append({"role": "user", "content": "".join(pending)})
+    return messages
+
+
+def _messages_tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """A Messages request's client tools and tool choice, in the chat request's form."""
     tools = []
     for k, tool in enumerate(body.get("tools") or []):
         if not isinstance(tool, dict) or "input_schema" not in tool or tool.get("type") not in (None, "custom"):
@@ -316,13 +339,6 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
         else:
             raise DialectError("tool_choice must be {type: auto | any | none} or {type: tool, name}", "tool_choice")
-    _copy_set(body, chat, (("temperature", "temperature"), ("top_p", "top_p")))
-    if body.get("top_k") not in (None, 0, -1):
-        raise DialectError("top_k is not supported; leave it out", "top_k")
-    stops = body.get("stop_sequences")
-    if stops:
-        chat["stop"] = stops
-    return chat
 
 
 def messages_answer(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:

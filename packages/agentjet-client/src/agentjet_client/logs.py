@@ -88,3 +88,15 @@ def configure_logging(level: str, fmt: LogFormat = "text", handler: logging.Hand
         logging.basicConfig(level=level.upper(), handlers=[handler])
     else:
         logging.basicConfig(level=level.upper(), format=TEXT_FORMAT)
+
+
+def console_logging(level: str, console: Any, fmt: LogFormat = "text") -> None:
+    """``configure_logging`` for a command that draws on ``console`` (a rich ``Console``): on a terminal, in
+    text, log lines go above its live progress line, not through it."""
+    handler: logging.Handler | None = None
+    if console.is_terminal and fmt == "text":
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=console, show_path=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    configure_logging(level, fmt, handler)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
-from agentjet_client.extras import extra_hint
+from agentjet_client.errors import extra_hint
 
 logger = logging.getLogger(__name__)
 

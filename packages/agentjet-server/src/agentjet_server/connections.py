@@ -105,103 +105,107 @@ class Guards:
 
 def guarded_protocol(guards: Guards) -> type[H11Protocol]:
     """uvicorn's h11 protocol with ``guards`` applied; pass it as ``uvicorn.Config(http=...)``."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"guards": guards})
 
-    class GuardedH11Protocol(H11Protocol):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._header_timer: asyncio.TimerHandle | None = None
-            self._write_timer: asyncio.TimerHandle | None = None
-            self.idle_since = time.monotonic()
 
-        # -- the cap -----------------------------------------------------------------------
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > guards.max_connections and not self._make_room():
-                guards.refused += 1
-                logger.warning("connection refused: %d connections open, none idle", len(self.connections) - 1)
-                transport.write(BUSY)
-                transport.close()
-                return
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with ``guards`` applied (``guarded_protocol`` makes one class per ``Guards``)."""
+
+    guards: Guards
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self.idle_since = time.monotonic()
+
+    # -- the cap -----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.guards.max_connections and not self._make_room():
+            self.guards.refused += 1
+            logger.warning("connection refused: %d connections open, none idle", len(self.connections) - 1)
+            transport.write(BUSY)
+            transport.close()
+            return
+        self._arm_header_timer()
+
+    def _make_room(self) -> bool:
+        """Close the longest-idle connection (one not in a request: waiting for, or trickling
+        in, its next request's headers)."""
+        while self.guards.idle:
+            oldest, _ = self.guards.idle.popitem(last=False)
+            if oldest.transport.is_closing():
+                continue
+            self.guards.evicted += 1
+            logger.warning(
+                "at the connection limit (%d): closing the longest-idle connection", self.guards.max_connections
+            )
+            oldest.transport.close()
+            return True
+        return False
+
+    def _now_idle(self) -> None:
+        self.idle_since = time.monotonic()
+        self.guards.idle[self] = None
+        self.guards.idle.move_to_end(self)
+
+    def _now_busy(self) -> None:
+        self.guards.idle.pop(self, None)
+
+    # -- headers -----------------------------------------------------------------------
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._now_idle()
+        self._header_timer = self.loop.call_later(self.guards.header_timeout, self._headers_too_slow)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.guards.header_timeouts += 1
+            logger.info("closing a connection that sent no complete request in %gs", self.guards.header_timeout)
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # (this also stops uvicorn's keep-alive timer)
+        if self.conn.their_state is not h11.IDLE:
+            self._cancel_header_timer()  # the headers are in; the body has its own deadline
+            self._now_busy()
+        elif self._header_timer is None and not self.transport.is_closing():
             self._arm_header_timer()
 
-        def _make_room(self) -> bool:
-            """Close the longest-idle connection (one not in a request: waiting for, or trickling
-            in, its next request's headers)."""
-            while guards.idle:
-                oldest, _ = guards.idle.popitem(last=False)
-                if oldest.transport.is_closing():
-                    continue
-                guards.evicted += 1
-                logger.warning(
-                    "at the connection limit (%d): closing the longest-idle connection", guards.max_connections
-                )
-                oldest.transport.close()
-                return True
-            return False
-
-        def _now_idle(self) -> None:
-            self.idle_since = time.monotonic()
-            guards.idle[self] = None
-            guards.idle.move_to_end(self)
-
-        def _now_busy(self) -> None:
-            guards.idle.pop(self, None)
-
-        # -- headers -----------------------------------------------------------------------
-        def _arm_header_timer(self) -> None:
-            self._cancel_header_timer()
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # arms uvicorn's keep-alive timer for the idle wait
+        if not self.transport.is_closing():
             self._now_idle()
-            self._header_timer = self.loop.call_later(guards.header_timeout, self._headers_too_slow)
 
-        def _cancel_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+    # -- readers that stop reading -------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.guards.write_timeout, self._reader_too_slow)
 
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                guards.header_timeouts += 1
-                logger.info("closing a connection that sent no complete request in %gs", guards.header_timeout)
-                self.transport.close()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)  # (this also stops uvicorn's keep-alive timer)
-            if self.conn.their_state is not h11.IDLE:
-                self._cancel_header_timer()  # the headers are in; the body has its own deadline
-                self._now_busy()
-            elif self._header_timer is None and not self.transport.is_closing():
-                self._arm_header_timer()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()  # arms uvicorn's keep-alive timer for the idle wait
-            if not self.transport.is_closing():
-                self._now_idle()
-
-        # -- readers that stop reading -------------------------------------------------------
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._write_timer is None:
-                self._write_timer = self.loop.call_later(guards.write_timeout, self._reader_too_slow)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._write_timer is not None:
-                self._write_timer.cancel()
-                self._write_timer = None
-
-        def _reader_too_slow(self) -> None:
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
             self._write_timer = None
-            guards.write_timeouts += 1
-            logger.info("closing a connection that read nothing for %gs (its answer is dropped)", guards.write_timeout)
-            self.transport.abort()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
-            self._now_busy()  # (gone: no longer a candidate to make room)
-            if self._write_timer is not None:
-                self._write_timer.cancel()
-                self._write_timer = None
-            super().connection_lost(exc)
+    def _reader_too_slow(self) -> None:
+        self._write_timer = None
+        self.guards.write_timeouts += 1
+        logger.info("closing a connection that read nothing for %gs (its answer is dropped)", self.guards.write_timeout)
+        self.transport.abort()
 
-    return GuardedH11Protocol
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        self._now_busy()  # (gone: no longer a candidate to make room)
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().connection_lost(exc)

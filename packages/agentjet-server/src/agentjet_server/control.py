@@ -52,8 +52,17 @@ def learner_config(settings: ServerSettings, base: LearnerConfig | None = None) 
         max_grad_norm=settings.max_grad_norm,
         entropy_coef=settings.entropy_coef,
         algorithm=settings.algorithm,
+        advantage=settings.advantage or ("gae" if settings.algorithm == "ppo" else "grpo"),
+        mask_truncated=settings.mask_truncated,
         off_policy=settings.off_policy,
         is_cap=settings.is_cap,
+        policy_loss=settings.policy_loss,
+        cispo_cap=settings.cispo_cap,
+        sapo_tau_pos=settings.sapo_tau_pos,
+        sapo_tau_neg=settings.sapo_tau_neg,
+        dro_beta=settings.dro_beta,
+        loss_aggregation=settings.loss_aggregation,
+        loss_norm_length=settings.loss_norm_length,
         kl_coef=settings.kl_coef,
         distill_coef=settings.distill_coef if settings.teacher is not None else 0.0,
         distill_loss=settings.distill_loss,
@@ -154,7 +163,7 @@ class Controller:
         """Hand ``settings``' live values to the parts that use them (also at start, after a resume)."""
         if self.loop.learner is not None:  # --serve-only: no learner to configure
             self.loop.reconfigure(learner_config(settings, self.loop.learner.config))
-        self.loop.checkpoint_every = settings.checkpoint_every
+        self.loop.checkpoints.every = settings.checkpoint_every
         self.store.max_staleness = settings.max_staleness
         self.loop.max_staleness = settings.max_staleness
         self.loop.stale_policy = settings.stale_policy
@@ -218,8 +227,8 @@ class Controller:
         """Take another run's checkpoint (weights and optimizer state) after the step in progress,
         keep this run's settings and step count, serve it as a new policy version, checkpoint
         (call from a worker thread). Population-based training's exploit step."""
-        from agentjet_server.learner.loop import adopt
         from agentjet_server.learner.resume import check_donor
+        from agentjet_server.learner.training import adopt
         from agentjet_server.state.checkpoint import read_checkpoint
 
         learner = self.loop.learner

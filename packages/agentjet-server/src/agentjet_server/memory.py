@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from agentjet_server.model_shape import ModelShape
+
 GIB = 1 << 30
 KV_TOKENS = 2048  # context per concurrent sequence the transformers engine's KV cache is planned for
 MERGED = "merged weights for the engine"
@@ -50,44 +52,6 @@ SLEEPING_BYTES = int(0.5 * GIB)
 
 DType = Literal["float32", "bfloat16"]
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan needs to know about a model: its size and the shape of its layers."""
-
-    parameters: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModelShape:
-        """Read the config and count the parameters of a model built on the meta device."""
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config: Any = AutoConfig.from_pretrained(str(path))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
-        parameters = sum(p.numel() for p in model.parameters())
-        text: Any = getattr(config, "text_config", None) or config
-        hidden = int(text.hidden_size)
-        heads = int(text.num_attention_heads)
-        return cls(
-            parameters=parameters,
-            hidden=hidden,
-            intermediate=int(getattr(text, "intermediate_size", 4 * hidden)),
-            layers=int(text.num_hidden_layers),
-            heads=heads,
-            kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
-            vocab=int(text.vocab_size),
-        )
 
 
 @dataclass(frozen=True)
@@ -274,10 +238,38 @@ def layer_parameters(shape: ModelShape) -> int:
 
 
 def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
+    """What the learner holds: its state (``_state_items``), what offloading gathers, precision copies, the
+    frozen models, and one micro-batch's activations (``_activation_items``)."""
+    p = shape.parameters
+    w = _BYTES[layout.optimizer_dtype]
+    compute = _BYTES[layout.learner_dtype]
+    host = layout.cpu_offload
+    items = _state_items(shape, layout)
+    if host:
+        # FSDP2 gathers a unit's whole weights onto the device to compute it (the root: embeddings,
+        # final norm, head; and each decoder layer with the next one prefetched) and reduces its
+        # gradients there before they go to host memory
+        layer = layer_parameters(shape)
+        root = max(0, p - shape.layers * layer)
+        gathered = (root + 2 * layer) * w
+        items.append(Item("gathered weights", gathered, "the root and two decoder layers at a time", phase="step"))
+        items.append(Item("gathered gradients", gathered, "before they move to host memory", phase="step"))
+    if compute < w:
+        items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass", phase="step"))
+    if layout.reference:
+        items.append(Item("reference model", p * compute, "frozen, for the KL penalty"))
+    if layout.teacher_parameters:
+        teacher = layout.teacher_parameters
+        items.append(Item("teacher model", teacher * compute, f"frozen, for distillation: {teacher / 1e6:.1f}M"))
+    return items + _activation_items(shape, layout)
+
+
+def _state_items(shape: ModelShape, layout: Layout) -> list[Item]:
+    """The learner's weights, what it trains of them, their gradients and AdamW state, and what it hands the
+    engine: a full fine-tune, one LoRA adapter, or an adapter per agent."""
     p = shape.parameters
     ranks = max(1, layout.learner_ranks)
     w = _BYTES[layout.optimizer_dtype]
-    compute = _BYTES[layout.learner_dtype]
     shard = f" (1/{ranks} per rank)" if ranks > 1 else ""
     host = layout.cpu_offload
     if layout.lora_rank and layout.adapters:  # an adapter per agent: each step trains one, the engine gets it alone
@@ -310,22 +302,13 @@ def learner_items(shape: ModelShape, layout: Layout) -> list[Item]:
             Item("gradients", p * w // ranks, phase="step", host=host),
             Item("AdamW state", 2 * p * w // ranks, f"two moments, {layout.optimizer_dtype}", host=host),
         ]
-    if host:
-        # FSDP2 gathers a unit's whole weights onto the device to compute it (the root: embeddings,
-        # final norm, head; and each decoder layer with the next one prefetched) and reduces its
-        # gradients there before they go to host memory
-        layer = layer_parameters(shape)
-        root = max(0, p - shape.layers * layer)
-        gathered = (root + 2 * layer) * w
-        items.append(Item("gathered weights", gathered, "the root and two decoder layers at a time", phase="step"))
-        items.append(Item("gathered gradients", gathered, "before they move to host memory", phase="step"))
-    if compute < w:
-        items.append(Item("bf16 weight copies", p * compute, "autocast keeps them for the backward pass", phase="step"))
-    if layout.reference:
-        items.append(Item("reference model", p * compute, "frozen, for the KL penalty"))
-    if layout.teacher_parameters:
-        teacher = layout.teacher_parameters
-        items.append(Item("teacher model", teacher * compute, f"frozen, for distillation: {teacher / 1e6:.1f}M"))
+    return items
+
+
+def _activation_items(shape: ModelShape, layout: Layout) -> list[Item]:
+    """One micro-batch's activations and attention, as a dense tree or chain by chain (whichever is larger)."""
+    compute = _BYTES[layout.learner_dtype]
+    items: list[Item] = []
     # a micro-batch of up to DENSE_TREE_MAX tokens runs as one dense tree (checkpointed layers: always,
     # in micro-batches of at most that size) and keeps softmax(QK^T) per head and layer; a larger one
     # runs chain by chain without it. The peak is the larger of the two cases.

@@ -11,6 +11,7 @@ import math
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,16 @@ from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.learner.teacher import RemoteTeacher, TeacherError
 from agentjet_server.learner.trainer import Learner
+from agentjet_server.learner.training import Training
 from agentjet_server.observe.inspection import RecentTrajectories
-from agentjet_server.observe.metrics import History, Snapshot, StepRecord, Telemetry, Ticker
+from agentjet_server.observe.metrics import History, Snapshot, Telemetry, Ticker
 from agentjet_server.observe.sinks import open_sinks
+from agentjet_server.observe.steps import StepRecord
 from agentjet_server.observe.tracing import record_ingest
+from agentjet_server.option_groups import TEACHER_KEY_ENV
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
 from agentjet_server.serving.parsing import load_parser
-from agentjet_server.settings import TEACHER_KEY_ENV, ServerSettings
+from agentjet_server.settings import ServerSettings
 from agentjet_server.state.checkpoint import METRICS_FILE, SAMPLE_KEY, StateDir
 from agentjet_server.state.mirror import StateMirror, open_state_dir
 from agentjet_server.state.recovery import LiveConfiguration, Recovery, restored_configuration
@@ -132,73 +136,59 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# the learner's part of /v1/status: settings shown as they are, and the loop's own counts
+STATUS_SETTINGS = ("algorithm", "batch_groups", "group_size", "max_staleness", "off_policy", "stale_policy")
+STATUS_COUNTS = ("skipped_batches", "stale_at_training", "downweighted_tokens")
+
+
 def learner_info(loop: TrainingLoop, settings: ServerSettings, step: int, checkpoint_step: int | None) -> LearnerInfo:
-    """The learner's part of ``/v1/status`` (``step``: read with the served version)."""
+    """The learner's part of ``/v1/status`` (``step``: read with the served version; the last step's figures
+    from the learner's ``StepStats``; a step on data, not episodes, has no mean reward)."""
     last = loop.last
     return LearnerInfo(
-        algorithm=settings.algorithm,
         step=step,
-        batch_groups=settings.batch_groups,
-        group_size=settings.group_size,
-        max_staleness=settings.max_staleness,
         last_loss=_finite(last.loss) if last else None,
         last_step_seconds=last.seconds if last else None,
-        last_mean_reward=_finite(last.mean_reward) if last else None,  # none: a step on data, not episodes
-        skipped_batches=loop.skipped_batches,
+        last_mean_reward=_finite(last.mean_reward) if last else None,
         last_error=loop.error,
         last_checkpoint_step=checkpoint_step,
-        off_policy=settings.off_policy,
-        stale_policy=settings.stale_policy,
-        stale_at_training=loop.stale_at_training,
-        downweighted_tokens=loop.downweighted_tokens,
         trained_token_lag={str(k): n for k, n in sorted(loop.trained_lag.items())},
+        **{name: getattr(settings, name) for name in STATUS_SETTINGS},
+        **{name: getattr(loop, name) for name in STATUS_COUNTS},
     )
+
+
+@dataclass
+class Opened:
+    """What ``create_runtime`` opened on disk for a runtime (all None for one without a state dir)."""
+
+    signer: SampleSigner  # signs each sample; its key outlives restarts (what was sampled before one still verifies)
+    history: History  # the metrics file and its sinks (TensorBoard, W&B)
+    parser: Any  # the tool-call and reasoning parsers of the model
+    state: StateDir | None = None
+    model_path: Path | None = None
+    live: LiveConfiguration | None = None  # settings changed through the admin API before a restart
+    log: TrajectoryLog | None = None
+    mirror: StateMirror | None = None  # --checkpoint-uri: the object store the run is mirrored to
 
 
 class SwarmRuntime:
     """One server's parts wired together: the engine and the chat and text services over it, the
     trajectory store and write-ahead log, the group buffer, the learner loop, checkpoints and
-    telemetry. ``create`` builds it from settings; the HTTP API (``api/``) calls into it."""
+    telemetry. ``create_runtime`` opens what it needs on disk and builds it; the HTTP API (``api/``) calls
+    into it."""
 
     def __init__(
-        self,
-        engine: Engine,
-        settings: ServerSettings,
-        learner: Learner | None,
-        vocab_size: int,
-        state: StateDir | None = None,
-        model_path: Path | None = None,
-        live: LiveConfiguration | None = None,
-        log: TrajectoryLog | None = None,
-        mirror: StateMirror | None = None,
+        self, engine: Engine, settings: ServerSettings, learner: Learner | None, vocab: int, on: Opened
     ) -> None:
-        self.engine = engine
-        self.mirror = mirror  # --checkpoint-uri: the object store the run is mirrored to
-        self.settings = settings
-        self.state = state
+        self.engine, self.settings, self.model_path = engine, settings, on.model_path
+        self.state, self.log, self.mirror, self.signer = on.state, on.log, on.mirror, on.signer
         # names this run for clients (their spool is keyed by it): the state dir's, else this process's
-        self.run_id = state.run_id if state is not None else uuid.uuid4().hex[:16]
-        set_static_ids(run_id=self.run_id)  # --log-format json: on every line
-        self.model_path = model_path
-        # the key outlives restarts (what was sampled before one still verifies, also when the
-        # server died before anything was pushed); --fresh discards it with the run
-        self.signer = (
-            SampleSigner.load(state.root / SAMPLE_KEY, renew=settings.fresh)
-            if state is not None
-            else SampleSigner.random()
-        )
-        metrics_file = state.root / METRICS_FILE if state is not None and settings.metrics else None
-        if metrics_file is not None and state is not None and not state.resuming:
-            metrics_file.unlink(missing_ok=True)  # a new run: no earlier figures (a run that logged nothing)
-        sinks = (
-            open_sinks(settings.log_to, state.root, public_settings(settings))
-            if state is not None and settings.metrics
-            else []
-        )
-        self.telemetry = Telemetry(History(metrics_file, sinks))
+        self.run_id = on.state.run_id if on.state is not None else uuid.uuid4().hex[:16]
+        self.telemetry = Telemetry(on.history)
         self.prompts = PromptBuilder(
             engine,
-            parser=load_parser(model_path or Path(), settings.tool_call_parser, settings.reasoning_parser),
+            parser=on.parser,
             default_max_tokens=settings.default_max_tokens,
             max_token_entries=settings.max_request_token_entries,
             exact_sampling=settings.exact_sampling,
@@ -207,9 +197,8 @@ class SwarmRuntime:
         self.chat = ChatService(self.prompts, sampler, self.telemetry.tool_calls)
         self.text = TextService(self.prompts, sampler)
         self.buffer = GroupBuffer(settings.group_size, settings.batch_groups, group_timeout=settings.group_timeout_s)
-        self.log = log if log is not None else TrajectoryLog(state.log_dir) if state is not None else None
         self.store = TrajectoryStore(
-            vocab_size,
+            vocab,
             settings.max_staleness,
             self.buffer.add,
             self.log,
@@ -218,21 +207,8 @@ class SwarmRuntime:
             room=lambda count, size: self.admission.room(count, size),
             absent=self.buffer.add_absent,
         )
-        resumed = state.resumed if state is not None else None
-        self.recovery = (
-            Recovery(
-                state,
-                self.log,
-                self.store,
-                self.buffer,
-                model_path or Path(),
-                settings.keep_checkpoints,
-                settings.keep_recent_trajectories,
-                mirror,
-            )
-            if state is not None and self.log is not None
-            else None
-        )
+        self.recovery = self._recovery(on)
+        resumed = on.state.resumed if on.state is not None else None
         self.loop = TrainingLoop(
             learner,
             self.buffer,
@@ -248,6 +224,7 @@ class SwarmRuntime:
             stale_policy=settings.stale_policy,
         )
         self.admission = Admission(lambda: self.settings, self.buffer, self.store, self.loop)
+        self.training = Training(self.loop, engine.chat)
         self.control = Controller(
             get_settings=lambda: self.settings,
             set_settings=self._set_settings,
@@ -256,20 +233,34 @@ class SwarmRuntime:
             buffer=self.buffer,
             prompts=self.prompts,
             history=self.telemetry.history,
-            live=live or LiveConfiguration({}),
+            live=on.live or LiveConfiguration({}),
         )
-        self.replayed = (
-            self.recovery.replay(self.loop, settings.model_dump(mode="json"))
-            if self.recovery is not None and state is not None and state.resuming
-            else 0
-        )
+        self.replayed = 0  # trajectories of the log put back in the buffer on resuming (``create_runtime``)
         self.recent = RecentTrajectories(settings.keep_recent_trajectories)  # the dashboard's browser
-        if self.log is not None:
-            self.recent.load(self.log.directory)
         self.started = time.monotonic()
         self._ticker = Ticker(self.telemetry, self.snapshot, settings.metrics_interval_s) if settings.metrics else None
+
+    def _recovery(self, on: Opened) -> Recovery | None:
+        """Checkpoints and replay, with a state dir."""
+        if on.state is None or self.log is None:
+            return None
+        settings = self.settings
+        return Recovery(
+            on.state,
+            self.log,
+            self.store,
+            self.buffer,
+            on.model_path or Path(),
+            settings.keep_checkpoints,
+            settings.keep_recent_trajectories,
+            on.mirror,
+        )
+
+    def start(self) -> None:
+        """Training and the metrics' ticker start (a --serve-only server has no loop to start)."""
         if self._ticker is not None:
             self._ticker.start()
+        self.loop.start()
 
     def _set_settings(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -361,18 +352,24 @@ class SwarmRuntime:
     def close(self, checkpoint: bool = True) -> None:
         """Stop training (saving a last checkpoint unless ``checkpoint`` is False), then serving."""
         saving = checkpoint and self.state is not None
-        logger.warning("shutting down: the step in progress ends%s", ", then a last checkpoint" if saving else "")
+        if self.settings.serve_only:  # nothing was trained: no step to end, nothing to checkpoint
+            logger.warning("shutting down: the requests in flight end, then the engine")
+        else:
+            logger.warning("shutting down: the step in progress ends%s", ", then a last checkpoint" if saving else "")
         self.loop.close(checkpoint=checkpoint)
         version, step = self.loop.live
         newest = self.state.latest() if self.state is not None else None
-        logger.warning(
-            "stopped at step %d, policy v%d; %s",
-            step,
-            version,
-            f"newest checkpoint {newest.path.resolve()} (`up --resume` continues from it)"
-            if newest is not None
-            else "no checkpoint written",
-        )
+        if self.settings.serve_only:
+            logger.warning("stopped serving policy v%d (--serve-only: it never trains)", version)
+        else:
+            logger.warning(
+                "stopped at step %d, policy v%d; %s",
+                step,
+                version,
+                f"newest checkpoint {newest.path.resolve()} (`up --resume` continues from it)"
+                if newest is not None
+                else "no checkpoint written",
+            )
         if self._ticker is not None:
             self._ticker.close()
             self.telemetry.tick(self.snapshot())  # the run's last figures
@@ -392,10 +389,12 @@ def create_runtime(
     model_path: str,
     ctx: DistContext | None = None,
     state: StateDir | None = None,
+    start: bool = True,
 ) -> SwarmRuntime:
     """Open (or take) the state dir, restore the live configuration an earlier run was given through the
     admin API, build the learner (from the newest checkpoint when resuming), replay the log into the
-    buffer and start training; with ``--serve-only`` no learner and no training loop."""
+    buffer and start training (``start`` False: the caller calls ``SwarmRuntime.start``, say after looking
+    at what a resumed run restored); with ``--serve-only`` no learner and no training loop."""
     state = state or open_state_dir(settings)
     log: TrajectoryLog | None = None
     mirror = StateMirror(state.remote, state, settings) if state.remote is not None else None
@@ -403,42 +402,16 @@ def create_runtime(
         log = TrajectoryLog(state.log_dir)
         if mirror is not None:
             mirror.attach(log)
-        live = LiveConfiguration({})
-        if state.resuming:
-            live = restored_configuration(state, log)
-            if live.changed:
-                logger.warning(
-                    "restoring settings changed through the admin API before the restart: %s",
-                    ", ".join(f"{k}={v}" for k, v in live.changed.items()),
-                )
-                settings = settings.model_copy(update=live.changed)
-            if live.paused:
-                logger.warning("learning stays paused, as the admin API left it (agentjet-server admin resume)")
-        checkpoint = state.resumed
-        trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
-        learner = None if settings.serve_only else build_learner(settings, model_path, ctx, resume_from=trainer_state)
-        if checkpoint is not None and engine.adapters:
-            # an adapter per agent: the engine holds the base; each adapter's weights at its own version
-            assert trainer_state is not None
-            counts = checkpoint.meta.adapter_versions
-            for name, tensors in trainer_state["adapters"].items():
-                engine.update_named_adapter(name, tensors, counts.get(name, 0))
-        elif checkpoint is not None and engine.version != checkpoint.meta.version:
-            # an engine built from the original model: give it the checkpoint's weights and version
-            assert trainer_state is not None
-            if engine.serves_adapters:  # the base model, and the trained adapter
-                engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)
-            else:
-                engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
-        if learner is not None:
-            model: Any = learner.model
-            vocab = int(model.config.vocab_size)
-        else:  # --serve-only: a frozen model, served as it is (or as its newest checkpoint)
-            from transformers import AutoConfig
-
-            vocab = int(AutoConfig.from_pretrained(model_path).vocab_size)
-            logger.warning("serving only (--serve-only): pushed trajectories are refused and nothing is trained")
-        runtime = SwarmRuntime(engine, settings, learner, vocab, state, Path(model_path), live, log, mirror)
+        settings, live = _restored(state, log, settings)
+        learner, vocab = _learner(engine, settings, model_path, ctx, state)
+        set_static_ids(run_id=state.run_id)  # --log-format json: on every line
+        signer = SampleSigner.load(state.root / SAMPLE_KEY, renew=settings.fresh)  # --fresh: a new key
+        parser = load_parser(Path(model_path), settings.tool_call_parser, settings.reasoning_parser)
+        opened = Opened(signer, _history(settings, state), parser, state, Path(model_path), live, log, mirror)
+        runtime = SwarmRuntime(engine, settings, learner, vocab, opened)
+        if state.resuming and runtime.recovery is not None:
+            runtime.replayed = runtime.recovery.replay(runtime.loop, settings.model_dump(mode="json"))
+        runtime.recent.load(log.directory)
         if mirror is not None:
             mirror.upload_run_files(runtime.run_id)
     except BaseException:
@@ -448,5 +421,65 @@ def create_runtime(
             log.close()
         state.close()
         raise
-    runtime.loop.start()  # --serve-only: no loop to start
+    if start:
+        runtime.start()
     return runtime
+
+
+def _restored(
+    state: StateDir, log: TrajectoryLog, settings: ServerSettings
+) -> tuple[ServerSettings, LiveConfiguration]:
+    """The settings with what an earlier run was given through the admin API (when resuming), and that
+    configuration."""
+    if not state.resuming:
+        return settings, LiveConfiguration({})
+    live = restored_configuration(state, log)
+    if live.changed:
+        logger.warning(
+            "restoring settings changed through the admin API before the restart: %s",
+            ", ".join(f"{k}={v}" for k, v in live.changed.items()),
+        )
+        settings = settings.model_copy(update=live.changed)
+    if live.paused:
+        logger.warning("learning stays paused, as the admin API left it (agentjet-server admin resume)")
+    return settings, live
+
+
+def _learner(
+    engine: Engine, settings: ServerSettings, model_path: str, ctx: DistContext | None, state: StateDir
+) -> tuple[Learner | None, int]:
+    """The learner (none with --serve-only), from the newest checkpoint when resuming, the engine given that
+    checkpoint's weights, and the model's vocabulary size."""
+    checkpoint = state.resumed
+    trainer_state = checkpoint.trainer_state() if checkpoint is not None else None
+    learner = None if settings.serve_only else build_learner(settings, model_path, ctx, resume_from=trainer_state)
+    if checkpoint is not None and engine.adapters:
+        # an adapter per agent: the engine holds the base; each adapter's weights at its own version
+        assert trainer_state is not None
+        counts = checkpoint.meta.adapter_versions
+        for name, tensors in trainer_state["adapters"].items():
+            engine.update_named_adapter(name, tensors, counts.get(name, 0))
+    elif checkpoint is not None and engine.version != checkpoint.meta.version:
+        # an engine built from the original model: give it the checkpoint's weights and version
+        assert trainer_state is not None
+        if engine.serves_adapters:  # the base model, and the trained adapter
+            engine.update_adapter(trainer_state["adapter"], checkpoint.meta.version)
+        else:
+            engine.update_weights(trainer_state["weights"], checkpoint.meta.version)
+    if learner is not None:
+        model: Any = learner.model
+        return learner, int(model.config.vocab_size)
+    from transformers import AutoConfig  # --serve-only: a frozen model, served as it is (or as its newest checkpoint)
+
+    logger.warning("serving only (--serve-only): pushed trajectories are refused and nothing is trained")
+    return None, int(AutoConfig.from_pretrained(model_path).vocab_size)
+
+
+def _history(settings: ServerSettings, state: StateDir) -> History:
+    """The metrics file (emptied for a new run) and its sinks; nothing is written without --metrics."""
+    if not settings.metrics:
+        return History(None, [])
+    metrics_file = state.root / METRICS_FILE
+    if not state.resuming:
+        metrics_file.unlink(missing_ok=True)  # a new run: no earlier figures (a run that logged nothing)
+    return History(metrics_file, open_sinks(settings.log_to, state.root, public_settings(settings)))

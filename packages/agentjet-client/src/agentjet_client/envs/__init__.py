@@ -1,14 +1,13 @@
 """Environments people already have, run unchanged as AgentJet agents: ``gym`` (a gymnasium text
 environment), ``openenv`` (an OpenEnv environment over HTTP) and ``verifiers`` (a verifiers environment
-module), with the model's calls captured token-exact like any agent's. ``env_track`` is
+module), with the model's calls captured token-exact like any agent's. ``env_agent`` is the agent of
 ``agentjet-client run --env KIND:WHERE [--env-args JSON]``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentjet_client.agent import SwarmAgent
-from agentjet_client.tracks import Track
+from agentjet_client.tasks.agent import SwarmAgent
 
 DEFAULT_SEEDS = 100
 
@@ -38,8 +37,3 @@ def env_agent(spec: str, env_args: dict[str, Any] | None = None) -> SwarmAgent:
         f"--env {spec}: give gymnasium:ENV_ID, openenv:URL or verifiers:MODULE "
         "(e.g. --env openenv:http://127.0.0.1:8200)"
     )
-
-
-def env_track(spec: str, env_args: dict[str, Any] | None = None) -> Track:
-    """``run --env``'s code dir: an environment's agent, played in this process."""
-    return Track(env_agent(spec, env_args), code_version=f"env:{spec}"[:64])

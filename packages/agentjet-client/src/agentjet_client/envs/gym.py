@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.agent import SwarmAgent, swarm_agent
-from agentjet_client.extras import extra_hint
-from agentjet_client.tasksource import EvalSource, TaskSource
+from agentjet_client.errors import extra_hint
+from agentjet_client.tasks.agent import SwarmAgent, swarm_agent
+from agentjet_client.tasks.sources import EvalSource, TaskSource
 
 
 def _maker(env: str | Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:

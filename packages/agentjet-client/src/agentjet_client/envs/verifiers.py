@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.agent import SwarmAgent, swarm_agent
-from agentjet_client.extras import extra_hint
-from agentjet_client.rewards import Scored
-from agentjet_client.tasksource import EvalSource, TaskSource
+from agentjet_client.errors import extra_hint
+from agentjet_client.tasks.agent import SwarmAgent, swarm_agent
+from agentjet_client.tasks.rewards import Scored
+from agentjet_client.tasks.sources import EvalSource, TaskSource
 
 # the errors verifiers logs while one episode's rollout runs (its reward functions' included)
 _LOGGED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("agentjet_verifiers_logged", default=None)

@@ -23,15 +23,15 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from agentjet_client.capture import SSECollector, api_of, chat_form, parse_request_body, with_claim
+from agentjet_client.capture.proxy import HOP_HEADERS
+from agentjet_client.capture.recorder import SSECollector, api_of, chat_form, parse_request_body, with_claim
 from agentjet_client.gateway.sessions import LiveSession, SessionBook, prompt_key
-from agentjet_client.proxy import HOP_HEADERS
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,47 @@ async def captured_stream(
         yield held + buffer
 
 
+async def prepare(
+    api: str | None, data: dict[str, Any], body: bytes, redact: Callable[[str], str] | None, book: SessionBook
+) -> Response | tuple[dict[str, Any], bytes, str | None]:
+    """The request as it goes on: redacted (``--redact``), and a Responses call that names its previous
+    response given the whole conversation (the server keeps no responses); or the error to answer."""
+    if api is not None and redact is not None and data:
+        try:
+            data, changed = redact_body(data, redact)
+        except Exception as exc:  # the user's hook: refuse rather than forward unredacted text
+            logger.exception("the redaction hook failed")
+            return error(500, f"the gateway's redaction hook failed ({type(exc).__name__}: {exc}); fix the hook")
+        if changed:
+            body = json.dumps(data).encode()
+    previous = data.get("previous_response_id") if api == "responses" else None
+    if not isinstance(previous, str):
+        return data, body, None
+    prior = await asyncio.to_thread(book.journal.response_items, previous)
+    if prior is None:
+        return error(
+            400,
+            f"previous_response_id '{previous}' is no response of an unfinished session of this gateway; send "
+            "the whole conversation in 'input' instead",
+            "invalid_request_error",
+        )
+    given = data.get("input")
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+    data = {**{k: v for k, v in data.items() if k != "previous_response_id"}, "input": [*prior, *items]}
+    return data, json.dumps(data).encode(), previous
+
+
+class _Call(NamedTuple):
+    """A captured call on its way: its session, agent, chat form, API, start time and fan-out."""
+
+    session: LiveSession
+    agent: str
+    chat: dict[str, Any]
+    api: str
+    started: float
+    fan: int
+
+
 class Forwarder:
     """Forwards and captures the calls of deployed agents (see the module docstring)."""
 
@@ -203,37 +244,17 @@ class Forwarder:
         body = await request.body()
         api = api_of(request.method, "/" + path)
         data = parse_request_body(body) if api is not None else {}
-        if api is not None and self.redact is not None and data:
-            try:
-                data, changed = redact_body(data, self.redact)
-            except Exception as exc:  # the user's hook: refuse rather than forward unredacted text
-                logger.exception("the redaction hook failed")
-                return error(500, f"the gateway's redaction hook failed ({type(exc).__name__}: {exc}); fix the hook")
-            if changed:
-                body = json.dumps(data).encode()
-        previous = data.get("previous_response_id") if api == "responses" else None
-        if isinstance(previous, str):  # the server keeps no responses: the gateway sends the whole conversation
-            prior = await asyncio.to_thread(self.book.journal.response_items, previous)
-            if prior is None:
-                return error(
-                    400,
-                    f"previous_response_id '{previous}' is no response of an unfinished session of this gateway; send "
-                    "the whole conversation in 'input' instead",
-                    "invalid_request_error",
-                )
-            given = data.get("input")
-            items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
-            data = {**{k: v for k, v in data.items() if k != "previous_response_id"}, "input": [*prior, *items]}
-            body = json.dumps(data).encode()
+        prepared = await prepare(api, data, body, self.redact, self.book)
+        if isinstance(prepared, Response):
+            return prepared
+        data, body, previous = prepared
         chat = chat_form(api, data) if api is not None and data else None
         if api is None or chat is None:
             return await self._plain(request, agent, path, body)
         if not self.trains(request):
             return await self._untrained(request, agent, path, body, data)
         key = session_key(request, data)
-        session, new = await asyncio.to_thread(
-            self.book.session_for, key, previous if isinstance(previous, str) else None
-        )
+        session, new = await asyncio.to_thread(self.book.session_for, key, previous)
         fan = 0
         if new and self.fan_out > 1 and api in ("chat", "completions") and data.get("n") in (None, 1):
             fan = self.fan_out
@@ -277,6 +298,20 @@ class Forwarder:
                 self.book, upstream, session, agent, chat, api, started, fan, {**note, "response_items": history}
             )
             return StreamingResponse(relay, status_code=200, headers=out_headers)
+        call = _Call(session, agent, chat, api, started, fan)
+        return await self._answer(upstream, call, note, history, out_headers)
+
+    async def _answer(
+        self,
+        upstream: httpx2.Response,
+        call: _Call,
+        note: dict[str, Any],
+        history: list[Any],
+        out_headers: dict[str, str],
+    ) -> Response:
+        """A whole (not streamed) answer: recorded into its session and relayed (the first choice alone of
+        a fanned-out call)."""
+        session, agent, chat, api, started, fan = call
         try:
             raw = await upstream.aread()
         except httpx2.HTTPError as exc:

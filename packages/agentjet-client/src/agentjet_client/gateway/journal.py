@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentjet_client.delivery.spool import bump, transaction
 from agentjet_client.protocol import Trajectory
 
 KEEP_FINISHED_S = 24 * 3600.0
@@ -105,21 +106,8 @@ class Journal:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    @staticmethod
-    def _bump(db: sqlite3.Connection, name: str, by: int = 1) -> None:
-        db.execute(
-            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + ?",
-            (name, by, by),
-        )
+        with self._lock, transaction(self._db) as db:
+            yield db
 
     # ------------------------------------------------------------------ identity
 
@@ -141,7 +129,7 @@ class Journal:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (row.id, row.key, row.opened, row.last, row.ended, row.group_key, row.fanout, row.tainted),
         )
-        self._bump(db, "sessions")
+        bump(db, "sessions")
 
     def add_calls(
         self,
@@ -178,7 +166,7 @@ class Journal:
                     "INSERT OR REPLACE INTO responses (response_id, session, items) VALUES (?, ?, ?)",
                     (response_id, session, json.dumps(response_items or [])),
                 )
-            self._bump(db, "calls")
+            bump(db, "calls")
 
     def end_session(self, session: str, at: float) -> None:
         """No more calls join ``session``; it waits for its reward."""
@@ -235,10 +223,10 @@ class Journal:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (session, key, outcome, reward, now or time.time(), json.dumps([t.id for t in made]), body),
             )
-            self._bump(db, outcome)
+            bump(db, outcome)
             for name, by in (counts or {}).items():
                 if by:
-                    self._bump(db, name, by)
+                    bump(db, name, by)
             if group is not None:
                 db.execute("INSERT OR REPLACE INTO groups (key, group_id, members, size) VALUES (?, ?, ?, ?)", group)
 
@@ -294,7 +282,7 @@ class Journal:
 
     def count(self, name: str, by: int = 1) -> None:
         with self._write() as db:
-            self._bump(db, name, by)
+            bump(db, name, by)
 
     def close(self) -> None:
         with self._lock:

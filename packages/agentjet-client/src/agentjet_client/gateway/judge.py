@@ -23,8 +23,8 @@ from typing import Any
 
 from agentjet_client.gateway.episodes import FeedbackError
 from agentjet_client.gateway.sessions import LiveSession, SessionBook
-from agentjet_client.judges import Judge, JudgeError
 from agentjet_client.protocol import Feedback
+from agentjet_client.tasks.judges import Judge, JudgeError
 
 logger = logging.getLogger(__name__)
 

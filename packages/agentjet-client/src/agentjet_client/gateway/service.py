@@ -35,14 +35,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentjet_client.client import SwarmClient
-from agentjet_client.delivery import Sender
+from agentjet_client.delivery.sender import DeliveryCounts, Sender
+from agentjet_client.delivery.spool import Spool, spool_key
 from agentjet_client.errors import AgentJetError
 from agentjet_client.gateway.episodes import FeedbackError
 from agentjet_client.gateway.forward import AGENT_HEADER, Forwarder, error
 from agentjet_client.gateway.journal import Journal
 from agentjet_client.gateway.judge import SessionJudge
 from agentjet_client.gateway.sessions import SessionBook
-from agentjet_client.judges import Judge
 from agentjet_client.protocol import (
     ClientReport,
     Feedback,
@@ -51,8 +51,7 @@ from agentjet_client.protocol import (
     Trajectory,
     check_agent_name,
 )
-from agentjet_client.report import RunReport
-from agentjet_client.spool import Spool, spool_key
+from agentjet_client.tasks.judges import Judge
 
 logger = logging.getLogger(__name__)
 
@@ -120,13 +119,13 @@ class Gateway:
             fallback=config.fallback,
         )
         self.judging = SessionJudge(config.judge, self.book, config.judge_after_s) if config.judge else None
-        self.report = RunReport()
+        self.answers = DeliveryCounts()
         self.senders = {
             server: Sender(
                 self.client,
                 server,
                 Spool(config.spool_dir / "spool" / spool_key(server)),
-                self.report,
+                self.answers,
                 self._client_report,
             )
             for server in self.client.servers
@@ -220,7 +219,7 @@ class Gateway:
             line = (
                 f"sessions {c['sessions']}: {c['open']} open, {c['waiting']} waiting for feedback, {c['trained']} "
                 f"trained{judged}, {c['expired']} expired, {c['opted_out']} opted out, {c['fallback']} fallback; calls "
-                f"{c['calls']}; server answered {self.report.accepted} accepted, {self.report.rejected} rejected"
+                f"{c['calls']}; server answered {self.answers.accepted} accepted, {self.answers.rejected} rejected"
                 + ("" if self.forwarder.reachable else "; the server is not answering")
             )
             if line != last:
@@ -311,9 +310,9 @@ class Gateway:
             counts=GatewayCounts(**counts),
             spooled=spooled,
             answers={
-                "accepted": self.report.accepted,
-                "duplicate": self.report.duplicate,
-                "rejected": self.report.rejected,
+                "accepted": self.answers.accepted,
+                "duplicate": self.answers.duplicate,
+                "rejected": self.answers.rejected,
             },
             fan_out=self.config.fan_out,
             group_size=self.group_size,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentjet_client.capture import EpisodeRecorder
+from agentjet_client.capture.recorder import EpisodeRecorder
 from agentjet_client.gateway.episodes import GROUP_BY, Episodes, FeedbackError
 from agentjet_client.gateway.journal import Journal, SessionRow
 from agentjet_client.protocol import Feedback, FeedbackResult, Trajectory

@@ -9,10 +9,11 @@ Configure a coding agent with, for example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.extras import extra_hint
+from agentjet_client.errors import extra_hint
 from agentjet_client.research.tools import ToolError, Workspace
 
 INSTRUCTIONS = (
@@ -25,6 +26,9 @@ INSTRUCTIONS = (
 )
 
 
+Tool = Callable[[Callable[..., Any]], Callable[..., Any]]  # FastMCP's tool decorator
+
+
 def build_server(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) -> Any:
     """The FastMCP server with every tool of ``workspace``."""
     try:
@@ -35,6 +39,13 @@ def build_server(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765
     server = FastMCP("agentjet", instructions=INSTRUCTIONS, host=host, port=port, log_level="WARNING")
 
     tool = server.tool()  # a ToolError raised by a tool becomes its error answer, with its message
+    _study_tools(tool, workspace)
+    _run_tools(tool, workspace)
+    return server
+
+
+def _study_tools(tool: Tool, workspace: Workspace) -> None:
+    """The tools on studies: list, status, check, start, stop, the report, the workspace's files."""
 
     @tool
     def list_studies() -> list[dict[str, Any]]:
@@ -72,6 +83,10 @@ def build_server(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765
         """A text file of the workspace (a log, an agent's code, a study file): its last LIMIT characters."""
         return workspace.read_file(path, limit)
 
+
+def _run_tools(tool: Tool, workspace: Workspace) -> None:
+    """The tools on training runs: list, status, metrics, trajectories, live settings, pause and resume."""
+
     @tool
     def list_runs() -> list[dict[str, Any]]:
         """Every training run (study trial) in the workspace with its server URL and phase."""
@@ -90,7 +105,8 @@ def build_server(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765
 
     @tool
     def recent_trajectories(run: str, limit: int = 5) -> list[dict[str, Any]]:
-        """A run's newest trajectories: task, reward, policy version and messages."""
+        """A run's newest trajectories (at most 20): task, reward and where it came from, policy versions, and
+        each timeline's text (the conversation as the model saw and wrote it)."""
         return workspace.recent_trajectories(run, limit)
 
     @tool
@@ -108,8 +124,6 @@ def build_server(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765
     def resume_run(run: str) -> dict[str, Any]:
         """Start learning again after a pause."""
         return workspace.resume_run(run)
-
-    return server
 
 
 def serve(root: Path, http: bool, host: str, port: int) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.extras import extra_hint
+from agentjet_client.errors import extra_hint
 from agentjet_client.research.study import Study, toml_text
 from agentjet_client.research.trial import TrialDir, TrialRecord, load_state, write_atomic
 
@@ -62,6 +62,27 @@ def write_report(out: Path, study: Study) -> Path:
         "## Best configuration",
         "",
     ]
+    lines += _best_section(out, study, state, best)
+    lines += _leaderboard(study, records)
+    lines += _changes(out, records)
+    lines += ["", "## Plots", ""]
+    if plots:
+        lines += [f"![{title}](plots/{name})\n" for name, title in plots]
+    else:
+        lines.append(plot_note)
+    lines += ["", "## Trials", ""]
+    for record in records:
+        lines.append(f"- **{record.id}** ({_settings(record.settings)}): {'; '.join(record.events[-8:]) or '-'}")
+    path = out / "report.md"
+    write_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _best_section(out: Path, study: Study, state: dict[str, Any], best: TrialRecord | None) -> list[str]:
+    """The best trial: its settings and metric, and the commands (with ``best-server.toml``, written here) that
+    serve its trained weights and train them on."""
+    metric = study.study.metric
+    lines: list[str] = []
     if best is not None:  # its settings as they ended: population-based training and rules change them
         server = study.server_settings(best.current())
         client = study.client_settings(best.current(), Path(state["study_file"]).parent)
@@ -99,6 +120,14 @@ def write_report(out: Path, study: Study) -> Path:
         ]
     else:
         lines.append("No trial has finished its budget yet.")
+    return lines
+
+
+def _leaderboard(study: Study, records: list[TrialRecord]) -> list[str]:
+    """Every trial ranked by its metric, with its settings, budget, time, resumes and how it ended."""
+    keys = sorted(study.space)
+    metric = study.study.metric
+    lines: list[str] = []
     lines += ["", "## Leaderboard", ""]
     halving = study.study.search == "halving"
     columns = ["rank", "trial", *(f"`{k}`" for k in keys), metric, *(["rung"] if halving else [])]
@@ -119,18 +148,7 @@ def write_report(out: Path, study: Study) -> Path:
             _escape(why),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += _changes(out, records)
-    lines += ["", "## Plots", ""]
-    if plots:
-        lines += [f"![{title}](plots/{name})\n" for name, title in plots]
-    else:
-        lines.append(plot_note)
-    lines += ["", "## Trials", ""]
-    for record in records:
-        lines.append(f"- **{record.id}** ({_settings(record.settings)}): {'; '.join(record.events[-8:]) or '-'}")
-    path = out / "report.md"
-    write_atomic(path, "\n".join(lines) + "\n")
-    return path
+    return lines
 
 
 def _changes(out: Path, records: list[TrialRecord]) -> list[str]:
@@ -226,7 +244,13 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
             fig.savefig(folder / name, dpi=100)
             plt.close(fig)
             made.append((name, f"{label} against {xlabel}"))
-    scored = [r for r in records if r.metric is not None]
+    made += _metric_plots(plt, folder, study, [r for r in records if r.metric is not None])
+    return made, ""
+
+
+def _metric_plots(plt: Any, folder: Path, study: Study, scored: list[TrialRecord]) -> list[tuple[str, str]]:
+    """The metric of each scored trial against each searched setting: a plot a setting."""
+    made: list[tuple[str, str]] = []
     for key in sorted(study.space):
         if not scored:
             break
@@ -260,7 +284,7 @@ def _plots(out: Path, study: Study, records: list[TrialRecord]) -> tuple[list[tu
         fig.savefig(folder / name, dpi=100)
         plt.close(fig)
         made.append((name, f"{study.study.metric} against {key}"))
-    return made, ""
+    return made
 
 
 def _legend(record: TrialRecord) -> str:

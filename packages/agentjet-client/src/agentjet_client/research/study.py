@@ -323,7 +323,7 @@ _EVAL_TASKS = """
 import json, sys
 from pathlib import Path
 from agentjet_client.errors import AgentJetError
-from agentjet_client.loader import load_agent
+from agentjet_client.run.loader import load_agent
 try:
     agent, _ = load_agent(Path(sys.argv[1]))
 except AgentJetError as exc:
@@ -337,7 +337,7 @@ _EVAL_TASKS_SEEN: dict[tuple[Path, str], list[str]] = {}  # (code dir, code vers
 
 
 def _eval_tasks_problem(code_dir: Path) -> list[str]:
-    from agentjet_client.loader import code_version
+    from agentjet_client.run.loader import code_version
 
     key = (code_dir, code_version(code_dir))
     if key not in _EVAL_TASKS_SEEN:

@@ -24,6 +24,8 @@ import httpx2
 
 from agentjet_client.errors import StudyError
 
+TIMELINE_CHARS = 4000  # of a timeline's text a tool answer holds (a model's context is not unbounded)
+
 STUDY_DEPTH = 4  # how deep under the root studies are looked for
 CHECK_TIMEOUT_S = 120.0  # a study file's check (it imports each agent)
 START_WAIT_S = 60.0  # a study started is answered once its runner wrote study.json
@@ -101,9 +103,33 @@ class _Runs(_Root):
         return self._call(run, "GET", query)  # type: ignore[no-any-return]
 
     def recent_trajectories(self, run: str, limit: int = 5) -> list[dict[str, Any]]:
-        """A run's newest trajectories (task, reward, policy version, the messages)."""
-        body = self._call(run, "GET", f"/v1/trajectories?limit={max(1, min(int(limit), 100))}")
-        return body.get("trajectories", [])  # type: ignore[no-any-return]
+        """A run's newest trajectories: task, reward (and where it came from), policy versions, and each
+        timeline's text, the conversation as the model saw and wrote it (chat template included; the last
+        ``TIMELINE_CHARS`` characters of a long one)."""
+        body = self._call(run, "GET", f"/v1/trajectories?limit={max(1, min(int(limit), 20))}")
+        out = []
+        for listed in body.get("trajectories", []):
+            view = self._call(run, "GET", f"/v1/trajectories/{listed['id']}")
+            timelines = []
+            for timeline in view.get("timelines", []):
+                text = "".join(str(token[1]) for token in timeline.get("tokens", []))
+                cut = len(text) > TIMELINE_CHARS
+                timelines.append(
+                    {"agent": timeline.get("agent"), "text": ("..." if cut else "") + text[-TIMELINE_CHARS:]}
+                )
+            keep = (
+                "id",
+                "task_id",
+                "purpose",
+                "status",
+                "reward",
+                "agent_rewards",
+                "versions",
+                "reward_detail",
+                "error",
+            )
+            out.append({**{key: view.get(key) for key in keep}, "timelines": timelines})
+        return out
 
     def set_live_setting(self, run: str, settings: dict[str, Any]) -> dict[str, Any]:
         """Change live settings of a running server (``{"lr": 0.0005}``); they apply from the next

@@ -25,7 +25,6 @@ while ``/proc/<pid>/cmdline`` still names the trial's directory.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -33,8 +32,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
 
 from agentjet_client.errors import StudyError
@@ -160,46 +160,46 @@ class TrialDir:
 
 
 class RunnerLock:
-    """The lock a study's runner holds while it runs (``OUT/runner.lock``; it goes with the process,
-    even on SIGKILL): one runner per study directory."""
+    """The lock a study's runner holds while it runs (``OUT/runner.lock``, a ``filelock`` lock: it goes with
+    the process, even on SIGKILL): one runner per study directory. Who holds it is in ``OUT/runner.pid``
+    (the lock file itself is truncated by every try to take it)."""
 
     def __init__(self, out: Path) -> None:
         self.path = out / "runner.lock"
-        self._handle: TextIO | None = None
+        self.holder = out / "runner.pid"
+        self._lock: FileLock | None = None
 
     def take(self) -> None:
-        handle = self.path.open("a+")
+        lock = FileLock(self.path)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
+            lock.acquire(timeout=0)  # one try: a runner holds it, or it is ours
+        except Timeout:
+            try:
+                holder = self.holder.read_text().strip() or "another process"
+            except OSError:
+                holder = "another process"
             raise StudyError(
                 f"another runner ({holder}) is running the study in {self.path.parent}; watch it with "
                 f"`agentjet-client research status {self.path.parent}`"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        self._handle = handle
+        self.holder.write_text(f"pid {os.getpid()}")
+        self._lock = lock
 
     def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def held_elsewhere(self) -> bool:
         """Whether a runner holds it now."""
         if not self.path.exists():
             return False
-        with self.path.open("a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        probe = FileLock(self.path)
+        try:
+            probe.acquire(timeout=0)
+        except Timeout:
+            return True
+        probe.release()
         return False
 
 

@@ -21,9 +21,6 @@ first update) and, where the pairs carry their reference log-probs, the DPO figu
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,7 +28,8 @@ from starlette.routing import Route
 
 from agentjet_server.api.auth import authorize
 from agentjet_server.api.context import read_json_object, runtime_of
-from agentjet_server.errors import ConflictError, InvalidRequestError
+from agentjet_server.errors import InvalidRequestError
+from agentjet_server.learner.training import DataStep
 
 BODY_LIMIT = 32 * 1024 * 1024
 
@@ -67,78 +65,10 @@ async def _train(request: Request, mode: str) -> Response:
         raise InvalidRequestError('"adapter" must be the name of one of the server\'s adapters', param="adapter")
     if not isinstance(evaluate, bool):
         raise InvalidRequestError('"evaluate" must be true or false', param="evaluate")
-    settings = _Settings(mode, adapter, evaluate, lr, 0.1 if beta is None else float(beta))
-    answer = await asyncio.to_thread(_run, request, body, settings)
+    step = DataStep("sft" if mode == "sft" else "dpo", adapter, evaluate, lr, 0.1 if beta is None else float(beta))
+    data = body.get("examples" if mode == "sft" else "pairs")
+    answer = await asyncio.to_thread(runtime_of(request).training.run, step, data)
     return JSONResponse(answer)
-
-
-@dataclass(frozen=True)
-class _Settings:
-    mode: str
-    adapter: str | None
-    evaluate: bool
-    lr: float | None
-    beta: float
-
-
-def _run(request: Request, body: dict[str, Any], settings: _Settings) -> dict[str, Any]:
-    from agentjet_server.learner.loop import score_batch, supervised_step
-    from agentjet_server.learner.preference import pairs_batch
-    from agentjet_server.learner.supervised import examples_batch
-
-    rt = runtime_of(request)
-    if rt.loop.learner is None:
-        raise ConflictError("this server runs with --serve-only and trains nothing")
-    names, adapter = rt.loop.trainer.config.adapters, settings.adapter
-    if (adapter is None) != (not names) or (adapter is not None and adapter not in names):
-        wanted = f"one of its adapters ({', '.join(names)})" if names else "no adapter (it trains one model)"
-        message = f"this server's {settings.mode} steps name {wanted}, not {adapter!r}"
-        raise InvalidRequestError(message, param="adapter")
-    if settings.mode == "sft":
-        batch, referenced = examples_batch(rt.engine.chat, body.get("examples")), False
-    else:
-        batch, referenced = pairs_batch(rt.engine.chat, body.get("pairs"), settings.beta, train=not settings.evaluate)
-    for sequence in batch.sequences:
-        sequence.adapter = adapter
-    batch.lr = settings.lr
-    tokens = batch.trained_tokens
-    answer: dict[str, Any] = {"mode": settings.mode, "evaluate": settings.evaluate, "tokens": tokens}
-    answer["adapter"] = adapter
-    if settings.evaluate:
-        scores = rt.loop.requests.call(lambda: score_batch(rt.loop, batch, adapter)).result(timeout=3600)
-        if settings.mode == "sft":
-            return {**answer, "loss": -sum(scores) / max(tokens, 1)}
-        return {**answer, **_pair_figures(batch, scores, referenced)}
-    stats = rt.loop.requests.call(lambda: supervised_step(rt.loop, batch, adapter)).result(timeout=3600)
-    version, step = rt.loop.live
-    answer.update(
-        loss=stats.extra.get("nll", stats.loss),
-        grad_norm=stats.grad_norm,
-        step=step,
-        policy_version=version,
-        **({"examples": len(batch.sequences)} if settings.mode == "sft" else {"pairs": len(batch.sequences) // 2}),
-    )
-    answer.update({k: stats.extra[k] for k in ("reward_margin", "accuracy", "logp_margin") if k in stats.extra})
-    return answer
-
-
-def _pair_figures(batch: Any, scores: list[float], referenced: bool) -> dict[str, Any]:
-    """A scored DPO batch: each answer's log-prob and, with the pairs' reference log-probs, the DPO figures."""
-    import torch
-
-    from agentjet_server.learner.losses import dpo_weights
-
-    figures: dict[str, Any] = {
-        "pairs": len(scores) // 2,
-        "chosen_logps": scores[0::2],
-        "rejected_logps": scores[1::2],
-        "logp_margin": sum(scores[0::2]) / max(len(scores) // 2, 1) - sum(scores[1::2]) / max(len(scores) // 2, 1),
-    }
-    if referenced:
-        reference = torch.tensor([math.fsum(s.old_logprobs) for s in batch.sequences], dtype=torch.float64)
-        _, pair = dpo_weights(torch.tensor(scores, dtype=torch.float64), reference, batch.beta)
-        figures.update(loss=pair["dpo_loss"], reward_margin=pair["reward_margin"], accuracy=pair["accuracy"])
-    return figures
 
 
 ROUTES = [Route("/v1/train/sft", sft, methods=["POST"]), Route("/v1/train/dpo", dpo, methods=["POST"])]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from agentjet_client.extras import extra_hint
+from agentjet_client.errors import extra_hint
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 

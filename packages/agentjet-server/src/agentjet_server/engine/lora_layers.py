@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from agentjet_client.extras import extra_hint
+from agentjet_client.errors import extra_hint
 from agentjet_server.engine.adapter import ADAPTER, LoraSpec
 
 

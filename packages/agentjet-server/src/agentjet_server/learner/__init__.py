@@ -1,1 +1,2 @@
-"""The learner: pure losses (``losses``), one step (``trainer``), the background loop (``loop``)."""
+"""The learner: one step (``trainer``: packing, the no-gradient pass ``prepare``, the ``objective``, the ``policy``'s
+forward passes), the background loop (``loop``), the data modes beside RL (``training``)."""

@@ -16,12 +16,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 from agentjet_client.protocol import Trajectory
 from agentjet_server.batching.timeline import Timeline, build_timelines, call_tokens
-from agentjet_server.learner.advantages import episode_advantages
+from agentjet_server.learner.advantages import Estimator, batch_whitened, episode_advantages
+from agentjet_server.learner.config import LearnerConfig
 from agentjet_server.versions import PolicyVersions
 
 Algorithm = Literal["grpo", "ppo"]
@@ -92,6 +94,7 @@ class Batch:
     version: int | None = None  # the policy version the step updates (None: not known)
     stale: int = 0  # episodes left out: older than the staleness bound by the time they were trained
     downweighted: int = 0  # tokens trained with less weight for the same reason
+    truncated: int = 0  # episodes cut off at a token limit, left out of the step (mask_truncated)
     # which loss trains it: "rl" the policy objective (GRPO/PPO), "sft" the negative log-likelihood of its
     # trained tokens (supervised fine-tuning: ``learner.supervised``), "dpo" the preference loss on its
     # (chosen, rejected) pairs of sequences (``learner.preference``)
@@ -103,10 +106,10 @@ class Batch:
     def trained_tokens(self) -> int:
         return sum(s.trained_tokens for s in self.sequences)
 
-    def by_adapter(self, versions: PolicyVersions) -> dict[str, Batch]:
+    def by_adapter(self, versions: PolicyVersions) -> dict[str | None, Batch]:
         """With an adapter per agent: one batch per adapter that has sequences, each holding that
         adapter's sequences alone, at that adapter's version (the episodes' figures stay with the whole)."""
-        parts: dict[str, Batch] = {}
+        parts: dict[str | None, Batch] = {}
         for sequence in self.sequences:
             if sequence.adapter is None:
                 raise ValueError("a sequence of this batch names no adapter, and the learner trains one per agent")
@@ -117,6 +120,30 @@ class Batch:
         return parts
 
 
+class BatchOptions(TypedDict):
+    """``build_batch``'s options as the learner's settings give them (``batch_options``)."""
+
+    keep_flat: bool
+    algorithm: Algorithm
+    estimator: Estimator
+    mask_truncated: bool
+    max_staleness: int | None
+    stale_policy: StalePolicy
+
+
+def batch_options(config: LearnerConfig, max_staleness: int | None, stale_policy: StalePolicy) -> BatchOptions:
+    """How the learner builds its batches: a group whose rewards are all equal still comes along where a
+    teacher or an entropy bonus gives it a signal; PPO's GAE is computed in the step's pass, not here."""
+    return BatchOptions(
+        keep_flat=config.entropy_coef > 0 or config.distill_coef > 0,
+        algorithm=config.algorithm,
+        estimator="grpo" if config.advantage == "gae" else config.advantage,
+        mask_truncated=config.mask_truncated,
+        max_staleness=max_staleness,
+        stale_policy=stale_policy,
+    )
+
+
 def build_batch(
     groups: list[list[Trajectory]],
     keep_flat: bool = False,
@@ -125,6 +152,8 @@ def build_batch(
     version: PolicyVersions | int | None = None,
     max_staleness: int | None = None,
     stale_policy: StalePolicy = "drop",
+    estimator: Estimator = "grpo",
+    mask_truncated: bool = False,
 ) -> Batch:
     """Turn groups of trajectories into trainable sequences (see the module docstring).
 
@@ -134,6 +163,12 @@ def build_batch(
     rewards are all equal has no policy-gradient signal and is counted as skipped; with
     ``keep_flat`` its sequences still come along (advantage 0) so that an entropy bonus can keep
     a prompt that the policy has collapsed on from staying collapsed.
+
+    ``mask_truncated`` (DAPO's overlong filtering): an episode with a turn cut off at its token limit
+    (``finish_reason`` "length") counts in its group's baseline and trains no token (``Batch.truncated``).
+
+    ``estimator``: the group estimator (``learner.advantages``); with ``reinforce_pp`` the group baselines are
+    then whitened over the batch's trained tokens.
 
     ``version``: the versions the step updates (an int: a server without adapters at that version);
     with adapters each turn's staleness is measured against its own adapter's version.
@@ -157,34 +192,52 @@ def build_batch(
             if len(complete) < 2:
                 batch.skipped_groups += 1
                 continue
-            advantages = episode_advantages(complete)
+            advantages = episode_advantages(complete, estimator)
             if all(a == 0.0 for per_agent in advantages for a in per_agent.values()):
                 batch.skipped_groups += 1
                 if not keep_flat:
                     continue
         for trajectory, per_agent in zip(complete, advantages, strict=True):
+            if mask_truncated and any(turn.finish_reason == "length" for turn in trajectory.turns):
+                batch.truncated += 1  # in its group's baseline above, and no token of it trained
+                continue
             batch.call_tokens += call_tokens(trajectory.turns)
             batch.included.append(trajectory)
-            for timeline in build_timelines(trajectory.turns):
-                advantage = per_agent.get(timeline.agent, per_agent[""])
-                weights = _stale_weights(timeline, versions, max_staleness) if check else []
-                batch.downweighted += sum(1 for w in weights if w < 1.0)
-                batch.sequences.append(
-                    Sequence(
-                        tokens=timeline.tokens,
-                        positions=timeline.trained,
-                        old_logprobs=timeline.old_logprobs,
-                        advantages=[advantage] * len(timeline.trained),
-                        # a processed sample's behaviour is not the policy of any version: never "current",
-                        # so the decoupled objective computes the proximal log-probs and corrects pi / mu
-                        versions=[-1 if p else v for v, p in zip(timeline.versions, timeline.processed, strict=True)],
-                        rewards=_token_rewards(trajectory, timeline) if algorithm == "ppo" else [],
-                        weights=weights,
-                        group=group_index,
-                        adapter=timeline.adapter,
-                    )
-                )
+            weights = (lambda t: _stale_weights(t, versions, max_staleness)) if check else None
+            for sequence in _sequences(trajectory, per_agent, group_index, algorithm, weights):
+                batch.downweighted += sum(1 for w in sequence.weights if w < 1.0)
+                batch.sequences.append(sequence)
+    if estimator == "reinforce_pp" and algorithm == "grpo":  # the group baselines, whitened over the batch
+        whitened = batch_whitened([s.advantages for s in batch.sequences])
+        for sequence, values in zip(batch.sequences, whitened, strict=True):
+            sequence.advantages = values
     return batch
+
+
+def _sequences(
+    trajectory: Trajectory,
+    per_agent: dict[str, float],
+    group: int,
+    algorithm: Algorithm,
+    weights: Callable[[Timeline], list[float]] | None,
+) -> Iterator[Sequence]:
+    """One sequence per timeline of the episode (each agent's merged turns), at its agent's advantage, with
+    its tokens' staleness ``weights`` (None: all 1)."""
+    for timeline in build_timelines(trajectory.turns):
+        advantage = per_agent.get(timeline.agent, per_agent[""])
+        yield Sequence(
+            tokens=timeline.tokens,
+            positions=timeline.trained,
+            old_logprobs=timeline.old_logprobs,
+            advantages=[advantage] * len(timeline.trained),
+            # a processed sample's behaviour is not the policy of any version: never "current",
+            # so the decoupled objective computes the proximal log-probs and corrects pi / mu
+            versions=[-1 if p else v for v, p in zip(timeline.versions, timeline.processed, strict=True)],
+            rewards=_token_rewards(trajectory, timeline) if algorithm == "ppo" else [],
+            weights=weights(timeline) if weights is not None else [],
+            group=group,
+            adapter=timeline.adapter,
+        )
 
 
 def _lag(trajectory: Trajectory, versions: PolicyVersions) -> int:

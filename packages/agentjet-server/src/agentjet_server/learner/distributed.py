@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -92,14 +92,12 @@ class DistContext:
     world_size: int = 1
     local_rank: int = 0
     device: str = "cpu"
+    enabled: bool = field(init=False)  # several ranks: collectives to take part in
+    is_main: bool = field(init=False)  # rank 0: the one that serves, logs and checkpoints
 
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "enabled", self.world_size > 1)
+        object.__setattr__(self, "is_main", self.rank == 0)
 
 
 def init_from_env(

@@ -27,18 +27,79 @@ from agentjet_server.batching.buffer import GroupBuffer
 from agentjet_server.engine.base import Engine
 from agentjet_server.errors import StateError
 from agentjet_server.learner import distributed
-from agentjet_server.learner.batch import Batch, StalePolicy, build_batch
+from agentjet_server.learner.batch import Batch, StalePolicy, batch_options, build_batch
 from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.requests import Requests
 from agentjet_server.learner.teacher import TeacherUnavailable
-from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats, score
-from agentjet_server.observe.metrics import BatchFigures, StepRecord, TagFigures, batch_figures, step_record
+from agentjet_server.learner.trainer import Learner, LearnerConfig, StepStats
+from agentjet_server.observe.metrics import TagFigures
+from agentjet_server.observe.steps import BatchFigures, StepRecord, batch_figures, step_record
 from agentjet_server.observe.tracing import step_links
 from agentjet_server.versions import PolicyVersions
 
 logger = logging.getLogger(__name__)
 
 TEACHER_RETRY_S = 5.0  # how long a batch waits before asking an unreachable teacher again
+
+
+class Checkpoints:
+    """The learner's checkpoints: every ``every`` steps, when the admin API asks, and at the end. A failed one
+    is reported and tried again after every step until one succeeds (the log holds everything since the last)."""
+
+    def __init__(self, learner: Learner | None, save: Callable[[dict[str, Any]], Any] | None, every: int) -> None:
+        self.learner = learner
+        self._save = save
+        self.every = every
+        self.saved_step = learner.steps if learner is not None else 0
+
+    def write(self) -> Any:
+        """(learner thread: collective under torchrun) A checkpoint now; its path (None: no state dir)."""
+        if self._save is None or self.learner is None:
+            return None
+        if self.learner.ctx.enabled:
+            distributed.broadcast(self.learner.ctx, distributed.CHECKPOINT)
+        saved = self._save(self.learner.training_state())
+        self.saved_step = self.learner.steps
+        return saved
+
+    def due(self) -> bool:
+        """Whether ``every`` steps went by since the last checkpoint."""
+        return bool(self.every and self.learner is not None and self.learner.steps - self.saved_step >= self.every)
+
+    def request(self, requests: Requests) -> Future[Any]:
+        """A checkpoint written by the learner thread after the step in progress (or at once when idle)."""
+        if self._save is None:
+            future: Future[Any] = Future()
+            future.set_exception(StateError("this server has no state dir to write checkpoints to"))
+            return future
+        return requests.checkpoint()
+
+    def answer(self, requests: list[Future[Any]]) -> None:
+        """(learner thread) The checkpoint asked for by ``requests``, written now."""
+        try:
+            saved = self.write()
+        except Exception as exc:
+            logger.exception("checkpoint asked for through the admin API failed")
+            for future in requests:
+                future.set_exception(exc)
+        else:
+            for future in requests:
+                future.set_result(saved)
+
+    def try_write(self, error: str | None) -> str | None:
+        """(learner thread) A checkpoint, training going on if it fails; the learner's error after it (``error``
+        before it: a failure's message replaces it, a success clears an earlier failure's)."""
+        failed = (error or "").startswith("checkpoint failed")
+        try:
+            self.write()
+        except Exception as exc:  # training goes on; the log still holds everything since the last one
+            if not failed:
+                logger.exception("checkpoint failed (retried after every step until it succeeds)")
+            return f"checkpoint failed: {type(exc).__name__}: {exc}"
+        if failed:
+            logger.info("checkpoint at step %d written: the state dir accepts writes again", self.saved_step)
+            return None
+        return error
 
 
 class TrainingLoop:
@@ -78,13 +139,11 @@ class TrainingLoop:
         self.tags = TagFigures()  # per task tag: episodes taken into a step, their rewards and lags
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
-        self._save = save
         self.on_step = on_step or (lambda record, lag: None)
-        self.checkpoint_every = checkpoint_every
+        self.checkpoints = Checkpoints(learner, save, checkpoint_every)
         # steered by the admin API, carried out by the learner thread between steps
         self.paused = False
         self.requests = Requests(buffer.wake)
-        self.saved_step = learner.steps if learner is not None else 0
         self._final_checkpoint = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentjet-learner", daemon=True)
@@ -134,22 +193,15 @@ class TrainingLoop:
 
     def checkpoint(self) -> Any:
         """Save a checkpoint now (from the learner thread: collective under torchrun); its path."""
-        if self._save is None or self.learner is None:
-            return None
-        if self.learner.ctx.enabled:
-            distributed.broadcast(self.learner.ctx, distributed.CHECKPOINT)
-        state = self.learner.training_state()
-        saved = self._save(state)
-        self.saved_step = self.learner.steps
-        return saved
+        return self.checkpoints.write()
+
+    @property
+    def saved_step(self) -> int:
+        return self.checkpoints.saved_step
 
     def request_checkpoint(self) -> Future[Any]:
         """A checkpoint written by the learner thread after the step in progress (or at once when idle)."""
-        if self._save is None:
-            future: Future[Any] = Future()
-            future.set_exception(StateError("this server has no state dir to write checkpoints to"))
-            return future
-        return self.requests.checkpoint()
+        return self.checkpoints.request(self.requests)
 
     def reconfigure(self, config: LearnerConfig) -> None:
         """New learner settings (learning rate, clip, entropy bonus...): they apply from the next step."""
@@ -163,7 +215,7 @@ class TrainingLoop:
             logger.info("learner settings changed: %s", _differences(self.trainer.config, config))
             self.trainer.reconfigure(config)
         if checkpoints:
-            _answer(self, checkpoints)
+            self.checkpoints.answer(checkpoints)
         self.requests.run(calls)
 
     def _run(self) -> None:
@@ -183,6 +235,8 @@ class TrainingLoop:
                     last_sent = time.monotonic()
                 continue
             last_sent = time.monotonic()
+            # a change that came while the batch was awaited applies to it: "from the next step" holds
+            self._carry_out_requests()
             try:
                 with tracing.span(
                     "learner step", links=step_links(groups), attributes={"agentjet.step": self.trainer.steps + 1}
@@ -199,14 +253,14 @@ class TrainingLoop:
                 self.error = f"{type(exc).__name__}: {exc}"
                 self.buffer.commit()
                 continue
-            if self.checkpoint_every and self.trainer.steps - self.saved_step >= self.checkpoint_every:
-                self._try_checkpoint()
+            if self.checkpoints.due():
+                self.error = self.checkpoints.try_write(self.error)
         _, requests, calls = self.requests.take()
         self.requests.run(calls, stopping=True)
         if requests:  # asked for while stopping: that checkpoint is the last one
-            _answer(self, requests)
+            self.checkpoints.answer(requests)
         elif self._final_checkpoint and self.trainer.steps != self.saved_step:
-            self._try_checkpoint()
+            self.error = self.checkpoints.try_write(self.error)
         if ctx.enabled:
             distributed.broadcast(ctx, distributed.STOP)
 
@@ -235,29 +289,16 @@ class TrainingLoop:
                 self.error = None
             return True
 
-    def _try_checkpoint(self) -> None:
-        try:
-            self.checkpoint()
-        except Exception as exc:  # training goes on; the log still holds everything since the last one
-            if not (self.error or "").startswith("checkpoint failed"):
-                logger.exception("checkpoint failed (retried after every step until it succeeds)")
-            self.error = f"checkpoint failed: {type(exc).__name__}: {exc}"
-        else:
-            if (self.error or "").startswith("checkpoint failed"):
-                logger.info("checkpoint at step %d written: the state dir accepts writes again", self.saved_step)
-                self.error = None
-
     def run_step(self, groups: list[list[Trajectory]]) -> StepStats | None:
         """Train one batch: one policy update, or with an adapter per agent one per adapter with turns in
         it (each its own publish, with its own version). The stats of the last update (None: none)."""
         config = self.trainer.config
         served = self.served
-        staleness: dict[str, Any] = {"version": served, "max_staleness": self.max_staleness}
-        staleness["stale_policy"] = self.stale_policy
-        # a group whose rewards are all equal still has the teacher's signal
-        keep_flat = config.entropy_coef > 0 or config.distill_coef > 0
-        batch = build_batch(groups, keep_flat=keep_flat, algorithm=config.algorithm, **staleness)
-        _teacher_scores(self, batch)  # first: a batch kept for an unreachable teacher must count nothing yet
+        options = batch_options(config, self.max_staleness, self.stale_policy)
+        batch = build_batch(groups, version=served, **options)
+        # first: a batch kept for an unreachable teacher must count nothing yet
+        if _teacher_scores(self.trainer, batch) and (self.error or "").startswith("TeacherUnavailable"):
+            self.error = None  # it answers again
         self.stale_at_training += batch.stale
         self.downweighted_tokens += batch.downweighted
         self.tags.count(groups, served)
@@ -269,9 +310,7 @@ class TrainingLoop:
             self._on_trained(batch.trajectories)  # consumed, though nothing was learned from them
             logger.info("batch of %d groups had no reward signal (equal rewards in every group); skipped", batch.groups)
             return None
-        parts: dict[str | None, Batch] = {None: batch}
-        if config.adapters:
-            parts = {name: part for name, part in batch.by_adapter(served).items()}
+        parts = batch.by_adapter(served) if config.adapters else {None: batch}
         last = served
         for name in parts:
             last = last.after_step([name] if name is not None else [])
@@ -289,27 +328,14 @@ class TrainingLoop:
         return stats
 
 
-def _answer(loop: TrainingLoop, requests: list[Future[Any]]) -> None:
-    """(learner thread) The checkpoint asked for by ``requests``, written now."""
-    try:
-        saved = loop.checkpoint()
-    except Exception as exc:
-        logger.exception("checkpoint asked for through the admin API failed")
-        for future in requests:
-            future.set_exception(exc)
-    else:
-        for future in requests:
-            future.set_result(saved)
-
-
-def _teacher_scores(loop: TrainingLoop, batch: Batch) -> None:
-    """(learner thread) With a teacher behind a URL, its log-probs of the batch's trained tokens."""
-    teacher = loop.trainer.remote_teacher
-    if teacher is None or loop.trainer.config.distill_coef <= 0:
-        return
+def _teacher_scores(learner: Learner, batch: Batch) -> bool:
+    """(learner thread) With a teacher behind a URL, its log-probs of the batch's trained tokens; whether it
+    was asked."""
+    teacher = learner.remote_teacher
+    if teacher is None or learner.config.distill_coef <= 0:
+        return False
     teacher.score(batch.sequences)
-    if loop.error is not None and loop.error.startswith("TeacherUnavailable"):
-        loop.error = None  # it answers again
+    return True
 
 
 def _keep_for_teacher(loop: TrainingLoop, exc: TeacherUnavailable) -> None:
@@ -328,25 +354,7 @@ def train_part(loop: TrainingLoop, part: Batch, adapter: str | None, batch: Batc
     """(learner thread) One policy update on ``part`` (of ``adapter``, with an adapter per agent), published
     (``batch``: the whole batch it is part of, and ``figures`` its figures, for the step's record)."""
     new = loop.served.after_step([adapter] if adapter is not None else [])
-    # asleep before the other ranks have the batch: none of them starts its step on a device a
-    # sleeping engine replica has not freed yet
-    slept = sleep_engine(loop.engine)
-    try:
-        if loop.trainer.ctx.enabled:
-            distributed.broadcast(loop.trainer.ctx, part)
-        stats = loop.trainer.step(part, adapter)
-        loop.trainer.release_gradients()  # between steps that memory serves (or wakes) the engine
-        if slept is not None and loop.trainer.device.type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
-        started = time.perf_counter()
-        push_weights(loop.engine, loop.trainer, new, adapter)  # wakes a sleeping engine
-        update_seconds = time.perf_counter() - started
-    except BaseException:
-        if slept is not None:  # serve on with the weights it had
-            wake_engine(loop.engine)
-        raise
+    stats, update_seconds, slept = update_engine(loop.engine, loop.trainer, part, adapter, new)
     loop.publish(new, loop.trainer.steps)
     loop.last = stats
     record = step_record(stats, batch, new.current, loop.trainer.steps, update_seconds, slept, figures)
@@ -360,44 +368,30 @@ def train_part(loop: TrainingLoop, part: Batch, adapter: str | None, batch: Batc
     return stats
 
 
-def supervised_step(loop: TrainingLoop, batch: Batch, adapter: str | None = None) -> StepStats:
-    """(learner thread) One update on a batch of data rather than of episodes (``mode`` "sft",
-    ``learner.supervised``, or "dpo", ``learner.preference``; of ``adapter`` with an adapter per agent, at
-    the batch's learning rate if it has one), logged, served and recorded as a policy update is (its
-    record's ``mode`` says which)."""
-    if loop.trainer.config.adapters and adapter not in loop.trainer.config.adapters:
-        raise ValueError(
-            f"this server trains an adapter per agent: name one of {', '.join(loop.trainer.config.adapters)}"
-        )
-    if not loop.log_version(loop.served.after_step([adapter] if adapter is not None else [])):
-        raise StateError("the server is stopping; nothing was trained")
-    return train_part(loop, batch, adapter, batch, BatchFigures({}, {}, Counter(), {}))
+def update_engine(
+    engine: Engine, learner: Learner, part: Batch, adapter: str | None, new: PolicyVersions
+) -> tuple[StepStats, float, float | None]:
+    """(learner thread) The learner's step on ``part``, its weights pushed to ``engine`` as ``new``, the engine
+    asleep through the step with --engine-sleep: the step's figures, the push's seconds and the sleep's."""
+    # asleep before the other ranks have the batch: none of them starts its step on a device a
+    # sleeping engine replica has not freed yet
+    slept = sleep_engine(engine)
+    try:
+        if learner.ctx.enabled:
+            distributed.broadcast(learner.ctx, part)
+        stats = learner.step(part, adapter)
+        learner.release_gradients()  # between steps that memory serves (or wakes) the engine
+        if slept is not None and learner.device.type == "cuda":
+            import torch
 
-
-def score_batch(loop: TrainingLoop, batch: Batch, adapter: str | None = None) -> list[float]:
-    """(learner thread) Each of ``batch``'s sequences' summed log-prob under the current weights (of
-    ``adapter``), every learner rank taking part; nothing is updated."""
-    if loop.trainer.ctx.enabled:
-        distributed.broadcast(loop.trainer.ctx, distributed.Score(batch, adapter))
-    return [float(x) for x in score(loop.trainer, batch, adapter)]
-
-
-def adopt(loop: TrainingLoop, state: dict[str, Any]) -> tuple[int, Any]:
-    """(learner thread) Take another run's training state (population-based training's exploit): its
-    weights and optimizer state; this run's settings and step count stay. The weights are served as a
-    new policy version, then checkpointed (a restart continues from them). The version and the path."""
-    trainer = loop.trainer
-    steps, config = trainer.steps, trainer.config
-    trainer.load_training_state(state)
-    trainer.steps = steps
-    trainer.reconfigure(config)
-    versions = loop.served.after_step([])
-    if not loop.log_version(versions):
-        raise StateError("the server is stopping; nothing was adopted")
-    version = versions.current
-    push_weights(loop.engine, trainer, versions)
-    loop.publish(versions, steps)
-    return version, loop.checkpoint()
+            torch.cuda.empty_cache()  # the sleeping engine takes its memory back from the driver
+        started = time.perf_counter()
+        push_weights(engine, learner, new, adapter)  # wakes a sleeping engine
+        return stats, time.perf_counter() - started, slept
+    except BaseException:
+        if slept is not None:  # serve on with the weights it had
+            wake_engine(engine)
+        raise
 
 
 def push_weights(engine: Engine, learner: Learner, versions: PolicyVersions, adapter: str | None = None) -> None:
@@ -445,7 +439,7 @@ def worker_loop(
             logger.info("learner rank %d takes new settings (lr %s)", ctx.rank, learner.config.lr)
             continue
         if isinstance(message, distributed.Score):
-            score(learner, message.batch, message.adapter)  # type: ignore[arg-type]
+            learner.score(message.batch, message.adapter)  # type: ignore[arg-type]
             continue
         if not isinstance(message, Batch):
             raise RuntimeError(f"learner rank {ctx.rank} got an unexpected message from rank 0: {message!r}")

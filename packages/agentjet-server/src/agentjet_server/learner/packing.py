@@ -223,3 +223,14 @@ def unique_tokens(sequences: list[list[int]]) -> int:
     for tokens in sorted(sequences):
         tree.insert(Sequence(tokens, [], [], []))
     return tree.size
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's share of the batch on this rank: its micro-batches (``None`` where
+    this rank only joins the other ranks' collectives), and every rank's trained tokens and sequences
+    together (the loss's normalisers)."""
+
+    micro: list[MicroBatch | None]
+    tokens: float
+    sequences: float = 1.0

@@ -1,11 +1,22 @@
-"""The Hugging Face causal LM as the learner sees it: log-prob logits at trained tokens, and the
-critic's values there when PPO trains one.
+"""The Hugging Face causal LM as the learner runs it: log-probs at trained tokens, the critic's values there
+when PPO trains one, in the learner's compute precision, with the learner's attention.
 
 ``PolicyModel`` wraps the model so that the output head runs only where a token is trained (see
 its docstring) and, for ``--algorithm ppo``, holds the value head: one linear layer on the
 policy's last hidden state, detached, so the critic's loss trains the head and never moves the
 policy's own weights (on the demo, letting it train the shared trunk slowed learning: the reward
-reached 0.5 after 20,718 episodes instead of 9,669).
+reached 0.5 after 20,718 episodes instead of 9,669). Its forward passes run under ``autocast()``: the
+precision the learner computes in (``--learner-dtype``), the weights keeping the dtype they were loaded in.
+
+The learner's attention (``learner_sdpa``) is transformers' SDPA, minus a fall-back to the quadratic
+kernel. With grouped-query attention (fewer key/value heads than query heads: Qwen2 and most current
+families) transformers asks PyTorch's SDPA for ``enable_gqa`` whenever no mask is given, which is how
+the learner runs a tree chain by chain. On CUDA only the flash kernel takes ``enable_gqa``, and it
+takes no fp32; so an fp32 learner there falls back to the math kernel, which keeps softmax(QK^T) for
+the backward pass: heads x length^2 x 4 bytes per layer and chain, 10.5 GiB of a measured 48 GiB
+step on a 0.5B-class model with 1,024-token chains (``bench/gpu.py``). Repeating the key/value
+heads first lets the memory-efficient kernel take fp32 and keeps attention linear in length.
+Elsewhere (bf16 or fp16 compute, CPU) the function is transformers' own.
 """
 
 from __future__ import annotations
@@ -16,6 +27,66 @@ from typing import Any
 import torch
 
 from agentjet_server.learner.packing import MicroBatch
+
+NAME = "agentjet_sdpa"
+
+
+class _OneGroup:
+    """The attention module as SDPA's wrapper sees it once its key/value heads are repeated."""
+
+    num_key_value_groups = 1
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def learner_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    repeat_heads: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """transformers' SDPA, with every query head given its own copy of its key/value head where only the
+    math kernel would take them grouped (``repeat_heads`` None: fp32 on CUDA outside autocast) or always
+    (``repeat_heads=True``)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if repeat_heads is None:  # under autocast the kernel gets bf16 or fp16 (flash takes grouped heads)
+        repeat_heads = query.is_cuda and query.dtype == torch.float32 and not torch.is_autocast_enabled("cuda")
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    if repeat_heads and groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        return sdpa_attention_forward(_OneGroup(module), query, key, value, attention_mask, **kwargs)  # type: ignore[arg-type]
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def register(name: str, function: Any) -> None:
+    """Make ``function`` an attention implementation transformers knows as ``name``, with SDPA's
+    masks: a name without a mask function gets no mask at all (transformers' rule for outside
+    kernels), and a chain continuing its ancestors' keys would attend to the wrong ones."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
+
+
+def use_learner_attention(model: torch.nn.Module) -> bool:
+    """Switch a transformers model that attends with SDPA to ``learner_sdpa``; whether it did."""
+    config = getattr(model, "config", None)
+    switch: Any = getattr(model, "set_attn_implementation", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or switch is None:
+        return False
+    register(NAME, learner_sdpa)
+    switch(NAME)
+    return True
 
 
 def _cache_kwarg(module: Any) -> str:
@@ -41,9 +112,11 @@ class PolicyModel(torch.nn.Module):
     final norm and head are gathered around exactly this computation.
     """
 
-    def __init__(self, model: torch.nn.Module, value_head: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, value_head: bool = False, bf16: bool = False) -> None:
         super().__init__()
         self.lm = model
+        self.compute_bf16 = bf16  # compute under bf16 autocast (``autocast``)
+        self.device_type = next(model.parameters()).device.type  # where autocast applies (set for offload)
         self.value_head: torch.nn.Linear | None = None
         if value_head:
             config: Any = model.config
@@ -77,6 +150,10 @@ class PolicyModel(torch.nn.Module):
         values = self.value_head(hidden.detach().float()).squeeze(-1) if self.value_head is not None else None
         return head(hidden), values
 
+    def autocast(self) -> Any:
+        """The learner's compute precision around a forward pass (backward follows it)."""
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.compute_bf16)
+
     def run(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Log-prob of each trained entry's token, the policy's entropy there, and the values ``[E]``."""
         logp, values = self.distribution(batch)
@@ -85,11 +162,12 @@ class PolicyModel(torch.nn.Module):
 
     def distribution(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The log-probabilities of the whole vocabulary ``[E, V]`` (float32) at each trained entry, and the
-        values ``[E]``."""
-        logits, values = self(
-            batch.input_ids, batch.position_ids, batch.attention_mask, batch.entry_nodes, batch.segments
-        )
-        return torch.log_softmax(logits.float(), dim=-1), values
+        values ``[E]``, computed in the learner's precision."""
+        with self.autocast():
+            logits, values = self(
+                batch.input_ids, batch.position_ids, batch.attention_mask, batch.entry_nodes, batch.segments
+            )
+            return torch.log_softmax(logits.float(), dim=-1), values
 
     def _segment_hidden(
         self, decoder: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, segments: list[tuple[int, int, int]]
@@ -124,3 +202,15 @@ class PolicyModel(torch.nn.Module):
             kv.append([(layer.keys[:, :, -n:], layer.values[:, :, -n:]) for layer in cache.layers])
             hidden.append(out.last_hidden_state[0])
         return torch.cat(hidden)
+
+
+def frozen(model: torch.nn.Module | None, like: PolicyModel) -> PolicyModel | None:
+    """A model the learner only reads (the KL's reference, the distillation teacher), run as ``like`` runs."""
+    if model is None:
+        return None
+    use_learner_attention(model)
+    model.requires_grad_(False)
+    model.eval()
+    policy = PolicyModel(model, bf16=like.compute_bf16)
+    policy.device_type = like.device_type
+    return policy

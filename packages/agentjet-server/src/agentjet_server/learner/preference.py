@@ -11,7 +11,7 @@ DPO compares the policy with a reference: the model as it was before preference 
 reference log-probs of a pair (``ref_chosen_logps``, ``ref_rejected_logps``: each answer's summed
 log-prob) are part of the pair: ``agentjet-client dpo`` scores every pair once, before the first update,
 and sends the figures with each pair. They travel in the batch's ``old_logprobs`` (a sequence's
-reference log-prob spread evenly over its trained tokens), so ``trainer.weigh_pairs`` reads them back by
+reference log-prob spread evenly over its trained tokens), so ``prepare.weigh_pairs`` reads them back by
 summing. A batch is ``[chosen0, rejected0, chosen1, ...]`` of ``mode`` "dpo".
 """
 

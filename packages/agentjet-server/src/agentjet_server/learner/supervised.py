@@ -11,7 +11,7 @@ naming the message.
 
 The sequences go through the learner as a ``Batch`` of ``mode`` "sft" (``supervised_batch``): the same
 packing, micro-batching and optimizer as the policy updates, with the negative log-likelihood as the loss
-(``trainer.objective``). ``evaluate`` gives the loss of a batch without updating anything (the held-out part).
+(``objective.objective``). ``evaluate`` gives the loss of a batch without updating anything (the held-out part).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from agentjet_server.engine.tokens import ChatTokenizer
 from agentjet_server.errors import InvalidRequestError
 from agentjet_server.learner.batch import Batch, Sequence
-from agentjet_server.learner.trainer import Learner, score
+from agentjet_server.learner.trainer import Learner
 
 
 def conversation(
@@ -71,7 +71,7 @@ def supervised_batch(sequences: list[Sequence]) -> Batch:
 def evaluate(learner: Learner, batch: Batch, adapter: str | None = None) -> tuple[float, int]:
     """(learner thread) The summed negative log-likelihood of the batch's trained tokens, and their count,
     under the learner's weights (of ``adapter``, with an adapter per agent); nothing is updated."""
-    return -float(score(learner, batch, adapter).sum()), batch.trained_tokens
+    return -float(learner.score(batch, adapter).sum()), batch.trained_tokens
 
 
 MAX_EXAMPLES = 512  # chats per request: a request is one update (or one evaluation), answered when done

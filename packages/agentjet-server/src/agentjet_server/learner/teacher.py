@@ -22,6 +22,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 import httpx2
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agentjet_server.learner.batch import Sequence
 
@@ -124,21 +125,37 @@ class RemoteTeacher:
         return [float(v) for v in scored if v is not None]
 
     async def _post(self, client: httpx2.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in range(self.attempts):
-            try:
-                reply = await client.post(self.base + "/completions", json=body)
-            except httpx2.HTTPError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if reply.status_code == 200:
-                    answer: dict[str, Any] = reply.json()
-                    return answer
-                if reply.status_code < 500 and reply.status_code != 429:
-                    raise TeacherError(f"the teacher refused to score ({reply.status_code}): {reply.text[:300]}")
-                problem = f"{reply.status_code}: {reply.text[:200]}"
-            if attempt + 1 < self.attempts:
-                await asyncio.sleep(min(2.0**attempt, 10.0))
-        raise TeacherUnavailable(f"the teacher at {self.url} failed {self.attempts} times, last: {problem}")
+        """The teacher's answer; a connection error, 5xx or 429 is tried again (``attempts`` in all, 1 s,
+        2 s, 4 s ... apart, at most 10 s), then raises TeacherUnavailable; another refusal raises at once."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=1, max=10),
+            retry=retry_if_exception_type(_Again),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._post_once(client, body)
+        except _Again as exc:
+            raise TeacherUnavailable(f"the teacher at {self.url} failed {self.attempts} times, last: {exc}") from None
+        raise AssertionError("tenacity ends in an answer or an exception")  # pragma: no cover
+
+    async def _post_once(self, client: httpx2.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            reply = await client.post(self.base + "/completions", json=body)
+        except httpx2.HTTPError as exc:
+            raise _Again(f"{type(exc).__name__}: {exc}") from exc
+        if reply.status_code == 200:
+            answer: dict[str, Any] = reply.json()
+            return answer
+        if reply.status_code < 500 and reply.status_code != 429:
+            raise TeacherError(f"the teacher refused to score ({reply.status_code}): {reply.text[:300]}")
+        raise _Again(f"{reply.status_code}: {reply.text[:200]}")
+
+
+class _Again(Exception):
+    """A teacher call worth trying again (unreachable, 5xx, 429): its message is what went wrong."""
 
 
 def _prompt_logprobs(answer: dict[str, Any], length: int) -> list[float | None]:

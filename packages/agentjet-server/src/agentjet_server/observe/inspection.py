@@ -110,6 +110,30 @@ def summary(trajectory: Trajectory, received: float | None = None) -> dict[str, 
     }
 
 
+def reward_detail(trajectory: Trajectory) -> list[str]:
+    """Where the reward came from, as lines for people (``inspect`` and the dashboard show the same): each
+    reward component's score (a Rubric's functions, a judge), each agent's reward, what a judge said."""
+    lines = []
+    components = trajectory.metadata.get("reward_components")
+    if isinstance(components, dict) and components:
+        lines.append("reward components: " + ", ".join(f"{name} {_figure(v)}" for name, v in components.items()))
+    if trajectory.agent_rewards:
+        lines.append("reward by agent: " + ", ".join(f"{n} {_figure(v)}" for n, v in trajectory.agent_rewards.items()))
+    judge = trajectory.metadata.get("judge")
+    if isinstance(judge, dict):
+        how = "kept answer" if judge.get("cached") else f"{judge.get('kind', '?')} call"
+        said = str(judge.get("explanation") or "")
+        lines.append(
+            f"judge {judge.get('model', '?')} ({how}, {judge.get('candidates', '?')} candidates): "
+            + repr(said[:300] + ("..." if len(said) > 300 else ""))
+        )
+    return lines
+
+
+def _figure(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
 def trajectory_view(trajectory: Trajectory, tokenizer: Any, signer: SampleSigner | None) -> dict[str, Any]:
     """What ``agentjet-server inspect`` shows, as data for the dashboard: every timeline the learner
     would train, each token with its text, whether it is trained (and by which call), and its
@@ -120,6 +144,7 @@ def trajectory_view(trajectory: Trajectory, tokenizer: Any, signer: SampleSigner
     view["error"] = trajectory.error
     view["code_version"] = trajectory.code_version
     view["metadata"] = trajectory.metadata  # the task, each reward component's score, what a judge said
+    view["reward_detail"] = reward_detail(trajectory)
     view["calls"] = [
         {
             "agent": t.agent,

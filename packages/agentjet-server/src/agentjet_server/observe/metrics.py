@@ -25,12 +25,13 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from agentjet_client.protocol import ClientInfo, ClientReport, TagInfo, Trajectory, TrajectoryCounts, TrajectoryResult
+from agentjet_server.observe.steps import MAX_LABELS, Mean, StepRecord, agent_rewards
 from agentjet_server.observe.tasks import TaskTable
 from agentjet_server.observe.tool_calls import ToolCallHealth
 from agentjet_server.versions import PolicyVersions
@@ -41,7 +42,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 MAX_CLIENTS = 1024  # clients remembered (least recently seen forgotten first): bounds label cardinality
-MAX_LABELS = 256  # task tags / agents with their own series; more fold into "other"
 HISTORY_LINES = 20_000  # history lines kept in memory for the dashboard
 RECENT_EVENTS = 200
 
@@ -93,125 +93,6 @@ class ServingStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
-
-
-@dataclass
-class Mean:
-    count: int = 0
-    total: float = 0.0
-
-    def add(self, value: float) -> None:
-        self.count += 1
-        self.total += value
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-
-@dataclass
-class StepRecord:
-    """One learner step as the history and ``/metrics`` see it."""
-
-    step: int
-    policy_version: int
-    loss: float
-    grad_norm: float
-    step_seconds: float
-    weight_update_seconds: float
-    sequences: int
-    trained_tokens: int
-    processed_tokens: int
-    trajectories: int
-    mean_reward: float | None
-    approx_kl: float | None = None
-    clip_fraction: float | None = None
-    entropy: float | None = None
-    reward_by_tag: dict[str, float] = field(default_factory=dict)
-    reward_by_agent: dict[str, float] = field(default_factory=dict)
-    reward_components: dict[str, float] = field(default_factory=dict)  # mean of each, over the batch
-    lag_mean: float | None = None
-    lag_max: int | None = None
-    # the off-policy correction and the regularisers (None where the objective has none)
-    is_weight_mean: float | None = None  # mean truncated importance weight pi_prox (or pi) / pi_behaviour
-    is_truncated_fraction: float | None = None  # tokens whose weight hit --is-cap
-    behaviour_kl: float | None = None  # approx KL(pi_behaviour || pi_prox): how off-policy the batch was
-    kl_reference: float | None = None  # k3 KL to the reference model
-    value_error: float | None = None  # PPO: the critic's mean squared error to its returns
-    value_mean: float | None = None
-    stale_dropped: int = 0  # episodes left out for aging past the bound while they waited
-    prepare_seconds: float | None = None  # the no-gradient pass (proximal / reference / values)
-    engine_sleep_seconds: float | None = None  # --engine-sleep: the engine's time to fall asleep before the step
-    adapter: str | None = None  # with an adapter per agent: the adapter this step trained
-    # the loss it ran: "rl" (the policy objective), "distill" (the policy objective with a teacher's
-    # advantage, --teacher), "sft" (supervised, ``learner.supervised``) or "dpo" (``learner.preference``)
-    mode: str = "rl"
-    reward_margin: float | None = None  # "dpo": beta * the pairs' mean margin over the reference
-    teacher_kl: float | None = None  # "distill": mean log pi_behaviour - log pi_teacher over the trained tokens
-    preference_accuracy: float | None = None  # "dpo": the share of pairs whose chosen answer leads
-
-
-class BatchFigures(NamedTuple):
-    """A batch's mean reward per task tag, per agent and per reward component (``reward_components`` of its
-    episodes' metadata: a rubric's functions, a judge) over its complete episodes, and how many of the
-    tokens it trains lag the version by how many versions."""
-
-    by_tag: dict[str, float]
-    by_agent: dict[str, float]
-    lag: Counter[int]
-    by_component: dict[str, float]
-
-
-def batch_figures(
-    groups: Iterable[Iterable[Trajectory]], trained: Iterable[Trajectory], version: PolicyVersions | int
-) -> BatchFigures:
-    """The ``BatchFigures`` of a batch (``trained``: the episodes whose every sampled token it trains), its
-    lags against ``version`` (each turn against its adapter's, with an adapter per agent)."""
-    versions = PolicyVersions(version) if isinstance(version, int) else version
-    tags: dict[str, Mean] = {}
-    agents: dict[str, Mean] = {}
-    components: dict[str, Mean] = {}
-    lag: Counter[int] = Counter()
-    for group in groups:
-        for trajectory in group:
-            if trajectory.status != "complete":
-                continue
-            tags.setdefault(trajectory.task_tag or "", Mean()).add(trajectory.reward)
-            for agent, reward in _agent_rewards(trajectory).items():
-                agents.setdefault(agent, Mean()).add(reward)
-            for name, score in _components(trajectory).items():
-                if len(components) < MAX_LABELS or name in components:
-                    components.setdefault(name, Mean()).add(score)
-    for trajectory in trained:
-        for turn in trajectory.turns:
-            version = versions.of(turn.adapter) if versions.knows(turn.adapter) else versions.current
-            if turn.completion_versions:
-                lag.update(max(0, version - v) for v in turn.completion_versions)
-            else:
-                lag[max(0, version - turn.policy_version)] += len(turn.completion_token_ids)
-
-    def means(table: dict[str, Mean]) -> dict[str, float]:
-        return {k: m.mean for k, m in table.items() if m.mean is not None}
-
-    return BatchFigures(means(tags), means(agents), lag, means(components))
-
-
-def _components(trajectory: Trajectory) -> dict[str, float]:
-    """The reward components the client recorded (numbers only; anything else in the metadata is ignored)."""
-    found = trajectory.metadata.get("reward_components")
-    if not isinstance(found, dict):
-        return {}
-    return {
-        str(k): float(v)
-        for k, v in found.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    }
-
-
-def _agent_rewards(trajectory: Trajectory) -> dict[str, float]:
-    """Each agent's reward: its own (``agent_rewards``) or the episode's, for every agent that sampled."""
-    own = trajectory.agent_rewards or {}
-    return {turn.agent: own.get(turn.agent, trajectory.reward) for turn in trajectory.turns}
 
 
 @dataclass
@@ -392,7 +273,7 @@ class Telemetry:
                 self.tasks.record(trajectory)
                 purpose = trajectory.purpose
                 _slot(self.rewards_by_tag, (purpose, trajectory.task_tag or "")).add(trajectory.reward)
-                for agent, reward in _agent_rewards(trajectory).items():
+                for agent, reward in agent_rewards(trajectory).items():
                     _slot(self.rewards_by_agent, (purpose, agent)).add(reward)
         for trajectory, result in zip(trajectories, results, strict=True):
             if result.status == "accepted" and trajectory.purpose == "eval":
@@ -403,7 +284,7 @@ class Telemetry:
                     tag=trajectory.task_tag or "",
                     policy_version=trajectory.oldest_version,
                     reward=trajectory.reward,
-                    agent_rewards=_agent_rewards(trajectory),
+                    agent_rewards=agent_rewards(trajectory),
                     status=trajectory.status,
                 )
 
@@ -554,52 +435,3 @@ class TagFigures:
         """Copies of the counts and sums."""
         with self._lock:
             return self.trained.copy(), {k: (v[0], v[1], v[2]) for k, v in self.sums.items()}
-
-
-def step_record(
-    stats: Any,
-    batch: Any,
-    version: int,
-    step: int,
-    update_seconds: float,
-    slept: float | None,
-    figures: BatchFigures,
-) -> StepRecord:
-    """The figures of one learner step (``stats``: the learner's ``StepStats``; ``batch``: the batch it
-    trained), for the history, ``/metrics`` and the dashboard."""
-    lag = figures.lag
-    lagged = sum(lag.values())
-    extra = stats.extra
-    return StepRecord(
-        step=step,
-        policy_version=version,
-        loss=stats.loss,
-        grad_norm=stats.grad_norm,
-        step_seconds=stats.seconds,
-        weight_update_seconds=update_seconds,
-        sequences=stats.sequences,
-        trained_tokens=stats.trained_tokens,
-        processed_tokens=stats.processed_tokens,
-        trajectories=batch.trajectories,
-        mean_reward=stats.mean_reward,
-        approx_kl=extra.get("approx_kl"),
-        clip_fraction=extra.get("clip_fraction"),
-        entropy=extra.get("entropy"),
-        reward_by_tag=figures.by_tag,
-        reward_by_agent=figures.by_agent,
-        reward_components=figures.by_component,
-        lag_mean=sum(k * n for k, n in lag.items()) / lagged if lagged else None,
-        lag_max=max(lag) if lag else None,
-        is_weight_mean=extra.get("is_weight_mean"),
-        is_truncated_fraction=extra.get("is_truncated_fraction"),
-        behaviour_kl=extra.get("behaviour_kl"),
-        kl_reference=extra.get("kl_reference"),
-        value_error=extra.get("value_error"),
-        value_mean=extra.get("value_mean"),
-        stale_dropped=batch.stale,
-        prepare_seconds=stats.prepare_seconds,
-        engine_sleep_seconds=slept,
-        reward_margin=extra.get("reward_margin"),
-        teacher_kl=extra.get("teacher_kl"),
-        preference_accuracy=extra.get("accuracy"),
-    )

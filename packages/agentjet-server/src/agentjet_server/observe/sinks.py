@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentjet_client.extras import extra_hint
+from agentjet_client.errors import extra_hint
 from agentjet_server.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""Supervised (SFT) and preference (DPO) fine-tuning from data files."""

@@ -1,0 +1,1 @@
+"""What a run plays: the agent declaration, task sources, rewards and judges."""
