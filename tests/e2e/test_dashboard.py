@@ -118,6 +118,12 @@ def test_the_dashboard_shows_a_trained_run_its_reward_curve_and_a_trajectory_tok
         assert mean == pytest.approx(
             [sum(rewards[max(0, i - 9) : i + 1]) / len(rewards[max(0, i - 9) : i + 1]) for i in range(len(rewards))]
         )
+        # the sampler against the trainer: each step's median token ratio, as its history line has it
+        history = [json.loads(x) for x in (state / "metrics.jsonl").read_text().splitlines()]
+        medians = [x["mismatch_token_p50"] for x in history if x["kind"] == "step"]
+        ratio = 'svg[data-chart="chart-mismatch"] circle[data-series="token ratio p50"]'
+        assert page.eval_on_selector_all(ratio, "cs => cs.map(c => Number(c.dataset.y))") == pytest.approx(medians)
+        page.locator("#chart-mismatch").screenshot(path=str(SHOTS / "dashboard-mismatch.png"))
         assert page.inner_text("#version") == f"policy v{server.status()['policy_version']}"
         # the task table: each task's accepted training episodes, as /v1/status counts them
         rates = {t["task"]: t for t in server.status()["tasks"]}

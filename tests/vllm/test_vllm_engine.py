@@ -230,7 +230,7 @@ def test_request_in_flight_during_an_update_completes(vllm_server, sdk):
 def test_agentjet_server_up_engine_vllm_serves_and_trains_from_a_client_run(model_dir, tmp_path):
     # an entropy bonus gives a batch whose groups all tie a gradient too: each batch of 16 episodes steps
     args = ["--engine", "vllm", "--batch-groups", "2", "--group-size", "8", "--entropy-coef", "0.001"]
-    args += ["--log-level", "info"]
+    args += ["--log-level", "info", "--token-mask", "0.2,5"]  # rollout correction against vLLM's log-probs
     server = ServerProcess(args, tmp_path / "server.log", env={"AGENTJET_DIGITS": "3,8"})
     try:
         with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as sdk:
@@ -257,6 +257,14 @@ def test_agentjet_server_up_engine_vllm_serves_and_trains_from_a_client_run(mode
         status = server.wait_trained()
         assert status["trajectories"]["accepted"] == 48 and status["trajectories"]["rejected"] == 0
         assert status["policy_version"] == 3 and status["learner"]["last_error"] is None, status["learner"]
+        # the sampler against the trainer, from vLLM's own log-probs: close, not identical (two kernels)
+        mismatch = status["learner"]["last_mismatch"]
+        assert 0 < mismatch["mismatch_kl"] < 0.05 and mismatch["mismatch_logprob_corr"] > 0.99, mismatch
+        assert mismatch["mismatch_token_p01"] <= mismatch["mismatch_token_p50"] <= mismatch["mismatch_token_p99"]
+        assert 0.5 < mismatch["mismatch_token_p50"] < 2 and 0 <= mismatch["token_masked"] < 0.05, mismatch
+        metrics = httpx2.get(server.url + "/metrics").text
+        scraped = [line.split()[1] for line in metrics.splitlines() if line.startswith("agentjet_learner_mismatch_kl ")]
+        assert scraped and float(scraped[0]) == pytest.approx(mismatch["mismatch_kl"]), scraped
     finally:
         server.stop()
     assert "with vllm" in (tmp_path / "server.log").read_text()

@@ -36,7 +36,7 @@ def test_langchain_invoke_stream_and_async_are_captured_token_exact(live_server)
         episode.close()
         turns = episode.to_trajectory(1.0).turns
         assert episode.recorder.failures == 0
-    assert len(turns) == 3 and {t.agent for t in turns} == {"writer"}
+    assert len(turns) == 3 and {t.agent for t in turns} == {"writer"} and {t.max_tokens for t in turns} == {6}
     # same seed: streaming and not give the same tokens, and the text the agent saw is theirs
     assert turns[0].completion_token_ids == turns[1].completion_token_ids == turns[2].completion_token_ids
     whole = [t.model_dump(exclude={"started_at", "latency_s", "signature"}) for t in turns]

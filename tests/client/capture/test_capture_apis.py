@@ -68,6 +68,8 @@ def test_responses_and_messages_conversations_merge_into_one_timeline_each(live_
         ("claude", "claude-for-this-agent"),
         ("legacy", "gpt-3.5-turbo-instruct"),
     ]
+    # each turn keeps the token limit it was sampled under, whatever the API called it (overlong shaping reads it)
+    assert [t.max_tokens for t in turns] == [30, 6, 30, 6, 4]
     # each turn records the chat messages its request meant: the tool result is a tool message
     assert turns[1].request_messages[-1] == {"role": "tool", "tool_call_id": calls[0].call_id, "content": "5"}
     assert turns[3].request_messages[-1] == {"role": "tool", "tool_call_id": uses[0].id, "content": "5"}

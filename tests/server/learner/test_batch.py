@@ -70,3 +70,37 @@ def test_a_truncated_episode_counts_in_its_groups_baseline_and_trains_no_token()
     assert len(masked.sequences) == 3 and masked.truncated == 1
     assert [e.id for e in masked.included] == ["e0", "e2", "e3"]
     assert [s.advantages[0] for s in masked.sequences] == [kept.sequences[i].advantages[0] for i in (0, 2, 3)]
+
+
+def test_overlong_shaping_costs_each_episode_its_costliest_turn_near_the_limit_and_each_agent_its_own():
+    """DAPO's overlong reward shaping: nothing up to L_max - buffer, then linearly to the penalty at the limit;
+    the advantages come from the shaped rewards, the batch reports the rewards as they were."""
+    from agentjet_client.protocol import Trajectory
+    from agentjet_server.learner.batch import overlong_shaped
+    from tests.server.learner.groups import _turn
+
+    def turn(length: int, limit: int | None, agent: str = "default") -> object:
+        sampled = _turn([1, 2], list(range(10, 10 + length)), [0] * length)
+        return sampled.model_copy(update={"max_tokens": limit, "agent": agent})
+
+    def episode(i: int, turns: list, reward: float = 1.0, agents: dict[str, float] | None = None) -> Trajectory:
+        return Trajectory(id=f"e{i}", task_id="t", turns=turns, reward=reward, agent_rewards=agents)
+
+    limit, buffer, penalty = 16, 8, 0.5
+    for length, cost in [(4, 0.0), (8, 0.0), (9, 0.5 / 8), (12, 0.25), (16, 0.5)]:
+        shaped = overlong_shaped(episode(0, [turn(length, limit)]), buffer, penalty)
+        assert shaped.reward == 1.0 - cost, (length, shaped.reward)
+    # two turns: the costlier one counts; a turn without a known limit costs nothing
+    two = overlong_shaped(episode(0, [turn(12, limit), turn(16, limit), turn(99, None)]), buffer, penalty)
+    assert two.reward == 0.5
+    # per agent: each agent's reward pays for its own turns
+    team = episode(0, [turn(16, limit, "a"), turn(4, limit, "b")], agents={"a": 1.0, "b": 0.8})
+    shaped_team = overlong_shaped(team, buffer, penalty)
+    assert shaped_team.reward == 0.5 and shaped_team.agent_rewards == {"a": 0.5, "b": 0.8}
+    group = [episode(i, [turn(length, limit)]) for i, length in enumerate([4, 12, 16])]  # all rewarded 1
+    plain = build_batch([group])
+    assert plain.sequences == []  # equal rewards: no signal
+    batch = build_batch([group], overlong=(buffer, penalty))
+    assert batch.rewards == [1.0, 1.0, 1.0] and len(batch.sequences) == 3
+    advantages = [s.advantages[0] for s in batch.sequences]
+    assert advantages[0] > advantages[1] > advantages[2]  # the longer, the lower (shaped 1, 0.75, 0.5)

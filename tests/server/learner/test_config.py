@@ -23,6 +23,7 @@ FROM_SETTINGS = {
     "policy_loss": ("policy_loss", "gspo", "gspo"),
     "advantage": ("advantage", "rloo", "rloo"),
     "mask_truncated": ("mask_truncated", True, True),
+    "overlong_buffer": ("overlong_buffer", 64, 64),
     "cispo_cap": ("cispo_cap", 3.0, 3.0),
     "sapo_tau_pos": ("sapo_tau_pos", 2.0, 2.0),
     "sapo_tau_neg": ("sapo_tau_neg", 2.0, 2.0),
@@ -30,6 +31,10 @@ FROM_SETTINGS = {
     "loss_aggregation": ("loss_aggregation", "seq-mean-token-mean", "seq-mean-token-mean"),
     "loss_norm_length": ("loss_norm_length", 64, 64),
     "kl_coef": ("kl_coef", 0.2, 0.2),
+    "token_mask": ("token_mask", "0.5,5", (0.5, 5.0)),
+    "sequence_mask": ("sequence_mask", "0.9,1.1", (0.9, 1.1)),
+    "sequence_is": ("sequence_is", True, True),
+    "mismatch_kl_coef": ("mismatch_kl_coef", 0.1, 0.1),
     "mini_batches": ("mini_batches", 4, 4),
     "gamma": ("gamma", 0.9, 0.9),
     "lam": ("lam", 0.5, 0.5),
@@ -47,6 +52,7 @@ TOGETHER = {
     "distill_coef": {"teacher": TEACHER, "distill_coef": 0.3},
     "distill_loss": {"teacher": TEACHER, "distill_coef": 0.3, "distill_loss": "full"},
     "adapters": {"lora_rank": 4, "adapters": "planner,executor"},
+    "overlong_penalty": {"overlong_buffer": 64, "overlong_penalty": 0.5},
 }
 LIBRARY_ONLY = {"weight_decay", "epochs", "value_clip", "tree_attention"}  # no flag: the library's defaults
 
@@ -96,3 +102,28 @@ def test_an_estimator_with_the_wrong_algorithm_is_refused_and_ppo_defaults_to_ga
         ServerSettings(advantage="rloo", algorithm="ppo")
     assert learner_config(ServerSettings(algorithm="ppo")).advantage == "gae"
     assert learner_config(ServerSettings()).advantage == "grpo"
+
+
+def test_rollout_correction_refuses_what_does_not_compose_and_bounds_that_miss_the_ratio_one():
+    """A sequence weight replaces decoupled's token weight (so it needs decoupled, at start and live); mask
+    bounds must hold 1 between them and come as LOW,HIGH, from the flag's text or the job file's list."""
+    import pytest
+
+    from agentjet_server.control import check_changes
+    from agentjet_server.errors import InvalidRequestError
+    from agentjet_server.learner.objective import corrects_rollout
+
+    with pytest.raises(ValueError, match="set --overlong-buffer too"):
+        ServerSettings(overlong_penalty=0.5)
+    with pytest.raises(ValueError, match="--sequence-is takes decoupled's importance weight per sequence"):
+        ServerSettings(sequence_is=True, off_policy="none")
+    with pytest.raises(InvalidRequestError, match="use --token-mask or --sequence-mask") as refused:
+        check_changes(ServerSettings(sequence_is=True), {"off_policy": "tis"})
+    assert refused.value.status_code == 400
+    for bad, reason in [("2,5", "must hold the ratio 1"), ("0.5", "is not LOW,HIGH"), ("0.5,inf", "must hold")]:
+        with pytest.raises(ValueError, match=reason):
+            ServerSettings.model_validate({"token_mask": bad})
+    assert ServerSettings.model_validate({"sequence_mask": [0.99, 1.01]}).sequence_mask == (0.99, 1.01)
+    live = check_changes(ServerSettings(), {"token_mask": "0,4", "off_policy": "none"})
+    assert learner_config(live).token_mask == (0.0, 4.0) and corrects_rollout(learner_config(live))
+    assert not corrects_rollout(learner_config(ServerSettings()))

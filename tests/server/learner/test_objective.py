@@ -5,13 +5,34 @@ import math
 import pytest
 import torch
 
-from agentjet_server.learner.objective import (
-    clipped_policy_loss,
-    clipped_value_loss,
-    decoupled_policy_loss,
-    k3_kl,
-    tis_policy_loss,
-)
+from agentjet_server.learner.config import LearnerConfig
+from agentjet_server.learner.objective import aggregate, clipped_value_loss, k3_kl, policy_terms
+from tests.server.learner.groups import micro_batch
+
+
+def _policy_loss(config, logp, behaviour, adv, weights, proximal=None, normaliser=None):  # type: ignore[no-untyped-def]
+    """The policy loss as the step computes it (``policy_terms``, then ``aggregate`` as a token mean over
+    ``normaliser`` tokens, by default the weights' sum), on flat tensors of one sequence."""
+    flat = [t.reshape(-1) for t in (logp, behaviour, adv, weights)]
+    part = micro_batch(flat[1], flat[2], flat[3], proximal=None if proximal is None else proximal.reshape(-1))
+    per_token, stats = policy_terms(config, flat[0], part)
+    tokens = normaliser if normaliser is not None else float(flat[3].sum())
+    return aggregate(per_token, flat[3], part.spans, config, tokens, 1.0), stats
+
+
+def clipped_policy_loss(logp, old, adv, mask, lo=0.2, hi=0.28, normaliser=None):  # type: ignore[no-untyped-def]
+    config = LearnerConfig(off_policy="none", clip_low=lo, clip_high=hi)
+    return _policy_loss(config, logp, old, adv, mask.to(logp.dtype), normaliser=normaliser)
+
+
+def decoupled_policy_loss(logp, prox, behaviour, adv, weights, lo=0.2, hi=0.28, cap=2.0, normaliser=None):  # type: ignore[no-untyped-def]
+    config = LearnerConfig(off_policy="decoupled", clip_low=lo, clip_high=hi, is_cap=cap)
+    return _policy_loss(config, logp, behaviour, adv, weights, proximal=prox, normaliser=normaliser)
+
+
+def tis_policy_loss(logp, behaviour, adv, weights, cap=2.0, normaliser=None):  # type: ignore[no-untyped-def]
+    config = LearnerConfig(off_policy="tis", is_cap=cap)
+    return _policy_loss(config, logp, behaviour, adv, weights, normaliser=normaliser)
 
 
 def test_clipped_loss_matches_naive_per_token():
@@ -83,7 +104,7 @@ def test_decoupled_gradient_is_weighted_by_the_truncated_importance_weight():
     cap = 2.0
     logp = torch.tensor(PROX, dtype=torch.float64, requires_grad=True)
     _, prox, behaviour, adv, weights = _tensors(LOGP, PROX, BEHAVIOUR, ADV, WEIGHTS)
-    loss, _ = decoupled_policy_loss(logp, prox, behaviour, adv, weights, is_cap=cap, normaliser=1.0)
+    loss, _ = decoupled_policy_loss(logp, prox, behaviour, adv, weights, cap=cap, normaliser=1.0)
     loss.backward()
     expected = [-w * min(math.exp(p - b), cap) * a for p, b, a, w in zip(PROX, BEHAVIOUR, ADV, WEIGHTS, strict=False)]
     assert logp.grad.tolist() == pytest.approx(expected, rel=1e-12)

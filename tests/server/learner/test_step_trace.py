@@ -82,9 +82,10 @@ def pairs(model_dir: Path) -> Any:
         LearnerConfig(algorithm="ppo", kl_coef=0.1, entropy_coef=0.01),  # critic, GAE, reference KL, entropy
         LearnerConfig(off_policy="tis", mini_batches=2, epochs=2),
         LearnerConfig(policy_loss="gspo", loss_aggregation="seq-mean-token-mean"),
+        LearnerConfig(token_mask=(0.5, 5.0), sequence_is=True, mismatch_kl_coef=0.1, mini_batches=2),
         None,  # a DPO step: each pair's weight from the sequences' log-probs, then the weighted loss
     ],
-    ids=["grpo", "ppo-kl", "tis-minibatches", "gspo-seq-mean", "dpo"],
+    ids=["grpo", "ppo-kl", "tis-minibatches", "gspo-seq-mean", "rollout-correction", "dpo"],
 )
 def test_one_step_passes_through_at_most_five_files_none_re_entered(model_dir, config):
     from transformers import AutoModelForCausalLM

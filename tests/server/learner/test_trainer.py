@@ -42,9 +42,12 @@ def test_learner_step_changes_parameters_and_improves_the_rewarded_answer(model_
     assert len({round(x, 9) for x in losses}) > 1  # the loss moved
 
 
-def rewarded_answer_over_steps(model_dir, config: LearnerConfig, estimator: str = "grpo") -> list[float]:  # type: ignore[no-untyped-def]
+def rewarded_answer_over_steps(
+    model_dir, config: LearnerConfig, estimator: str = "grpo", exact: bool = False
+) -> list[float]:  # type: ignore[no-untyped-def]
     """The probability of the rewarded answer before each of 16 steps on fresh groups of the model's own
-    answers, every step checked to have a finite loss and a gradient."""
+    answers (``exact``: every sampled log-prob the model's own), every step checked to have a finite loss and a
+    gradient."""
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(model_dir)
@@ -53,7 +56,7 @@ def rewarded_answer_over_steps(model_dir, config: LearnerConfig, estimator: str 
     seven = tok.convert_tokens_to_ids("7")
     probs = []
     for step in range(16):
-        ids, group = make_group(tok, model, "What is 3 + 4?", 7, step)
+        ids, group = make_group(tok, model, "What is 3 + 4?", 7, step, exact)
         with torch.no_grad():
             probs.append(float(torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)[seven]))
         stats = learner.step(build_batch([group], estimator=estimator))  # type: ignore[arg-type]

@@ -68,7 +68,8 @@ UP_EXTRAS = [
 
 def _cli_type(annotation: Any) -> Any:
     """What typer parses a setting's type as: a Literal as its values' type (pydantic checks the value),
-    a mapping as text (``--mix math=3,tools=1``), a list as a repeatable option of text."""
+    a mapping as text (``--mix math=3,tools=1``), bounds as text (``--token-mask 0.5,5``), a list as a
+    repeatable option of text."""
     args = [a for a in get_args(annotation) if a is not type(None)]
     optional = len(args) < len(get_args(annotation))
     core = args[0] if optional and len(args) == 1 else annotation
@@ -79,6 +80,8 @@ def _cli_type(annotation: Any) -> Any:
         core, optional = list[str], True
     elif origin is dict:
         core, optional = str, True
+    elif origin is tuple:  # bounds, as LOW,HIGH
+        core = str
     return core | None if optional else core
 
 
@@ -112,6 +115,8 @@ def _option(name: str, field: Any, flag: str, panel: str) -> Parameter:
     else:
         decls = [f"--{flag}"]
     metavar = "<text>" if get_origin(field.annotation) in (list, dict) else None
+    if any(get_origin(a) is tuple for a in get_args(field.annotation)):
+        metavar = "LOW,HIGH"
     option = typer.Option(
         *decls,
         help=field.description,

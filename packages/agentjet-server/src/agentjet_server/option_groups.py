@@ -216,6 +216,19 @@ class LearnerOptions(OptionGroup):
         "counts in its group's baseline and trains no token",
         live="overlong filtering, from the next batch",
     )
+    overlong_buffer: int = setting(
+        0,
+        "overlong reward shaping (DAPO): a turn whose completion comes within this many tokens of its limit "
+        "(max_tokens) lowers the episode's reward, linearly to --overlong-penalty at the limit (0 = off)",
+        live="overlong reward shaping, from the next batch",
+        ge=0,
+    )
+    overlong_penalty: float = setting(
+        1.0,
+        "overlong reward shaping: the reward an episode loses for a turn that reached its token limit",
+        live="the overlong penalty, from the next batch",
+        ge=0,
+    )
     lr: float = setting(0.001, "AdamW learning rate", live="the learner's learning rate, from the next step", gt=0)
     clip_low: float = setting(
         0.2,
@@ -263,6 +276,30 @@ class LearnerOptions(OptionGroup):
     )
     dro_beta: float = setting(
         0.05, "dro: the weight of its quadratic penalty on log(pi / pi_old)", live="dro's penalty, next step", ge=0
+    )
+    token_mask: tuple[float, float] | None = setting(
+        None,
+        "rollout correction (IcePop): a token whose pi_old / mu (trainer over sampler) is outside LOW,HIGH trains "
+        "nothing (e.g. 0.5,5)",
+        live="the token mask of rollout correction, from the next step",
+    )
+    sequence_mask: tuple[float, float] | None = setting(
+        None,
+        "rollout correction: a sequence whose geometric-mean pi_old / mu is outside LOW,HIGH trains nothing "
+        "(e.g. 0.98,1.02)",
+        live="the sequence mask of rollout correction, from the next step",
+    )
+    sequence_is: bool = setting(
+        False,
+        "rollout correction, with --off-policy decoupled: the truncated importance weight per sequence, "
+        "min(prod pi_old / mu, --is-cap) on each of its tokens, in place of the weight per token",
+        live="whether the importance weight is taken per sequence, from the next step",
+    )
+    mismatch_kl_coef: float = setting(
+        0.0,
+        "rollout correction: a penalty coef * (log pi - log mu)^2 / 2 per trained token, towards the sampler",
+        live="the penalty towards the sampler's log-probs, from the next step",
+        ge=0,
     )
     loss_aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         setting(

@@ -42,7 +42,7 @@ from agentjet_server.learner.training import Training
 from agentjet_server.observe.inspection import RecentTrajectories
 from agentjet_server.observe.metrics import History, Snapshot, Telemetry, Ticker
 from agentjet_server.observe.sinks import open_sinks
-from agentjet_server.observe.steps import StepRecord
+from agentjet_server.observe.steps import MISMATCH, StepRecord
 from agentjet_server.observe.tracing import record_ingest
 from agentjet_server.option_groups import TEACHER_KEY_ENV
 from agentjet_server.serving import ChatService, PromptBuilder, Sampler, TextService
@@ -137,7 +137,15 @@ def _finite(value: float) -> float | None:
 
 
 # the learner's part of /v1/status: settings shown as they are, and the loop's own counts
-STATUS_SETTINGS = ("algorithm", "batch_groups", "group_size", "max_staleness", "off_policy", "stale_policy")
+STATUS_SETTINGS = (
+    "algorithm",
+    "batch_groups",
+    "group_size",
+    "max_staleness",
+    "off_policy",
+    "stale_policy",
+    "policy_loss",
+)
 STATUS_COUNTS = ("skipped_batches", "stale_at_training", "downweighted_tokens")
 
 
@@ -153,6 +161,7 @@ def learner_info(loop: TrainingLoop, settings: ServerSettings, step: int, checkp
         last_error=loop.error,
         last_checkpoint_step=checkpoint_step,
         trained_token_lag={str(k): n for k, n in sorted(loop.trained_lag.items())},
+        last_mismatch={k: v for k, v in last.extra.items() if k in MISMATCH and math.isfinite(v)} if last else {},
         **{name: getattr(settings, name) for name in STATUS_SETTINGS},
         **{name: getattr(loop, name) for name in STATUS_COUNTS},
     )

@@ -88,6 +88,27 @@ class ServerSettings(
                 raise ValueError(f"the weight of tag '{tag}' is {weight}; weights must be positive numbers")
         return mix
 
+    @field_validator("token_mask", "sequence_mask", mode="before")
+    @classmethod
+    def _parse_bounds(cls, value: object) -> object:
+        """``--token-mask 0.5,5`` (or the pair as a list, from the admin API or a job file)."""
+        if not isinstance(value, str):
+            return value
+        parts = [p.strip() for p in value.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"'{value}' is not LOW,HIGH; write the bounds of pi_old / mu as 0.5,5")
+        return parts
+
+    @field_validator("token_mask", "sequence_mask")
+    @classmethod
+    def _check_bounds(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+        if bounds is not None and not (0 <= bounds[0] < 1 < bounds[1] and math.isfinite(bounds[1])):
+            raise ValueError(
+                f"the bounds {bounds[0]},{bounds[1]} must hold the ratio 1 between them (0 <= LOW < 1 < HIGH): "
+                "pi_old / mu is 1 where the trainer and the sampler agree"
+            )
+        return bounds
+
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         """The rules across settings: the models named, the engine and its devices, who may connect."""
@@ -143,6 +164,17 @@ class ServerSettings(
                 f"--off-policy tis is a policy loss of its own (a truncated importance-weighted policy gradient), "
                 f"so it cannot go with --policy-loss {self.policy_loss}: use --off-policy decoupled or none with "
                 f"{self.policy_loss}, or --policy-loss ppo with tis"
+            )
+        if self.overlong_penalty != 1.0 and self.overlong_buffer == 0:
+            raise ValueError(
+                "--overlong-penalty is the most an overlong turn costs, within --overlong-buffer tokens of its limit: "
+                "set --overlong-buffer too (e.g. 64), or leave the penalty out"
+            )
+        if self.sequence_is and self.off_policy != "decoupled":
+            raise ValueError(
+                f"--sequence-is takes decoupled's importance weight per sequence, so it needs --off-policy decoupled "
+                f"(the loss's ratio against pi_old); with --off-policy {self.off_policy} use --token-mask or "
+                "--sequence-mask, which only leave out tokens"
             )
         if self.teacher is not None and self.algorithm == "ppo":
             raise ValueError("--teacher adds its advantage to GRPO's; with --algorithm ppo it is not supported yet")

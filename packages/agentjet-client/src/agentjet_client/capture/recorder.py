@@ -40,7 +40,8 @@ API_PATHS = (
 
 
 # what a turn copies of the server's extension, as it came: the tokens, their log-probs and versions, the
-# signature over them, and how (processed distribution) and by what (adapter) they were sampled
+# signature over them, how (processed distribution) and by what (adapter) they were sampled, and under what
+# token limit
 SAMPLED = (
     "policy_version",
     "prompt_token_ids",
@@ -51,6 +52,7 @@ SAMPLED = (
     "signature",
     "sampled_from",
     "adapter",
+    "max_tokens",
 )
 
 

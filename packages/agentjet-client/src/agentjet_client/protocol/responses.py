@@ -68,6 +68,10 @@ class AgentJetExtension(_Open):
     # the LoRA adapter that sampled it (a server with an adapter per agent): its versions are that adapter's
     # own count; copy it into the Turn
     adapter: str | None = None
+    # the completion's token limit as the server applied it (the request's max_tokens, or less where the context
+    # had less room): a completion of that many tokens was cut off; copy it into the Turn (not signed: it only
+    # shapes a reward the client reports itself)
+    max_tokens: int | None = None
 
 
 class Choice(_Open):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -49,6 +50,10 @@ class LearnerInfo(_Strict):
     downweighted_tokens: int = 0  # tokens trained with less weight for the same reason
     # trained tokens by how many versions older than the weights they updated ("0", "1", ...; this process)
     trained_token_lag: dict[str, int] = Field(default_factory=dict)
+    policy_loss: str | None = None  # ppo | gspo | cispo | sapo | importance_sampling | dro
+    # the last step's sampler-trainer mismatch (pi_old / mu): mismatch_kl, the token and sequence ratio quantiles
+    # (mismatch_token_p01 ... mismatch_sequence_p99), mismatch_logprob_corr, and the shares rollout correction masked
+    last_mismatch: dict[str, float] = Field(default_factory=dict)
 
 
 class ContextCounts(_Strict):
@@ -167,6 +172,17 @@ class ServerStatus(_Strict):
             return info.admission_budget
         return self.admission_budget
 
+    def _mismatch(self) -> str:
+        """The last step's sampler-trainer mismatch, where it was measured."""
+        m = self.learner.last_mismatch
+        if "mismatch_kl" not in m:
+            return ""
+        low, high = m.get("mismatch_token_p01", math.nan), m.get("mismatch_token_p99", math.nan)
+        masked = m.get("token_masked", 0.0) + m.get("sequence_masked", 0.0)
+        return f"\n  sampler vs trainer: KL {m['mismatch_kl']:.2g}  pi_old/mu p1-p99 {low:.3f}-{high:.3f}" + (
+            f"  masked {masked:.1%}" if masked else ""
+        )
+
     def summary(self) -> str:
         """One line for people: what ``agentjet-server status`` and ``agentjet-client status`` print."""
         t = self.trajectories
@@ -184,6 +200,7 @@ class ServerStatus(_Strict):
                 if self.learner.last_checkpoint_step is not None
                 else ""
             )
+            + self._mismatch()
             + "".join(  # task tags, where there are any (a server of untagged episodes has just '')
                 f"\n  tag {tag or '(none)'}: {info.summary()}"
                 for tag, info in sorted(self.by_tag.items())

@@ -57,6 +57,12 @@ class Turn(_Strict):
         description="the choice's agentjet.signature, as returned: the server checks the turn is what it sampled",
     )
     reward: float | None = None
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="the choice's agentjet.max_tokens: the token limit the server sampled it under (overlong "
+        "reward shaping reads it)",
+    )
     started_at: float | None = None
     latency_s: float | None = Field(default=None, ge=0.0)
     sampled_from: Literal["processed"] | None = Field(

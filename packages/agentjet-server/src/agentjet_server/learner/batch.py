@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
-from agentjet_client.protocol import Trajectory
+from agentjet_client.protocol import Trajectory, Turn
 from agentjet_server.batching.timeline import Timeline, build_timelines, call_tokens
 from agentjet_server.learner.advantages import Estimator, batch_whitened, episode_advantages
 from agentjet_server.learner.config import LearnerConfig
@@ -127,6 +127,7 @@ class BatchOptions(TypedDict):
     algorithm: Algorithm
     estimator: Estimator
     mask_truncated: bool
+    overlong: tuple[int, float] | None
     max_staleness: int | None
     stale_policy: StalePolicy
 
@@ -139,6 +140,7 @@ def batch_options(config: LearnerConfig, max_staleness: int | None, stale_policy
         algorithm=config.algorithm,
         estimator="grpo" if config.advantage == "gae" else config.advantage,
         mask_truncated=config.mask_truncated,
+        overlong=(config.overlong_buffer, config.overlong_penalty) if config.overlong_buffer else None,
         max_staleness=max_staleness,
         stale_policy=stale_policy,
     )
@@ -154,6 +156,7 @@ def build_batch(
     stale_policy: StalePolicy = "drop",
     estimator: Estimator = "grpo",
     mask_truncated: bool = False,
+    overlong: tuple[int, float] | None = None,
 ) -> Batch:
     """Turn groups of trajectories into trainable sequences (see the module docstring).
 
@@ -166,6 +169,9 @@ def build_batch(
 
     ``mask_truncated`` (DAPO's overlong filtering): an episode with a turn cut off at its token limit
     (``finish_reason`` "length") counts in its group's baseline and trains no token (``Batch.truncated``).
+
+    ``overlong`` (buffer, penalty): DAPO's overlong reward shaping (``overlong_shaped``) of the rewards the
+    advantages are computed from (``Batch.rewards`` keeps the rewards as reported).
 
     ``estimator``: the group estimator (``learner.advantages``); with ``reinforce_pp`` the group baselines are
     then whitened over the batch's trained tokens.
@@ -186,6 +192,8 @@ def build_batch(
             batch.stale += len(complete) - len(fresh)
             complete = fresh
         batch.rewards.extend(t.reward for t in complete)
+        if overlong is not None:
+            complete = [overlong_shaped(t, *overlong) for t in complete]
         if algorithm == "ppo":
             advantages: list[dict[str, float]] = [{"": 0.0} for _ in complete]
         else:
@@ -238,6 +246,32 @@ def _sequences(
             group=group,
             adapter=timeline.adapter,
         )
+
+
+def overlong_shaped(trajectory: Trajectory, buffer: int, penalty: float) -> Trajectory:
+    """``trajectory`` with DAPO's overlong reward shaping: a turn of ``L`` completion tokens under a limit of
+    ``L_max`` (``Turn.max_tokens``) costs ``penalty * (L - (L_max - buffer)) / buffer`` once ``L`` passes
+    ``L_max - buffer`` (``penalty`` at the limit); the episode's reward loses its costliest turn's cost, and each
+    agent's own reward (``agent_rewards``) its own costliest turn's. Turns without a known limit cost nothing."""
+
+    def cost(turns: list[Turn]) -> float:
+        costs = [
+            penalty * min(1.0, (len(t.completion_token_ids) - (t.max_tokens - buffer)) / buffer)
+            for t in turns
+            if t.max_tokens is not None and len(t.completion_token_ids) > t.max_tokens - buffer
+        ]
+        return max(costs, default=0.0)
+
+    episode = cost(trajectory.turns)
+    agents = trajectory.agent_rewards
+    if not episode and not agents:
+        return trajectory
+    update: dict[str, object] = {"reward": trajectory.reward - episode}
+    if agents:
+        update["agent_rewards"] = {
+            name: reward - cost([t for t in trajectory.turns if t.agent == name]) for name, reward in agents.items()
+        }
+    return trajectory.model_copy(update=update)
 
 
 def _lag(trajectory: Trajectory, versions: PolicyVersions) -> int:

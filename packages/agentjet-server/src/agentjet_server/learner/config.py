@@ -28,6 +28,9 @@ class LearnerConfig:
     # the group estimator of a batch's advantages (learner.advantages), or gae (PPO's critic: learner.prepare)
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "passk", "gae"] = "grpo"
     mask_truncated: bool = False  # DAPO's overlong filtering: an episode cut off at its token limit trains nothing
+    # DAPO's overlong reward shaping: a turn within this many tokens of its limit costs up to overlong_penalty
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
     off_policy: OffPolicy = "decoupled"
     is_cap: float = 2.0  # truncation of the behaviour importance weight (decoupled, tis)
     # the policy loss (learner.objective.policy_terms): ppo, gspo, cispo, sapo, importance_sampling, dro
@@ -41,6 +44,12 @@ class LearnerConfig:
         "token-mean"
     )
     loss_norm_length: int = 1024  # seq-mean-token-sum-norm: a sequence's token sum is divided by this
+    # rollout correction against the sampler's log-probs mu (docs/objectives.md): with any of these, pi_old is the
+    # trainer's own log-prob of every token at the weights about to be updated (never the sampled one reused)
+    token_mask: tuple[float, float] | None = None  # IcePop: a token whose pi_old / mu is outside trains nothing
+    sequence_mask: tuple[float, float] | None = None  # a sequence whose geometric-mean pi_old / mu is outside: nothing
+    sequence_is: bool = False  # decoupled's truncated weight per sequence (min(prod pi_old / mu, is_cap))
+    mismatch_kl_coef: float = 0.0  # a penalty coef * (log pi - log mu)^2 / 2 per trained token
     kl_coef: float = 0.0  # k3 KL to the reference model; needs a reference
     # on-policy distillation: each sampled token's advantage gains this times log pi_teacher - log pi_behaviour
     # (the negative of the per-token reverse KL to the teacher); needs a teacher

@@ -9,16 +9,19 @@ reference): ``ppo_terms`` (the clipped ratio), ``gspo_terms`` (one length-normal
 and ``dro_terms`` (Tinker's forms). ``policy_terms`` picks one and applies ``--off-policy``; ``aggregate``
 turns the tokens' losses into the mini-batch's share (``--loss-aggregation``).
 
-The off-policy modes as reduced losses (per trained token, weighted, summed and divided by ``normaliser``)
-* ``clipped_policy_loss`` — PPO's clipped surrogate against the *behaviour* log-probs the engine
-  recorded when it sampled (``--off-policy none``). At high staleness the behaviour policy is
-  many versions old, and one clip around it both corrects for staleness and bounds the update:
-  the AReaL paper's "naive PPO", which degrades as staleness grows.
-* ``decoupled_policy_loss`` — AReaL's decoupled objective (``--off-policy decoupled``): the clip
-  is taken around a *proximal* policy (the weights about to be updated) and the staleness is
-  corrected separately by the importance weight ``pi_prox / pi_behaviour``, truncated at a cap.
-* ``tis_policy_loss`` — truncated importance sampling on the plain policy gradient (``tis``):
-  each token's gradient ``A * grad log pi`` weighted by ``min(pi / pi_behaviour, cap)``, no clip.
+The off-policy modes (``--off-policy``, in ``policy_terms``)
+* ``none`` — the loss against the *behaviour* log-probs the engine recorded when it sampled. At high
+  staleness the behaviour policy is many versions old, and one clip around it both corrects for staleness
+  and bounds the update: the AReaL paper's "naive PPO", which degrades as staleness grows.
+* ``decoupled`` — AReaL's decoupled objective: the loss (PPO's clip, say) against a *proximal* policy (the
+  weights about to be updated), and the staleness corrected separately by the importance weight
+  ``pi_prox / pi_behaviour``, truncated at a cap (``importance_weight``; per sequence with
+  ``--sequence-is``).
+* ``tis`` — truncated importance sampling on the plain policy gradient (``tis_terms``): each token's
+  gradient ``A * grad log pi`` weighted by ``min(pi / pi_behaviour, cap)``, no clip.
+
+Rollout correction (``--token-mask``, ``--sequence-mask``: ``rollout_masks``; ``--mismatch-kl-coef``) and the
+mismatch figures of a step (``mismatch_figures``) compare the trainer's log-probs (pi_old) with the sampler's.
 
 Preference
 * ``dpo_weights`` — DPO's loss on (chosen, rejected) pairs, ``-log sigmoid(beta * margin)`` with the
@@ -38,10 +41,13 @@ Regularisers
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from agentjet_server.learner.batch import Mode
 from agentjet_server.learner.config import LearnerConfig
+from agentjet_server.learner.distributed import DistContext
 from agentjet_server.learner.packing import MicroBatch
 from agentjet_server.learner.policy import PolicyModel, chosen_and_entropy
 
@@ -64,6 +70,8 @@ def objective(
     trained position."""
     distribution, values = policy.distribution(part)
     logprobs, entropy = chosen_and_entropy(distribution, part.targets)
+    if part.fresh and part.trainer_logprobs is None:  # no optimizer step yet: these are pi_old
+        part.trainer_logprobs = logprobs.detach()
     weights = part.weights
     if mode == "dpo":  # each sequence's weight (``weigh_pairs``) times its log-prob: the pair loss's gradient
         return -(logprobs.float() * part.advantages * weights).sum(), {"entropy": float(entropy.detach().mean())}
@@ -78,6 +86,9 @@ def objective(
         kl = k3_kl(logprobs, part.reference_logprobs)
         per_token = per_token + config.kl_coef * kl
         stats["kl_reference"] = float(kl.detach().mean())
+    if config.mismatch_kl_coef > 0:  # towards the sampler: (log pi - log mu)^2 / 2
+        drift = logprobs - part.old_logprobs
+        per_token = per_token + config.mismatch_kl_coef * 0.5 * drift * drift
     loss = aggregate(per_token, weights, part.spans, config, tokens, sequences or float(len(part.spans)))
     if values is not None:
         assert part.old_values is not None and part.returns is not None
@@ -99,39 +110,158 @@ def objective(
     return loss, stats
 
 
+def corrects_rollout(config: LearnerConfig) -> bool:
+    """Whether any rollout correction is on (so every token needs the trainer's pi_old)."""
+    return bool(config.token_mask or config.sequence_mask or config.sequence_is or config.mismatch_kl_coef)
+
+
 def policy_terms(
     config: LearnerConfig, logprobs: torch.Tensor, part: MicroBatch
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Each entry's policy loss ``[E]`` (unweighted, not aggregated) and the figures: the loss of
     ``--policy-loss`` against the proximal log-probs (``--off-policy decoupled``, then weighted by the
-    truncated ``pi_prox / pi_behaviour``) or the behaviour ones (``none``); ``tis`` is a loss of its own."""
-    behaviour, advantages, weights = part.old_logprobs, part.advantages, part.weights
+    truncated ``pi_prox / pi_behaviour``, per token or per sequence) or the behaviour ones (``none``); ``tis``
+    is a loss of its own. With rollout correction, the proximal log-probs are the trainer's own (pi_old) and
+    the masks leave out the tokens and sequences where the trainer and the sampler disagree."""
+    behaviour = part.old_logprobs
+    if corrects_rollout(config) and part.trainer_logprobs is None:
+        raise RuntimeError("rollout correction needs pi_old of every token: prepare computes it for later mini-batches")
     if config.off_policy == "tis":
-        return tis_terms(logprobs, behaviour, advantages, weights, config.is_cap)
-    old = behaviour
-    if config.off_policy == "decoupled":
-        assert part.proximal_logprobs is not None
-        old = part.proximal_logprobs
-    name = config.policy_loss
-    if name == "ppo":
-        per_token, stats = ppo_terms(logprobs, old, advantages, weights, config.clip_low, config.clip_high)
-    elif name == "gspo":
-        per_token, stats = gspo_terms(logprobs, old, advantages, weights, part.spans, config.clip_low, config.clip_high)
-    elif name == "cispo":
-        per_token, stats = cispo_terms(logprobs, old, advantages, weights, config.cispo_cap)
-    elif name == "sapo":
-        per_token, stats = sapo_terms(logprobs, old, advantages, weights, config.sapo_tau_pos, config.sapo_tau_neg)
-    elif name == "importance_sampling":
-        per_token, stats = importance_terms(logprobs, old, advantages, weights)
+        per_token, stats = tis_terms(logprobs, behaviour, part.advantages, part.weights, config.is_cap)
     else:
-        per_token, stats = dro_terms(logprobs, old, advantages, weights, config.dro_beta)
-    if config.off_policy == "decoupled":
-        with torch.no_grad():
-            raw = torch.exp(old - behaviour)
-        weight_stats = _weight_stats(raw, config.is_cap, old - behaviour, weights)
-        stats.update(weight_stats, behaviour_kl=weight_stats.pop("kl"))
-        per_token = torch.clamp(raw, max=config.is_cap) * per_token
+        old: torch.Tensor | None = behaviour
+        if config.off_policy == "decoupled":
+            old = part.trainer_logprobs if corrects_rollout(config) else part.proximal_logprobs
+        assert old is not None
+        per_token, stats = _named_loss(config, logprobs, old, part)
+        if config.off_policy == "decoupled":
+            spans = part.spans if config.sequence_is else None
+            weight, weight_stats = importance_weight(old - behaviour, config.is_cap, part.weights, spans)
+            stats.update(weight_stats, behaviour_kl=weight_stats.pop("kl"))
+            per_token = weight * per_token
+    if config.token_mask or config.sequence_mask:
+        assert part.trainer_logprobs is not None
+        keep, mask_stats = rollout_masks(part.trainer_logprobs - behaviour, part.weights, part.spans, config)
+        per_token = per_token * keep
+        stats.update(mask_stats)
     return per_token, stats
+
+
+def _named_loss(
+    config: LearnerConfig, logprobs: torch.Tensor, old: torch.Tensor, part: MicroBatch
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The per-token loss that ``--policy-loss`` names, against ``old``."""
+    advantages, weights, name = part.advantages, part.weights, config.policy_loss
+    if name == "ppo":
+        return ppo_terms(logprobs, old, advantages, weights, config.clip_low, config.clip_high)
+    if name == "gspo":
+        return gspo_terms(logprobs, old, advantages, weights, part.spans, config.clip_low, config.clip_high)
+    if name == "cispo":
+        return cispo_terms(logprobs, old, advantages, weights, config.cispo_cap)
+    if name == "sapo":
+        return sapo_terms(logprobs, old, advantages, weights, config.sapo_tau_pos, config.sapo_tau_neg)
+    if name == "importance_sampling":
+        return importance_terms(logprobs, old, advantages, weights)
+    return dro_terms(logprobs, old, advantages, weights, config.dro_beta)
+
+
+def importance_weight(
+    log_ratio: torch.Tensor, cap: float, weights: torch.Tensor, spans: list[tuple[int, int]] | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The truncated importance weight of each entry (no gradient) from ``log_ratio`` = log pi_prox - log mu:
+    ``min(pi_prox / mu, cap)`` per token, or with ``spans`` per sequence, ``min(prod_t pi_prox / mu, cap)``
+    at each of its tokens (taken in log space, so a long sequence's product never overflows); and its
+    figures (the weight, the share truncated, the k3 KL estimate "kl")."""
+    with torch.no_grad():
+        log_ratio = log_ratio.detach()
+        if spans is not None:
+            sums, _, index = _per_sequence(spans, log_ratio)
+            raw = torch.exp(torch.clamp(sums, max=math.log(cap) + 1.0))[index]
+        else:
+            raw = torch.exp(log_ratio)
+        stats = _weight_stats(raw, cap, log_ratio, weights)
+        return torch.clamp(raw, max=cap), stats
+
+
+def rollout_masks(
+    log_ratio: torch.Tensor, weights: torch.Tensor, spans: list[tuple[int, int]], config: LearnerConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Which entries train (1) and which rollout correction leaves out (0), from ``log_ratio`` = log pi_old -
+    log mu: ``--token-mask`` (IcePop) a token whose ratio is outside its bounds, ``--sequence-mask`` every token
+    of a sequence whose geometric-mean ratio ``exp(mean_t log(pi_old / mu))`` is; and the share of trained tokens
+    each left out."""
+    with torch.no_grad():
+        log_ratio = log_ratio.detach().float()
+        present = (weights != 0).to(log_ratio.dtype)
+        count = _count(weights)
+        keep = torch.ones_like(log_ratio)
+        stats: dict[str, float] = {}
+        if config.token_mask:
+            low, high = config.token_mask
+            inside = (log_ratio >= _log(low)) & (log_ratio <= math.log(high))
+            keep = keep * inside.to(keep.dtype)
+            stats["token_masked"] = float(((~inside).to(keep.dtype) * present).sum() / count)
+        if config.sequence_mask:
+            low, high = config.sequence_mask
+            sums, lengths, index = _per_sequence(spans, log_ratio)
+            mean = (sums / lengths)[index]
+            inside = (mean >= _log(low)) & (mean <= math.log(high))
+            keep = keep * inside.to(keep.dtype)
+            stats["sequence_masked"] = float(((~inside).to(keep.dtype) * present).sum() / count)
+        return keep, stats
+
+
+def _log(bound: float) -> float:
+    return math.log(bound) if bound > 0 else -math.inf
+
+
+def mismatch_figures(micro: list[MicroBatch], ctx: DistContext) -> dict[str, float]:
+    """How far the sampler's log-probs (mu) are from the trainer's at the weights the step started from
+    (pi_old), over every trained token that has both (every token with rollout correction on or a single
+    mini-batch; else the first mini-batch's): quantiles of the token ratio pi_old / mu and of each sequence's
+    geometric-mean ratio, the k3 estimate of KL(mu || pi_old), and the correlation of the two log-probs.
+    The same figures on every rank (gathered); none where no token has both."""
+    tokens: list[torch.Tensor] = []
+    trainer: list[torch.Tensor] = []
+    behaviour: list[torch.Tensor] = []
+    sequences: list[torch.Tensor] = []
+    for m in micro:
+        if m.trainer_logprobs is None:
+            continue
+        present = (m.weights != 0).cpu()
+        pi_old, mu = m.trainer_logprobs.detach().float().cpu(), m.old_logprobs.float().cpu()
+        ratio = pi_old - mu
+        tokens.append(ratio[present])
+        trainer.append(pi_old[present])
+        behaviour.append(mu[present])
+        if m.spans:
+            sums, lengths, _ = _per_sequence(m.spans, ratio)
+            sequences.append(sums / lengths)
+    parts = [torch.cat(x) if x else torch.zeros(0) for x in (tokens, trainer, behaviour, sequences)]
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        every: list[list[torch.Tensor] | None] = [None] * ctx.world_size
+        dist.all_gather_object(every, parts)
+        parts = [torch.cat([g[i] for g in every if g is not None]) for i in range(4)]
+    log_ratio, pi_old, mu, per_sequence = parts
+    if log_ratio.numel() == 0:
+        return {}
+    token_q = torch.quantile(log_ratio.double(), torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).exp()
+    sequence_q = torch.quantile(per_sequence.double(), torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).exp()
+    figures = {
+        "mismatch_tokens": float(log_ratio.numel()),
+        "mismatch_kl": float((torch.exp(-log_ratio.double()) + log_ratio.double() - 1).mean()),
+        "mismatch_token_p01": float(token_q[0]),
+        "mismatch_token_p50": float(token_q[1]),
+        "mismatch_token_p99": float(token_q[2]),
+        "mismatch_sequence_p01": float(sequence_q[0]),
+        "mismatch_sequence_p50": float(sequence_q[1]),
+        "mismatch_sequence_p99": float(sequence_q[2]),
+    }
+    if mu.numel() > 1 and float(mu.std()) > 0 and float(pi_old.std()) > 0:
+        figures["mismatch_logprob_corr"] = float(torch.corrcoef(torch.stack([pi_old, mu]).double())[0, 1])
+    return figures
 
 
 def aggregate(
@@ -191,11 +321,8 @@ def gspo_terms(
     ``-min(s A_t, clip(s, 1 - low, 1 + high) A_t)``. Every token's gradient goes through ``s``, so a
     change of one token's log-prob moves the weight of every token of its sequence."""
     log_ratio = logprobs - old
-    index = _sequence_index(spans, log_ratio.shape[0], log_ratio.device)
-    lengths = torch.zeros(len(spans), dtype=log_ratio.dtype, device=log_ratio.device)
-    lengths.index_add_(0, index, torch.ones_like(log_ratio))
-    means = torch.zeros(len(spans), dtype=log_ratio.dtype, device=log_ratio.device).index_add(0, index, log_ratio)
-    sequence_ratio = torch.exp(means / lengths.clamp(min=1.0))[index]
+    sums, lengths, index = _per_sequence(spans, log_ratio)
+    sequence_ratio = torch.exp(sums / lengths)[index]
     unclipped = sequence_ratio * advantages
     clipped = torch.clamp(sequence_ratio, 1.0 - low, 1.0 + high) * advantages
     stats = _clip_stats(sequence_ratio, unclipped, clipped, log_ratio, weights)
@@ -278,6 +405,17 @@ def _sequence_index(spans: list[tuple[int, int]], entries: int, device: torch.de
     return index.to(device)
 
 
+def _per_sequence(
+    spans: list[tuple[int, int]], values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's sum of ``values`` ``[S]`` (with their gradient), its entry count (at least 1), and each
+    entry's sequence ``[E]``."""
+    index = _sequence_index(spans, values.shape[0], values.device)
+    sums = torch.zeros(len(spans), dtype=values.dtype, device=values.device).index_add(0, index, values)
+    lengths = torch.zeros_like(sums).index_add(0, index, torch.ones_like(values)).clamp(min=1.0)
+    return sums, lengths, index
+
+
 def _reduce(per_token: torch.Tensor, weights: torch.Tensor, normaliser: float | None) -> torch.Tensor:
     denominator = normaliser if normaliser is not None else float(weights.sum().clamp(min=1.0))
     return (per_token * weights).sum() / denominator
@@ -312,69 +450,6 @@ def _weight_stats(raw: torch.Tensor, cap: float, log_ratio: torch.Tensor, weight
             "is_truncated_fraction": float(((raw > cap).to(weights.dtype) * present).sum() / count),
             "kl": float((((raw - 1) - log_ratio) * present).sum() / count),
         }
-
-
-def clipped_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    normaliser: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate (``ppo_terms``), weighted by ``mask`` (1 trains a token, 0 leaves it out, a fraction
-    down-weights it), summed and divided by ``normaliser``.
-
-    ``normaliser`` defaults to the sum of ``mask``; pass the whole batch's token count when the
-    batch is split into micro-batches so that gradients add up to the token mean.
-    """
-    weights = mask.to(logprobs.dtype)
-    per_token, stats = ppo_terms(logprobs, old_logprobs, advantages, weights, clip_low, clip_high)
-    return _reduce(per_token, weights, normaliser), stats
-
-
-def decoupled_policy_loss(
-    logprobs: torch.Tensor,
-    proximal_logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    is_cap: float = 2.0,
-    normaliser: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """AReaL's decoupled PPO objective, per token::
-
-        w = min(pi_prox / pi_behaviour, is_cap)          (no gradient)
-        r = pi_theta / pi_prox
-        loss = -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
-
-    The clip keeps the update near the proximal policy (the weights being updated), whatever the
-    staleness; the truncated weight corrects for the turn having been sampled by an older one.
-    """
-    weights = mask.to(logprobs.dtype)
-    with torch.no_grad():
-        raw = torch.exp(proximal_logprobs - behaviour_logprobs)
-    per_token, stats = ppo_terms(logprobs, proximal_logprobs, advantages, weights, clip_low, clip_high)
-    weight_stats = _weight_stats(raw, is_cap, proximal_logprobs - behaviour_logprobs, weights)
-    stats.update(weight_stats, behaviour_kl=weight_stats.pop("kl"))
-    return _reduce(torch.clamp(raw, max=is_cap) * per_token, weights, normaliser), stats
-
-
-def tis_policy_loss(
-    logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    is_cap: float = 2.0,
-    normaliser: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``tis_terms`` weighted by ``mask``, summed and divided by ``normaliser``."""
-    weights = mask.to(logprobs.dtype)
-    per_token, stats = tis_terms(logprobs, behaviour_logprobs, advantages, weights, is_cap)
-    return _reduce(per_token, weights, normaliser), stats
 
 
 def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:

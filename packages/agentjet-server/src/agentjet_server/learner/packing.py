@@ -175,7 +175,7 @@ class Packed:
 class MicroBatch:
     """One packed micro-batch as tensors: the tree's tokens (one row), its positions and attention
     (a mask, chain segments, or neither for a plain chain), and one entry per trained token.
-    The learner fills the last four before its update (see ``Learner.prepare``)."""
+    The learner fills the optional ones before its update (``learner.prepare``) or in it."""
 
     input_ids: torch.Tensor  # [1, N]
     position_ids: torch.Tensor  # [1, N]
@@ -195,6 +195,10 @@ class MicroBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None  # [E] a remote teacher's (NaN: not scored)
+    # [E] the trainer's log-probs at the weights about to be updated (pi_old): from the no-gradient pass, or
+    # kept from the update's first forward where that ran before any optimizer step (``fresh``)
+    trainer_logprobs: torch.Tensor | None = None
+    fresh: bool = False  # this forward runs at the weights the step started from
 
     @property
     def entries(self) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from agentjet_server.learner.config import LearnerConfig
 from agentjet_server.learner.distributed import DistContext
-from agentjet_server.learner.objective import dpo_weights
+from agentjet_server.learner.objective import corrects_rollout, dpo_weights
 from agentjet_server.learner.packing import MicroBatch, MiniBatch
 from agentjet_server.learner.policy import PolicyModel
 from agentjet_server.learner.teacher import RemoteTeacher
@@ -54,8 +54,12 @@ def prepare(models: Models, plan: list[MiniBatch], version: int | None, tokens: 
     real = [m for m in micro if m is not None]
     all_current = version is not None and all(bool((m.versions == version).all()) for m in real)
     # the same on every rank: each holds the whole batch's versions only for its share, so agree
-    need_prox = config.off_policy == "decoupled" and not all_ranks(models.ctx, all_current)
-    if need_prox or config.algorithm == "ppo":
+    need_prox = config.off_policy == "decoupled" and not corrects_rollout(config)
+    need_prox = need_prox and not all_ranks(models.ctx, all_current)
+    # rollout correction needs pi_old of every token; the update's first forward gives it for the first
+    # mini-batch (before any optimizer step), a later mini-batch needs it from here
+    need_trainer = corrects_rollout(config) and len(plan) > 1
+    if need_prox or need_trainer or config.algorithm == "ppo":
         _policy_pass(models, micro, version if need_prox else None, need_prox)
     for m in real:
         if m.proximal_logprobs is None:
@@ -76,13 +80,14 @@ def prepare(models: Models, plan: list[MiniBatch], version: int | None, tokens: 
 
 
 def _policy_pass(models: Models, micro: list[MicroBatch | None], version: int | None, proximal: bool) -> None:
-    """One forward pass of the policy over every micro-batch: the proximal log-probs (``proximal``: the
-    tokens ``version`` sampled keep their sampled log-probs) and, with a critic, the values."""
+    """One forward pass of the policy over every micro-batch: the trainer's log-probs, the proximal ones
+    (``proximal``: the tokens ``version`` sampled keep their sampled log-probs) and, with a critic, the values."""
     with torch.no_grad():
         for m in micro:
             logprobs, _entropy, values = models.policy.run(m if m is not None else models.idle)
             if m is None:
                 continue
+            m.trainer_logprobs = logprobs
             if proximal:
                 current = (m.versions == version) if version is not None else torch.zeros_like(m.weights).bool()
                 m.proximal_logprobs = torch.where(current, m.old_logprobs, logprobs)

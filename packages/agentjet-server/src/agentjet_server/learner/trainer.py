@@ -42,7 +42,7 @@ from agentjet_server.learner.distributed import (
     shard_model,
 )
 from agentjet_server.learner.lora import adapter_state, merged
-from agentjet_server.learner.objective import objective
+from agentjet_server.learner.objective import mismatch_figures, objective
 from agentjet_server.learner.packing import DENSE_TREE_MAX, MicroBatch, MiniBatch, Packed, pack
 from agentjet_server.learner.policy import PolicyModel, frozen, use_learner_attention
 from agentjet_server.learner.prepare import prepare, sequence_sums, weigh_pairs
@@ -242,6 +242,8 @@ class Learner:
         self.policy.train()
         with _learning_rate(self.optimizer, batch.lr):
             loss_sum, extra, grad_norm = self._update(plan, batch.mode, tokens)
+        if batch.mode == "rl":  # the trainer's log-probs against the sampler's, where the step had them
+            figures.update(mismatch_figures([m for mini in plan for m in mini.micro if m is not None], self.ctx))
         extra.update(figures.pop("shares", {}))  # this rank's shares of the prepare pass's figures
         loss_sum, extra = _sum_over_ranks(self.ctx, loss_sum, extra)
         if "dpo_loss" in figures:  # the pair loss itself, not its per-token stand-in
@@ -279,13 +281,14 @@ class Learner:
         loss_sum, grad_norm = 0.0, 0.0
         extra: dict[str, float] = {}
         teacher = self.teacher if self.config.distill_loss == "full" else None
-        for _epoch in range(self.config.epochs if mode == "rl" else 1):
+        for epoch in range(self.config.epochs if mode == "rl" else 1):
             loss_sum = 0.0
             extra = {}
-            for mini in plan:
+            for index, mini in enumerate(plan):
                 self.optimizer.zero_grad(set_to_none=True)
                 for planned in mini.micro:
                     part = planned if planned is not None else self.idle
+                    part.fresh = epoch == 0 and index == 0  # no optimizer step has run yet
                     loss, stats = objective(self.config, self.policy, part, mini.tokens, mode, teacher, mini.sequences)
                     weight = float(part.entries) / batch_tokens
                     if planned is None:

@@ -105,6 +105,35 @@ LAST_STEP = (
     ),
     ("agentjet_learner_kl_reference", "k3 KL to the reference model, last step", "kl_reference"),
     (
+        "agentjet_learner_mismatch_kl",
+        "k3 KL from the sampler's log-probs to the trainer's (mu to pi_old) at trained tokens, last step",
+        "mismatch_kl",
+    ),
+    ("agentjet_learner_mismatch_token_ratio_p01", "1st percentile of pi_old / mu per token", "mismatch_token_p01"),
+    ("agentjet_learner_mismatch_token_ratio_p50", "Median of pi_old / mu per token, last step", "mismatch_token_p50"),
+    ("agentjet_learner_mismatch_token_ratio_p99", "99th percentile of pi_old / mu per token", "mismatch_token_p99"),
+    (
+        "agentjet_learner_mismatch_sequence_ratio_p01",
+        "1st percentile of each sequence's geometric-mean pi_old / mu, last step",
+        "mismatch_sequence_p01",
+    ),
+    (
+        "agentjet_learner_mismatch_sequence_ratio_p99",
+        "99th percentile of each sequence's geometric-mean pi_old / mu, last step",
+        "mismatch_sequence_p99",
+    ),
+    (
+        "agentjet_learner_mismatch_logprob_corr",
+        "Correlation of the trainer's and the sampler's log-probs of the trained tokens, last step",
+        "mismatch_logprob_corr",
+    ),
+    ("agentjet_learner_token_masked_fraction", "Trained tokens left out by --token-mask, last step", "token_masked"),
+    (
+        "agentjet_learner_sequence_masked_fraction",
+        "Trained tokens left out by --sequence-mask (in masked sequences), last step",
+        "sequence_masked",
+    ),
+    (
         "agentjet_learner_teacher_kl",
         "Distillation: mean reverse KL estimate to the teacher at the sampled tokens, last step",
         "teacher_kl",

@@ -70,6 +70,19 @@ class StepRecord:
     reward_margin: float | None = None  # "dpo": beta * the pairs' mean margin over the reference
     teacher_kl: float | None = None  # "distill": mean log pi_behaviour - log pi_teacher over the trained tokens
     preference_accuracy: float | None = None  # "dpo": the share of pairs whose chosen answer leads
+    # the sampler against the trainer, over the trained tokens that have both log-probs (learner.objective's
+    # ``mismatch_figures``): k3 KL(mu || pi_old), quantiles of pi_old / mu per token and per sequence (geometric
+    # mean), the two log-probs' correlation; and the shares of tokens rollout correction left out
+    mismatch_kl: float | None = None
+    mismatch_token_p01: float | None = None
+    mismatch_token_p50: float | None = None
+    mismatch_token_p99: float | None = None
+    mismatch_sequence_p01: float | None = None
+    mismatch_sequence_p50: float | None = None
+    mismatch_sequence_p99: float | None = None
+    mismatch_logprob_corr: float | None = None
+    token_masked: float | None = None
+    sequence_masked: float | None = None
 
 
 class BatchFigures(NamedTuple):
@@ -135,6 +148,19 @@ def agent_rewards(trajectory: Trajectory) -> dict[str, float]:
     return {turn.agent: own.get(turn.agent, trajectory.reward) for turn in trajectory.turns}
 
 
+# the sampler-trainer mismatch figures of a step (``StepStats.extra``), by their names there
+MISMATCH = (
+    "mismatch_kl",
+    "mismatch_token_p01",
+    "mismatch_token_p50",
+    "mismatch_token_p99",
+    "mismatch_sequence_p01",
+    "mismatch_sequence_p50",
+    "mismatch_sequence_p99",
+    "mismatch_logprob_corr",
+    "token_masked",
+    "sequence_masked",
+)
 # the step's figures that the objective reports (``StepStats.extra``): record field -> figure
 FROM_EXTRA = {
     "approx_kl": "approx_kl",
@@ -149,6 +175,7 @@ FROM_EXTRA = {
     "reward_margin": "reward_margin",
     "teacher_kl": "teacher_kl",
     "preference_accuracy": "accuracy",
+    **{name: name for name in MISMATCH},
 }
 
 

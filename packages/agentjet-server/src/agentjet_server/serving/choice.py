@@ -120,6 +120,7 @@ class ChoiceState:
             finish_reason=finish,
             policy_version=min(versions) if versions else now,
             adapter=adapter,
+            max_tokens=self.prepared.params.max_tokens,
             prefix=self.prepared.prefix_status,
             prefix_drift=self.prepared.prefix_drift,
         )
