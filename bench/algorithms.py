@@ -1,7 +1,7 @@
 """Objectives side by side on the demo task: each policy loss and each advantage estimator, repeated.
 
     python bench/algorithms.py                         # every loss and estimator, 3 runs each, 12,000 episodes
-    python bench/algorithms.py --repeats 1 --settings "gspo=--policy-loss gspo" --episodes 6000
+    python bench/algorithms.py --runs 1 --settings "gspo=--policy-loss gspo" --episodes 6000
 
 Each run is the demo (``scripts/dev.py demo``): a fresh server with the embedded model and its
 defaults (10 groups x 16 episodes per step, lr 1e-3) plus the setting's flags, and ``examples/digits``
@@ -158,7 +158,7 @@ def _cell(values: list[float | int | None], form: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=12000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting (seeds 0, 1, ...)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each setting (seeds 0, 1, ...)")
     parser.add_argument("--settings", nargs="+", default=SETTINGS, help="NAME=SERVER FLAGS, one per setting")
     args = parser.parse_args()
     from agentjet_server.embedded import ensure_embedded_model
@@ -168,12 +168,12 @@ def main() -> None:
     for spec in args.settings:
         name, _, flags = spec.partition("=")
         runs = []
-        for seed in range(args.repeats):
+        for seed in range(args.runs):
             print(f"{name} (seed {seed}): agentjet-server up {flags} ...", file=sys.stderr, flush=True)
             runs.append(one_run(model_dir, shlex.split(flags), args.episodes, seed))
             print(f"    {runs[-1]}", file=sys.stderr, flush=True)
         rows.append((name, flags, runs))
-    print(f"\n{args.episodes:,} episodes per run, {args.repeats} runs per setting (seeds 0..), demo settings")
+    print(f"\n{args.episodes:,} episodes per run, {args.runs} runs per setting (seeds 0..), demo settings")
     print(
         "| setting | server flags | first 10% | last 20% | reaches 0.8 at (episodes) | seconds to 0.8 "
         "| best 1,000-episode mean | behaviour KL | mismatch KL |"
