@@ -43,7 +43,7 @@ SERVER_LAYERS = [
     "app",
     "api",
     "runtime",
-    "control | admission",
+    "control | admission | tinker",
     "state | embedded | memory",
     "learner | serving",
     "observe",

@@ -51,6 +51,8 @@ from agentjet_server.settings import ServerSettings
 from agentjet_server.state.checkpoint import METRICS_FILE, SAMPLE_KEY, StateDir
 from agentjet_server.state.mirror import StateMirror, open_state_dir
 from agentjet_server.state.recovery import LiveConfiguration, Recovery, restored_configuration
+from agentjet_server.tinker.service import Service
+from agentjet_server.tinker.workbench import Workbench
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +236,7 @@ class SwarmRuntime:
         )
         self.admission = Admission(lambda: self.settings, self.buffer, self.store, self.loop)
         self.training = Training(self.loop, engine.chat)
+        self._tinker: Service | None = None  # the Tinker API's workbench, made at its first call
         self.control = Controller(
             get_settings=lambda: self.settings,
             set_settings=self._set_settings,
@@ -358,8 +361,21 @@ class SwarmRuntime:
             adapters=self.loop.served.as_dict(),
         )
 
+    @property
+    def tinker(self) -> Service:
+        """The Tinker API's operations over a workbench of their own (``tinker/``), made at the first call:
+        a server nobody speaks Tinker to loads nothing for it."""
+        if self._tinker is None:
+            device = (self.settings.learner_device_list() or [self.settings.device])[0]
+            root = (self.state.root if self.state is not None else Path(self.settings.state_dir)) / "tinker"
+            bench = Workbench(Path(str(self.model_path)), self.engine.model_name, device, root)
+            self._tinker = Service(bench, bench.vocab, self.engine.max_context)
+        return self._tinker
+
     def close(self, checkpoint: bool = True) -> None:
         """Stop training (saving a last checkpoint unless ``checkpoint`` is False), then serving."""
+        if self._tinker is not None:
+            self._tinker.bench.close()
         saving = checkpoint and self.state is not None
         if self.settings.serve_only:  # nothing was trained: no step to end, nothing to checkpoint
             logger.warning("shutting down: the requests in flight end, then the engine")

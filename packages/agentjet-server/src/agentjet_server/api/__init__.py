@@ -6,6 +6,7 @@
 - ``trajectories``: pushes, recent and single trajectories, ``/v1/status`` and ``/healthz``;
 - ``admin``: live configuration, pause and resume, checkpoint, stop, clients;
 - ``train``: training modes beside RL on the served model (supervised fine-tuning);
+- ``tinker``: the Tinker SDK's API (``/api/v1/...``) over the workbench (``tinker/``);
 - ``observe``: the dashboard page, its overview and history, and ``/metrics``;
 - ``errors``: OpenAI's error shape, picked by exception class.
 
@@ -15,10 +16,11 @@ is the ``Api`` on ``app.state.api`` (``context``).
 
 from __future__ import annotations
 
-from agentjet_server.api import admin, chat, dialects, observe, train, trajectories
+from agentjet_server.api import admin, chat, dialects, observe, tinker, train, trajectories
 from agentjet_server.api.context import Api
 from agentjet_server.api.errors import HANDLERS
 
-ROUTES = [*chat.ROUTES, *dialects.ROUTES, *trajectories.ROUTES, *observe.ROUTES, *admin.ROUTES, *train.ROUTES]
+ROUTES = [*chat.ROUTES, *dialects.ROUTES, *trajectories.ROUTES, *observe.ROUTES, *admin.ROUTES, *train.ROUTES,
+          *tinker.ROUTES]
 
 __all__ = ["HANDLERS", "ROUTES", "Api"]
