@@ -123,24 +123,15 @@ async def forward_backward(request: Request) -> Response:
         raw = await asyncio.to_thread(wire.decompress, body, request.headers.get("content-encoding"))
         parsed = await asyncio.to_thread(wire.forward_backward_from_proto, raw)
     else:
-        parsed = _forward_backward_json(json.loads(body or b"{}"))
+        parsed = wire.forward_backward_from_json(json.loads(body or b"{}"))
     return _future(service.forward_backward(parsed), model_id=parsed.model_id)
 
 
 async def forward(request: Request) -> Response:
     service = service_of(request)
-    parsed = _forward_backward_json(await _body(request))
+    parsed = wire.forward_backward_from_json(await _body(request))
     parsed.forward_only = True
     return _future(service.forward_backward(parsed), model_id=parsed.model_id)
-
-
-def _forward_backward_json(body: dict[str, Any]) -> wire.ForwardBackward:
-    given = body.get("forward_backward_input") or body.get("forward_input") or {}
-    data = [wire.datum_from_json(d, i) for i, d in enumerate(given.get("data") or [])]
-    config = {k: (v if isinstance(v, str) else float(v)) for k, v in (given.get("loss_fn_config") or {}).items()}
-    return wire.ForwardBackward(
-        str(body.get("model_id")), int(body.get("seq_id") or 0), str(given.get("loss_fn")), config, data
-    )
 
 
 async def optim_step(request: Request) -> Response:
@@ -150,17 +141,17 @@ async def optim_step(request: Request) -> Response:
 
 async def save_weights(request: Request) -> Response:
     service = service_of(request)
-    return _future(service.save_weights(await _body(request), sampler=False))
+    return _future(service.saving.save_weights(await _body(request), sampler=False))
 
 
 async def save_weights_for_sampler(request: Request) -> Response:
     service = service_of(request)
-    return _future(service.save_weights(await _body(request), sampler=True))
+    return _future(service.saving.save_weights(await _body(request), sampler=True))
 
 
 async def load_weights(request: Request) -> Response:
     service = service_of(request)
-    return _future(service.load_weights(await _body(request)))
+    return _future(service.saving.load_weights(await _body(request)))
 
 
 async def create_sampling_session(request: Request) -> Response:
@@ -190,16 +181,7 @@ async def retrieve_future(request: Request) -> Response:
         return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
     if future.error is not None:
         return JSONResponse({"error": future.error, "category": future.category})
-    result, proto = future.result, wire.PROTOBUF in request.headers.get("accept", "")
-    if isinstance(result, tuple) and result[0] == "forward_backward":
-        if proto:
-            return Response(await asyncio.to_thread(wire.forward_backward_proto, *result[1:]), media_type=wire.PROTOBUF)
-        return JSONResponse(wire.forward_backward_json(*result[1:]))
-    if isinstance(result, tuple) and result[0] == "sample":
-        if proto:
-            return Response(await asyncio.to_thread(wire.sample_proto, result[1]), media_type=wire.PROTOBUF)
-        return JSONResponse(wire.sample_json(result[1]))
-    return JSONResponse(result)
+    return await asyncio.to_thread(wire.render, future.result, wire.PROTOBUF in request.headers.get("accept", ""))
 
 
 async def cancel_future(request: Request) -> Response:
@@ -209,17 +191,17 @@ async def cancel_future(request: Request) -> Response:
 
 async def training_runs(request: Request) -> Response:
     service = service_of(request)
-    return JSONResponse(service.training_runs(int_param(request, "limit", 20), int_param(request, "offset", 0)))
+    return JSONResponse(service.saving.training_runs(int_param(request, "limit", 20), int_param(request, "offset", 0)))
 
 
 async def training_run(request: Request) -> Response:
-    return JSONResponse(service_of(request).training_run(request.path_params["model_id"]))
+    return JSONResponse(service_of(request).saving.training_run(request.path_params["model_id"]))
 
 
 async def checkpoints(request: Request) -> Response:
     service = service_of(request)
     model_id = request.path_params["model_id"]
-    service.training_run(model_id)
+    service.saving.training_run(model_id)
     return JSONResponse({"checkpoints": service.bench.checkpoints.listing(model_id)})
 
 

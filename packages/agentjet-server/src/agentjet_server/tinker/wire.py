@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from starlette.responses import JSONResponse, Response
 
 from agentjet_server.errors import InvalidRequestError, PayloadTooLargeError
 
@@ -206,7 +207,9 @@ def sample_ask(body: dict[str, Any]) -> SampleAsk:
         topk_sample=_int(body.get("topk_sample_logprobs") or 0, "topk_sample_logprobs", 0, 64),
         record=bool(body.get("record_stability_info")),
     )
-    if isinstance(stop, str):
+    if isinstance(stop, list) and not stop:  # none at all, not even the end-of-sequence token
+        ask.stop_tokens = []
+    elif isinstance(stop, str):
         ask.stop_strings = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         ask.stop_strings = list(stop)
@@ -308,3 +311,25 @@ def sample_json(result: SampleResult) -> dict[str, Any]:
         ],
         "prompt_logprobs": None if result.prompt_logprobs is None else nan_none(result.prompt_logprobs),
     }
+
+
+def forward_backward_from_json(body: dict[str, Any]) -> ForwardBackward:
+    """A forward_backward (or forward) request in JSON, for clients that do not send protobuf."""
+    given = body.get("forward_backward_input") or body.get("forward_input") or {}
+    data = [datum_from_json(d, i) for i, d in enumerate(given.get("data") or [])]
+    config = {k: (v if isinstance(v, str) else float(v)) for k, v in (given.get("loss_fn_config") or {}).items()}
+    return ForwardBackward(
+        str(body.get("model_id")), int(body.get("seq_id") or 0), str(given.get("loss_fn")), config, data
+    )
+
+
+def render(result: Any, proto: bool) -> Response:
+    """A finished future's answer: forward/backward outputs and samples as protobuf when the client accepts it
+    (the SDK always does, and refuses JSON there), else JSON; the rest JSON."""
+    if isinstance(result, tuple) and result[0] == "forward_backward":
+        if proto:
+            return Response(forward_backward_proto(*result[1:]), media_type=PROTOBUF)
+        return JSONResponse(forward_backward_json(*result[1:]))
+    if isinstance(result, tuple) and result[0] == "sample":
+        return Response(sample_proto(result[1]), media_type=PROTOBUF) if proto else JSONResponse(sample_json(result[1]))
+    return JSONResponse(result)

@@ -27,17 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentjet_server.engine.adapter import LoraSpec, write_adapter
 from agentjet_server.errors import ConflictError, InvalidRequestError, NotFoundError, RequestError
 from agentjet_server.tinker import losses
+from agentjet_server.tinker.files import LORA_ALPHA, load_adapter_tensors
 from agentjet_server.tinker.futures import Futures
 from agentjet_server.tinker.sampling import sample
-from agentjet_server.tinker.store import Checkpoints, Kept, Sequences, Sessions, check_name, tinker_path
+from agentjet_server.tinker.store import Checkpoints, Kept, Sequences, Sessions
 from agentjet_server.tinker.wire import Datum, ForwardBackward, SampleAsk, SampleResult
 
 logger = logging.getLogger(__name__)
 
-LORA_ALPHA = 32.0  # Tinker's LoRA scaling is alpha / rank with alpha 32, whatever the rank
 MAX_MODELS = 16  # training clients loaded at once
 MAX_SNAPSHOTS = 16  # sampler snapshots loaded at once (the least recently used are unloaded, reloaded from disk)
 MAX_RANK = 256
@@ -150,24 +149,6 @@ class Workbench:
         eos = self.config.eos_token_id
         return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
-    def targets(self, mlp: bool, attn: bool, unembed: bool) -> list[str]:
-        """The layers a client's LoRA wraps: attention and MLP projections and the output head, as asked (not
-        a head whose weights are the input embeddings')."""
-        base = self.base
-        head = base.get_output_embeddings()
-        names: set[str] = set()
-        for path, module in base.named_modules():
-            if not isinstance(module, torch.nn.Linear):
-                continue
-            if module is head:
-                if unembed and not base.config.tie_word_embeddings:
-                    names.add(path.rsplit(".", 1)[-1])
-            elif (attn and "attn" in path) or (mlp and "mlp" in path):
-                names.add(path.rsplit(".", 1)[-1])
-        if not names:
-            raise InvalidRequestError("the LoRA config leaves no layer of this model to train", param="lora_config")
-        return sorted(names)
-
     def add_adapter(self, name: str, rank: int, targets: list[str], seed: int | None = None) -> None:
         from peft import LoraConfig
 
@@ -227,8 +208,14 @@ class Workbench:
             )
         return found
 
-    def new_model_id(self) -> str:
-        return f"run-{uuid.uuid4().hex[:16]}"
+    def new_model_id(self, session_id: str, model_seq_id: Any) -> str:
+        """The id the SDK derives too (``SESSION:train:N``, its N-th training client), never one in use."""
+        if isinstance(model_seq_id, bool) or not isinstance(model_seq_id, int) or model_seq_id < 0:
+            raise InvalidRequestError("model_seq_id must be the training client's number (an integer from 0)")
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if model_id in self.models:
+            raise ConflictError(f"training client {model_id} exists already")
+        return model_id
 
     # ----------------------------------------------------------------------------- training
 
@@ -322,57 +309,8 @@ class Workbench:
         meta = self.checkpoints.meta(path)
         name = f"s{uuid.uuid4().hex[:12]}"
         self.add_adapter(name, int(meta["rank"]), list(meta["targets"]))
-        self.load_adapter_tensors(name, directory)
+        load_adapter_tensors(self.adapter_params(name), name, directory)
         return name
-
-    def load_adapter_tensors(self, name: str, directory: Path) -> None:
-        from safetensors.torch import load_file
-
-        saved = load_file(str(directory / "adapter_model.safetensors"))
-        own = dict(self.adapter_params(name))
-        loaded = 0
-        for key, tensor in saved.items():
-            inner = key.removeprefix("base_model.model.")
-            for part in ("lora_A", "lora_B"):
-                inner = inner.replace(f".{part}.weight", f".{part}.{name}.weight")
-            target = own.get("base_model.model." + inner)
-            if target is None or target.shape != tensor.shape:
-                raise ConflictError(f"the checkpoint in {directory.name} does not fit this model ({key})")
-            with torch.no_grad():
-                target.copy_(tensor.to(target.device))
-            loaded += 1
-        if loaded != len(own):
-            raise ConflictError(
-                f"the checkpoint in {directory.name} holds {loaded} of the adapter's {len(own)} tensors"
-            )
-
-    def write_adapter(self, trained: TrainingModel, directory: Path, adapter: str | None = None) -> None:
-        name = adapter or trained.adapter
-        tensors = {k.removeprefix("base_model.model."): p.detach().cpu() for k, p in self.adapter_params(name)}
-        spec = LoraSpec(rank=trained.rank, alpha=LORA_ALPHA, targets=",".join(trained.targets))
-        write_adapter(directory, tensors, spec, self.model_name, name=name)
-
-    def save(self, trained: TrainingModel, kind: str, name: str, optimizer: bool, meta: dict[str, Any]) -> str:
-        path = tinker_path(trained.model_id, kind, check_name(name))
-        directory = self.checkpoints.directory(path)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.write_adapter(trained, directory)
-        if optimizer:
-            state = trained.optimizer.state_dict() if trained.optimizer is not None else None
-            torch.save({"optimizer": state, "steps": trained.steps}, directory / "optimizer.pt")
-        self.checkpoints.write_meta(
-            directory,
-            {
-                "model_id": trained.model_id,
-                "base_model": self.model_name,
-                "rank": trained.rank,
-                "targets": trained.targets,
-                "steps": trained.steps,
-                **meta,
-            },
-        )
-        trained.saved["training" if kind == "weights" else "sampler"] = path
-        return path
 
 
 def _passes(data: list[Datum]) -> Iterator[list[Datum]]:
