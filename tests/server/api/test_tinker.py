@@ -89,7 +89,7 @@ def test_a_lora_client_learns_and_its_logprobs_agree_with_a_recompute_and_its_sa
 
     # ... = the sampler's compute_logprobs on the saved weights
     sampler = service.create_sampling_client(model_path=path).result()
-    ids = data[0].model_input.to_ints() + [data[0].loss_fn_inputs["target_tokens"].data[-1]]
+    ids = [*data[0].model_input.to_ints(), data[0].loss_fn_inputs["target_tokens"].data[-1]]
     prompt_logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
     assert prompt_logprobs[0] is None
     assert np.abs(np.array(prompt_logprobs[1:]) - forward[0]["logprobs"].to_numpy()).max() < 2e-3
@@ -136,7 +136,9 @@ def test_a_saved_state_continues_like_the_original_and_two_clients_do_not_touch_
     for _ in range(3):
         step(other, data, lr=1e-2)
         again = first.forward(data, "cross_entropy").result().loss_fn_outputs
-        assert all(np.array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy()) for a, b in zip(mine, again))
+        assert all(
+            np.array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy()) for a, b in zip(mine, again, strict=True)
+        )
     step(first, data, lr=1e-2)
     moved = other.forward(data, "cross_entropy").result().loss_fn_outputs
     assert not np.array_equal(moved[0]["logprobs"].to_numpy(), theirs[0]["logprobs"].to_numpy())
@@ -151,9 +153,10 @@ def test_bad_input_gets_the_sdks_4xx_within_a_second(service, server):
     client = service.create_lora_training_client(base_model=MODEL, rank=4).result()
     ids = client.get_tokenizer().encode("one two three")
     good = {"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}
+    short = {**good, "weights": [1.0]}  # targets and weights of different lengths
     cases = [
         ("unknown loss", lambda: client.forward_backward([datum(ids, good)], "no_such_loss").result()),
-        ("lengths", lambda: client.forward_backward([datum(ids, {**good, "weights": [1.0]})], "cross_entropy").result()),
+        ("lengths", lambda: client.forward_backward([datum(ids, short)], "cross_entropy").result()),
         ("unknown model", lambda: service.create_lora_training_client(base_model="nope", rank=4).result()),
         ("no provenance", lambda: client.forward_backward([datum(ids, rl(ids))], "stable_reinforce").result()),
         ("unknown sequence", lambda: client.forward_backward([provenanced(ids)], "stable_reinforce").result()),

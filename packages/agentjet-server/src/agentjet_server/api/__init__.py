@@ -20,7 +20,14 @@ from agentjet_server.api import admin, chat, dialects, observe, tinker, train, t
 from agentjet_server.api.context import Api
 from agentjet_server.api.errors import HANDLERS
 
-ROUTES = [*chat.ROUTES, *dialects.ROUTES, *trajectories.ROUTES, *observe.ROUTES, *admin.ROUTES, *train.ROUTES,
-          *tinker.ROUTES]
+ROUTES = [
+    *chat.ROUTES,
+    *dialects.ROUTES,
+    *trajectories.ROUTES,
+    *observe.ROUTES,
+    *admin.ROUTES,
+    *train.ROUTES,
+    *tinker.ROUTES,
+]
 
 __all__ = ["HANDLERS", "ROUTES", "Api"]
