@@ -30,7 +30,7 @@ def check_datum(datum: Datum, index: int, loss_fn: str, vocab: int, max_context:
         raise InvalidRequestError(f"datum {index} has {n} tokens; this model takes 1 to {max_context}")
     if min(datum.tokens) < 0 or max(datum.tokens) >= vocab:
         raise InvalidRequestError(f"datum {index}: a token id outside this model's vocabulary (0..{vocab - 1})")
-    allowed = set(losses.REQUIRED[loss_fn]) | losses.OPTIONAL_INPUTS
+    allowed = set(losses.REQUIRED[loss_fn]) | losses.OPTIONAL.get(loss_fn, set())
     for name in losses.REQUIRED[loss_fn]:
         if name not in datum.inputs:
             raise InvalidRequestError(
@@ -56,7 +56,7 @@ def check_datum(datum: Datum, index: int, loss_fn: str, vocab: int, max_context:
         raise InvalidRequestError(
             f"datum {index}: target_tokens must be ids of this model's vocabulary (0..{vocab - 1})"
         )
-    for name in ("weights", "advantages", "logprobs"):
+    for name in ("weights", "advantages", "logprobs", "mask", *losses.THRESHOLDS):
         if name in datum.inputs and datum.inputs[name].shape != targets.shape:
             raise InvalidRequestError(
                 f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(datum.inputs[name].shape)}, "

@@ -83,10 +83,6 @@ class Futures:
             pass
         return self.get(request_id)
 
-    def pending(self) -> int:
-        with self._lock:
-            return sum(1 for f in self._items.values() if not f.done)
-
     def _sweep(self) -> None:
         now = time.monotonic()
         stale = [k for k, f in self._items.items() if f.finished is not None and now - f.finished > self.keep_s]

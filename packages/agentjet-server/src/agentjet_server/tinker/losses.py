@@ -7,12 +7,13 @@ advantages, ``r = exp(logp - q)`` the importance ratio, ``sg`` a stop-gradient:
   gradient this way);
 - ``importance_sampling``: ``-sum(r * A)``;
 - ``ppo``: ``-sum(min(r * A, clip(r, low, high) * A))``, ``clip_low_threshold`` 0.8 and
-  ``clip_high_threshold`` 1.2 unless ``loss_fn_config`` names others;
+  ``clip_high_threshold`` 1.2 unless ``loss_fn_config`` names others, or the datum gives them per token (as
+  ``loss_fn_inputs`` of those names, also for cispo and gspo);
 - ``cispo``: ``-sum(sg(clip(r, low, high)) * logp * A)``, the same thresholds;
 - ``dro``: ``-sum(logp * A - beta / 2 * (logp - q)^2)``, ``beta`` 0.05 unless configured;
 - ``gspo``: the ratio per sequence, ``s = exp(mean(logp - q))`` over the tokens that carry an advantage, in
   its per-token form ``sg(s) * exp(logp - sg(logp))``, clipped as in PPO with thresholds ``1 - 3e-4`` and
-  ``1 + 4e-4`` unless configured;
+  ``1 + 4e-4`` unless configured (``loss_fn_inputs["mask"]`` may name the tokens instead);
 - ``stable_reinforce``: REINFORCE on data that may be off-policy, against the sampler's log-probabilities the
   server kept for the datum's sampled sequences (its provenance, checked by the workbench):
   ``-sum(m * sg(min(r, is_cap)) * logp * A)``, where ``m`` drops the tokens whose ratio lies outside
@@ -48,7 +49,8 @@ KNOWN_CONFIG = {
     "gspo": {"clip_low_threshold", "clip_high_threshold"},
     "stable_reinforce": {"is_cap", "mask_bound"},
 }
-OPTIONAL_INPUTS = {"mask", "clip_low_threshold", "clip_high_threshold"}
+THRESHOLDS = {"clip_low_threshold", "clip_high_threshold"}  # per token, in place of the configured ones
+OPTIONAL = {"ppo": THRESHOLDS, "cispo": THRESHOLDS, "gspo": THRESHOLDS | {"mask"}}
 
 
 def check(loss_fn: str, config: Config) -> None:
@@ -73,11 +75,19 @@ def _number(config: Config, key: str, default: float) -> float:
     return float(value) if isinstance(value, int | float) else default
 
 
-def _clip(config: Config, low: float, high: float) -> tuple[float, float]:
-    return _number(config, "clip_low_threshold", low), _number(config, "clip_high_threshold", high)
-
-
 Inputs = dict[str, torch.Tensor]
+Bound = float | torch.Tensor
+
+
+def _clip(config: Config, x: Inputs, low: float, high: float) -> tuple[Bound, Bound]:
+    """The clip thresholds: the datum's per-token ones, else the configured, else the defaults."""
+    lower = x.get("clip_low_threshold", _number(config, "clip_low_threshold", low))
+    upper = x.get("clip_high_threshold", _number(config, "clip_high_threshold", high))
+    return lower, upper
+
+
+def _clamp(ratio: torch.Tensor, low: Bound, high: Bound) -> torch.Tensor:
+    return torch.clamp(ratio, torch.as_tensor(low, dtype=ratio.dtype), torch.as_tensor(high, dtype=ratio.dtype))
 
 
 def cross_entropy(logp: torch.Tensor, x: Inputs, config: Config) -> torch.Tensor:
@@ -89,14 +99,14 @@ def importance_sampling(logp: torch.Tensor, x: Inputs, config: Config) -> torch.
 
 
 def ppo(logp: torch.Tensor, x: Inputs, config: Config) -> torch.Tensor:
-    low, high = _clip(config, 0.8, 1.2)
+    low, high = _clip(config, x, 0.8, 1.2)
     ratio, advantages = torch.exp(logp - x["logprobs"]), x["advantages"]
-    return -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages).sum()
+    return -torch.minimum(ratio * advantages, _clamp(ratio, low, high) * advantages).sum()
 
 
 def cispo(logp: torch.Tensor, x: Inputs, config: Config) -> torch.Tensor:
-    low, high = _clip(config, 0.8, 1.2)
-    weight = torch.exp(logp - x["logprobs"]).clamp(low, high).detach()
+    low, high = _clip(config, x, 0.8, 1.2)
+    weight = _clamp(torch.exp(logp - x["logprobs"]), low, high).detach()
     return -(weight * logp * x["advantages"]).sum()
 
 
@@ -106,13 +116,13 @@ def dro(logp: torch.Tensor, x: Inputs, config: Config) -> torch.Tensor:
 
 
 def gspo(logp: torch.Tensor, x: Inputs, config: Config) -> torch.Tensor:
-    low, high = _clip(config, 1 - 3e-4, 1 + 4e-4)
+    low, high = _clip(config, x, 1 - 3e-4, 1 + 4e-4)
     advantages = x["advantages"]
     mask = (advantages != 0).to(logp.dtype) if "mask" not in x else x["mask"]
     count = mask.sum().clamp(min=1.0)
     sequence = torch.exp(((logp - x["logprobs"]) * mask).sum() / count)
     ratio = sequence.detach() * torch.exp(logp - logp.detach())
-    return -(torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages) * mask).sum()
+    return -(torch.minimum(ratio * advantages, _clamp(ratio, low, high) * advantages) * mask).sum()
 
 
 def stable_reinforce(logp: torch.Tensor, x: Inputs, config: Config) -> torch.Tensor:

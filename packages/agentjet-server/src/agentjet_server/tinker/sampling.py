@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentjet_server.engine.base import SamplingParams
+from agentjet_server.engine.hf_sampling import Sampler
 from agentjet_server.tinker.wire import SampleAsk, Sampled, SampleResult
 
 
@@ -42,19 +44,15 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int], last_n: int | None)
 
 
 def _pick(logits: torch.Tensor, ask: SampleAsk, generator: torch.Generator) -> torch.Tensor:
-    if ask.temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits / ask.temperature
-    if ask.top_k > 0 and ask.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, ask.top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth, -math.inf)
-    if ask.top_p < 1:
-        ordered, order = torch.sort(scaled, descending=True, dim=-1)
-        probs = torch.softmax(ordered, dim=-1)
-        drop = probs.cumsum(dim=-1) - probs > ask.top_p
-        scaled = scaled.scatter(1, order, ordered.masked_fill(drop, -math.inf))
-    probs = torch.softmax(scaled, dim=-1).cpu()
-    return torch.multinomial(probs, 1, generator=generator)[:, 0].to(logits.device)
+    """Each row's next token: top-k cut, then the engine's own pick (greedy at temperature 0, else the tempered
+    distribution cut to its top-p mass)."""
+    params = SamplingParams(max_tokens=ask.max_tokens, temperature=ask.temperature, top_p=ask.top_p)
+    picked = []
+    for row in logits:
+        if 0 < ask.top_k < row.shape[0]:
+            row = row.masked_fill(row < row.topk(ask.top_k).values[-1], -math.inf)
+        picked.append(Sampler.pick(row.cpu(), params, generator))
+    return torch.tensor(picked, device=logits.device)
 
 
 @torch.no_grad()

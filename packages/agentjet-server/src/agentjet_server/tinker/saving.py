@@ -153,5 +153,4 @@ def save(trained: TrainingModel, bench: Workbench, kind: str, name: str, optimiz
     recorded = {"model_id": trained.model_id, "base_model": bench.model_name, "rank": trained.rank}
     recorded.update(targets=trained.targets, steps=trained.steps, **meta)
     bench.checkpoints.write_meta(directory, recorded)
-    trained.saved["training" if kind == "weights" else "sampler"] = path
     return path

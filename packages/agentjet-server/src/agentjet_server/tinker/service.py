@@ -170,8 +170,11 @@ class Service:
 
     def sample(self, body: dict[str, Any], ask: SampleAsk) -> tuple[str, list[str]]:
         sampler_id = body.get("sampling_session_id")
-        if sampler_id is None:  # the older form: the model path or base model on the request itself
-            sampler_id = self.create_sampler({**body, "session_id": next(iter(self.bench.sessions.last), None)})
+        if sampler_id is None:
+            raise InvalidRequestError(
+                "asample needs a sampling_session_id (create_sampling_session; the SDK's SamplingClient does it)",
+                param="sampling_session_id",
+            )
         sampler = self.bench.samplers.get(str(sampler_id))
         if sampler is None:
             raise NotFoundError(f"no sampling session {sampler_id!r} on this server")

@@ -75,8 +75,7 @@ class SampleAsk:
     prompt_logprobs: bool = False
     prompt_logprobs_last_n: int | None = None
     topk_prompt: int = 0
-    topk_sample: int = 0
-    record: bool = False  # keep the sequences for stable_reinforce's provenance (they are kept anyway)
+    topk_sample: int = 0  # every sequence is kept for stable_reinforce, whether or not the client records them
 
 
 def decompress(body: bytes, encoding: str | None) -> bytes:
@@ -205,7 +204,6 @@ def sample_ask(body: dict[str, Any]) -> SampleAsk:
         prompt_logprobs_last_n=body.get("prompt_logprobs_last_n"),
         topk_prompt=_int(body.get("topk_prompt_logprobs") or 0, "topk_prompt_logprobs", 0, 64),
         topk_sample=_int(body.get("topk_sample_logprobs") or 0, "topk_sample_logprobs", 0, 64),
-        record=bool(body.get("record_stability_info")),
     )
     if isinstance(stop, list) and not stop:  # none at all, not even the end-of-sequence token
         ask.stop_tokens = []

@@ -54,7 +54,6 @@ class TrainingModel:
     optimizer: torch.optim.Optimizer | None = None
     steps: int = 0
     last_request: datetime = field(default_factory=lambda: datetime.now(UTC))
-    saved: dict[str, str] = field(default_factory=dict)  # "training" / "sampler": the newest checkpoint's path
 
 
 @dataclass
