@@ -26,6 +26,7 @@ def tests(session: nox.Session) -> None:
     session.run("python3", "scripts/dev.py", "system-tools", external=True)  # Chromium, Node.js, jq
     # the group names the packages with their extras: one resolution with the editable installs
     session.install(CPU_TORCH, *PACKAGES, *group("test"))
+    session.install("--no-deps", "tinker-cookbook==0.6.1")  # as scripts/dev.py does, and why
     session.run("pytest", *session.posargs, env={"PYTHONPATH": "."})
 
 

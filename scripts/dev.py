@@ -134,6 +134,9 @@ def _install(bin_dir: Path, command: list[str]) -> None:
     sh(*installer, verb, *target, *settings, *rest)
 
 
+COOKBOOK = "tinker-cookbook==0.6.1"
+
+
 def _layer(bin_dir: Path, stamp: Path, commands: list[list[str]]) -> None:
     """Run ``commands`` (pip argument lists) unless ``stamp`` says they ran with these very arguments
     and these package definitions."""
@@ -167,7 +170,13 @@ def ensure_env(
     _layer(bin_dir, where / ".agentjet-installed", base)
     if tests:
         # the group names the packages with their extras: one resolution with the editable installs
-        _layer(bin_dir, where / ".agentjet-tests-installed", [["install", "-q", TORCH, *packages, *group(tests)]])
+        steps = [["install", "-q", TORCH, *packages, *group(tests)]]
+        if tests == "test":
+            # the tinker-cookbook's loops, which the Tinker API's tests run unchanged: without its dependencies,
+            # for one of them (tml-renderers >= 0.4.1, used by its audio and vision renderers only) is not on
+            # the package index; the rest are in the test group
+            steps.append(["install", "-q", "--no-deps", COOKBOOK])
+        _layer(bin_dir, where / ".agentjet-tests-installed", steps)
     return bin_dir
 
 

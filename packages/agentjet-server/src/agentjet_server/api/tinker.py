@@ -109,6 +109,13 @@ async def get_info(request: Request) -> Response:
     return JSONResponse(service.info((await _body(request)).get("model_id")))
 
 
+async def tokenizer(request: Request) -> Response:
+    """The model's tokenizer files (its ``tokenizer.json``, configuration and chat template), so a client on
+    another machine loads the tokenizer without a hub (``agentjet_client.finetune.tinker.register``)."""
+    service = service_of(request)
+    return JSONResponse({"model_name": service.bench.model_name, "files": service.bench.tokenizer_files()})
+
+
 async def unload_model(request: Request) -> Response:
     service = service_of(request)
     return _future(service.unload(str((await _body(request)).get("model_id"))))
@@ -220,6 +227,7 @@ ROUTES = [
     _post("telemetry", telemetry),
     _post("create_model", create_model),
     _post("get_info", get_info),
+    Route("/api/v1/tokenizer", tokenizer, methods=["GET"]),
     _post("unload_model", unload_model),
     _post("forward_backward", forward_backward),
     _post("forward", forward),

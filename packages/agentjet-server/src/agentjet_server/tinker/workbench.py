@@ -139,6 +139,12 @@ class Workbench:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         return self._tokenizer
 
+    def tokenizer_files(self) -> dict[str, str]:
+        """The model directory's tokenizer files, by name (what ``AutoTokenizer.from_pretrained`` reads)."""
+        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+        names += ("vocab.json", "merges.txt", "added_tokens.json")
+        return {n: (self.model_path / n).read_text() for n in names if (self.model_path / n).is_file()}
+
     @property
     def vocab(self) -> int:
         return int(self.config.vocab_size)
