@@ -8,9 +8,11 @@ of the sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,31 @@ import torch
 from agentjet_server.engine.base import SamplingParams
 from agentjet_server.engine.hf_sampling import Sampler
 from agentjet_server.tinker.wire import SampleAsk, Sampled, SampleResult
+
+MAX_ROWS = 256  # sample requests batched together hold at most this many rows
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    sampler_id: str
+    ask: SampleAsk
+    sequence_ids: list[str]
+
+
+def merge_key(job: SampleJob) -> tuple[Any, ...] | None:
+    """What sample requests must share to run as one batch (None: this one runs alone, its seed its own)."""
+    if job.ask.seed is not None:
+        return None
+    return (job.sampler_id, repr(dataclasses.replace(job.ask, num_samples=0)))
+
+
+def split(result: SampleResult, counts: list[int]) -> list[SampleResult]:
+    """A batched result as each request's: its own sequences, the prompt's log-probabilities for each."""
+    parts, start = [], 0
+    for count in counts:
+        parts.append(SampleResult(result.sequences[start : start + count], result.prompt_logprobs, result.topk_prompt))
+        start += count
+    return parts
 
 
 def _new_cache(model: Any) -> tuple[str, Any]:

@@ -11,6 +11,7 @@ from agentjet_server.errors import ConflictError, InvalidRequestError, NotFoundE
 from agentjet_server.tinker import losses
 from agentjet_server.tinker.checks import adam_params, check_datum, resolve_provenance
 from agentjet_server.tinker.files import lora_targets
+from agentjet_server.tinker.sampling import SampleJob
 from agentjet_server.tinker.saving import Saving
 from agentjet_server.tinker.store import parse_path
 from agentjet_server.tinker.wire import ForwardBackward, SampleAsk
@@ -189,7 +190,5 @@ class Service:
             )
         request_id = self.bench.futures.create("Sample")
         sequence_ids = [f"{request_id}-{i}" for i in range(ask.num_samples)]
-        self.bench.submit(
-            "Sample", lambda: ("sample", self.bench.run_sample(sampler.sampler_id, ask, sequence_ids)), request_id
-        )
+        self.bench.submit("Sample", SampleJob(sampler.sampler_id, ask, sequence_ids), request_id)
         return request_id, sequence_ids

@@ -14,9 +14,8 @@ them until its ``optim_step``), and each client has its own AdamW.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-import queue
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,13 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentjet_server.errors import ConflictError, InvalidRequestError, NotFoundError, RequestError
+from agentjet_server.errors import ConflictError, InvalidRequestError, NotFoundError
 from agentjet_server.tinker import losses
 from agentjet_server.tinker.files import LORA_ALPHA, load_adapter_tensors
 from agentjet_server.tinker.futures import Futures
-from agentjet_server.tinker.sampling import sample
+from agentjet_server.tinker.sampling import SampleJob, sample, split
 from agentjet_server.tinker.store import Checkpoints, Kept, Sequences, Sessions
-from agentjet_server.tinker.wire import Datum, ForwardBackward, SampleAsk, SampleResult
+from agentjet_server.tinker.wire import Datum, ForwardBackward, SampleResult
+from agentjet_server.tinker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -86,37 +86,16 @@ class Workbench:
         self._base: Any = None
         self._peft: Any = None
         self._tokenizer: Any = None
-        self._jobs: queue.Queue[tuple[str, Callable[[], Any]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.worker = Worker(self.futures, self.run_samples)
 
     # ----------------------------------------------------------------------------- the thread
 
-    def submit(self, kind: str, work: Callable[[], Any], request_id: str | None = None) -> str:
+    def submit(self, kind: str, work: Callable[[], Any] | SampleJob, request_id: str | None = None) -> str:
         """Run ``work`` on the workbench's thread; the future's id (``request_id`` if the caller made it)."""
-        request_id = request_id or self.futures.create(kind)
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="agentjet-tinker", daemon=True)
-                self._thread.start()
-        self._jobs.put((request_id, work))
-        return request_id
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            request_id, work = job
-            try:
-                self.futures.finish(request_id, work())
-            except RequestError as exc:
-                self.futures.finish(request_id, error=str(exc), category="user")
-            except Exception as exc:  # the client gets the reason; the server goes on
-                logger.exception("Tinker operation %s failed", request_id)
-                self.futures.finish(request_id, error=f"{type(exc).__name__}: {exc}", category="server")
+        return self.worker.submit(request_id or self.futures.create(kind), work)
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout=10)
+        self.worker.close()
 
     # ----------------------------------------------------------------------------- the model
 
@@ -141,8 +120,8 @@ class Workbench:
 
     def tokenizer_files(self) -> dict[str, str]:
         """The model directory's tokenizer files, by name (what ``AutoTokenizer.from_pretrained`` reads)."""
-        names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-        names += ("vocab.json", "merges.txt", "added_tokens.json")
+        names = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"]
+        names += ["vocab.json", "merges.txt", "added_tokens.json"]
         return {n: (self.model_path / n).read_text() for n in names if (self.model_path / n).is_file()}
 
     @property
@@ -287,14 +266,17 @@ class Workbench:
 
     # ----------------------------------------------------------------------------- sampling
 
-    def run_sample(self, sampler_id: str, ask: SampleAsk, sequence_ids: list[str]) -> SampleResult:
-        sampler = self.samplers[sampler_id]
+    def run_samples(self, jobs: list[SampleJob]) -> list[tuple[str, SampleResult]]:
+        """Sample requests of one sampler, prompt and settings as one batch; each its own result."""
+        sampler = self.samplers[jobs[0].sampler_id]
         adapter = self._sampler_adapter(sampler)
+        ask = dataclasses.replace(jobs[0].ask, num_samples=sum(j.ask.num_samples for j in jobs))
         with self.using(adapter) as model:
             result = sample(model, ask, self.eos, self.tokenizer.decode)
-        for sequence_id, seq in zip(sequence_ids, result.sequences, strict=True):
+        ids = [sequence_id for job in jobs for sequence_id in job.sequence_ids]
+        for sequence_id, seq in zip(ids, result.sequences, strict=True):
             self.sequences.add(sequence_id, Kept(sampler.session_id, ask.prompt, seq.tokens, seq.logprobs))
-        return result
+        return [("sample", part) for part in split(result, [j.ask.num_samples for j in jobs])]
 
     def _sampler_adapter(self, sampler: Sampler) -> str | None:
         if sampler.model_path is None:
