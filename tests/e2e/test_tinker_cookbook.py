@@ -83,8 +83,9 @@ def test_supervised_train_runs_unchanged_and_lowers_the_held_out_loss(server, tm
 def test_rl_train_learns_the_digits_with_stable_reinforce(server, tmp_path):
     from tinker_cookbook.rl import train
 
-    config = example().rl_config(server.url, tmp_path, seed=0, batches=40, digits=(3, 8), lr=2e-3)
+    config = example().rl_config(server.url, tmp_path, seed=0, batches=24, digits=(3, 8), lr=2e-3)
     asyncio.run(train.main(config))
-    correct = [r["env/all/correct"] for r in rows(tmp_path / "metrics.jsonl")]
+    correct = [r["env/all/correct"] for r in rows(tmp_path / "metrics.jsonl") if "env/all/correct" in r]
+    assert len(correct) == 24
     first, last = correct[: max(1, len(correct) // 10)], correct[-max(1, len(correct) // 5) :]
     assert sum(last) / len(last) >= sum(first) / len(first) + 0.2, correct

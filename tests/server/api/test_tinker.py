@@ -131,6 +131,9 @@ def test_a_saved_state_continues_like_the_original_and_two_clients_do_not_touch_
 
     # interleaved steps: neither client's weights move when the other steps
     other = service.create_lora_training_client(base_model=MODEL, rank=4, seed=2).result()
+    # a client created beside others wraps the same layers, the output head included (not others' LoRA layers)
+    targets = {m.model_id: m.targets for m in server.runtime.tinker.bench.models.values()}
+    assert targets[other.model_id] == targets[first.model_id] and "lm_head" in targets[other.model_id]
     mine = first.forward(data, "cross_entropy").result().loss_fn_outputs
     theirs = other.forward(data, "cross_entropy").result().loss_fn_outputs
     for _ in range(3):

@@ -17,13 +17,14 @@ LORA_ALPHA = 32.0  # Tinker's LoRA scaling is alpha / rank with alpha 32, whatev
 def lora_targets(base: Any, mlp: bool, attn: bool, unembed: bool) -> list[str]:
     """The layers a client's LoRA wraps on ``base``: attention and MLP projections and the output head, as its
     LoRA config asks (not a head whose weights are the input embeddings')."""
-    head = base.get_output_embeddings()
+    head = base.get_output_embeddings()  # once other clients' adapters wrap it: their LoRA layer around it
+    head_path = next((path for path, module in base.named_modules() if module is head), None)
     names: set[str] = set()
     for path, module in base.named_modules():
         if not isinstance(module, torch.nn.Linear) or ".lora_" in path:  # other clients' LoRA layers are not
             continue
         path = path.removesuffix(".base_layer")  # a layer another client's adapter already wraps
-        if module is head:
+        if path == head_path:
             if unembed and not base.config.tie_word_embeddings:
                 names.add(path.rsplit(".", 1)[-1])
         elif (attn and "attn" in path) or (mlp and "mlp" in path):
