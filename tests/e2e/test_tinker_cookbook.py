@@ -30,7 +30,9 @@ pytestmark = [
 
 
 def example():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("cookbook_digits", ROOT / "examples" / "tinker_cookbook" / "digits.py")
+    spec = importlib.util.spec_from_file_location(
+        "cookbook_digits", ROOT / "examples" / "tinker_cookbook" / "digits.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # chz's dataclasses look their module up

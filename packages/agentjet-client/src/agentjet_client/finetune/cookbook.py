@@ -74,6 +74,10 @@ def register(base_url: str, api_key: str | None = None) -> Registered:
 
     key = api_key or os.environ.get("TINKER_API_KEY") or "tml-local"
     model, directory = fetch_tokenizer(base_url, key)
-    tokenizer_utils.register_tokenizer(model, lambda: AutoTokenizer.from_pretrained(str(directory)))
+
+    def load() -> Any:  # a Hugging Face tokenizer, as the cookbook's own loader returns
+        return AutoTokenizer.from_pretrained(str(directory))
+
+    tokenizer_utils.register_tokenizer(model, load)
     renderers.register_renderer(RENDERER, chatml_renderer)
     return Registered(base_url.rstrip("/"), model, RENDERER, directory)
