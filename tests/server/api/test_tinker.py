@@ -193,3 +193,26 @@ def provenanced(ids: list[int]) -> types.Datum:
     spans = [types.SampledProvenanceSpan(sequence_id="never-sampled", length=n)]
     inputs = [types.PromptProvenanceSpan(sequence_id="never-sampled", length=n)]
     return datum(ids, rl(ids)).with_provenance(model_input=inputs, loss_fn_inputs=spans)
+
+
+def test_saved_states_are_mirrored_to_the_bucket_and_load_from_it(model_dir, tmp_path):
+    import shutil
+
+    bucket = tmp_path / "bucket"
+    live = LiveServer(model_dir, checkpoint_uri=f"file://{bucket}", state_dir=tmp_path / "state")
+    try:
+        with tinker.ServiceClient(base_url=live.url, api_key="tml-any") as service:
+            client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=3).result()
+            data = data_of(client.get_tokenizer())[:2]
+            step(client, data)
+            path = client.save_state("mirrored").result().path
+            model_id = path.split("/")[2]
+            remote = bucket / "tinker" / model_id / "weights" / "mirrored"
+            assert {p.name for p in remote.iterdir()} >= {"adapter_model.safetensors", "optimizer.pt", "meta.json"}
+            local = live.runtime.tinker.bench.checkpoints.directory(path)
+            shutil.rmtree(local)  # as on another machine that holds only the bucket
+            copy = service.create_training_client_from_state_with_optimizer(path).result()
+            assert (local / "meta.json").exists()
+            assert abs(step(copy, data) - step(client, data)) < 1e-4
+    finally:
+        live.stop()

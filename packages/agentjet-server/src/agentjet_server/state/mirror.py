@@ -129,6 +129,20 @@ class StateMirror:
             if path.is_file():
                 self.store.put_file(name, path)
 
+    def put_directory(self, prefix: str, directory: Path) -> None:
+        """Every file of ``directory`` under ``prefix/`` in the bucket (the Tinker API's checkpoints), at once."""
+        for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+            self.store.put_file(f"{prefix}/{file.relative_to(directory).as_posix()}", file)
+
+    def get_directory(self, prefix: str, directory: Path) -> bool:
+        """The bucket's files under ``prefix/`` into ``directory``; False if it holds none."""
+        found = self.store.list(prefix + "/")
+        for key in found:
+            target = directory / key[len(prefix) + 1 :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.store.get_file(key, target)
+        return bool(found)
+
     def checkpoint_written(self, path: Path, meta: CheckpointMeta, compacted: list[int]) -> None:
         if self.uploader is not None:
             self.uploader.submit(path, meta, compacted)

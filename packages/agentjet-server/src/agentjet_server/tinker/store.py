@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentjet_server.errors import InvalidRequestError, NotFoundError
 
@@ -140,11 +140,21 @@ def check_name(name: str) -> str:
     return name
 
 
-class Checkpoints:
-    """Checkpoint directories under ``root``: ``MODEL_ID/KIND/NAME/`` with ``meta.json`` beside the tensors."""
+class Remote(Protocol):
+    """The bucket the state dir is mirrored to (``state.mirror.StateMirror``)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def put_directory(self, prefix: str, directory: Path) -> None: ...
+
+    def get_directory(self, prefix: str, directory: Path) -> bool: ...
+
+
+class Checkpoints:
+    """Checkpoint directories under ``root``: ``MODEL_ID/KIND/NAME/`` with ``meta.json`` beside the tensors;
+    with ``remote``, each written to the bucket too (under ``tinker/``) before its save is answered, and one
+    this disk lacks (a server started on another machine from the bucket) fetched from there."""
+
+    def __init__(self, root: Path, remote: Remote | None = None) -> None:
+        self.root, self.remote = root, remote
 
     def directory(self, path: str) -> Path:
         model_id, kind, name = parse_path(path)
@@ -152,13 +162,21 @@ class Checkpoints:
 
     def existing(self, path: str) -> Path:
         directory = self.directory(path)
+        if not (directory / "meta.json").exists() and self.remote is not None:
+            self.remote.get_directory(self.key(directory), directory)
         if not (directory / "meta.json").exists():
             raise NotFoundError(f"no checkpoint {path} on this server (list them: RestClient.list_checkpoints)")
         return directory
 
+    def key(self, directory: Path) -> str:
+        return f"tinker/{directory.relative_to(self.root).as_posix()}"
+
     def write_meta(self, directory: Path, meta: dict[str, Any]) -> None:
+        """``meta.json``, which completes a checkpoint; then the whole of it to the bucket, if there is one."""
         meta = {**meta, "time": datetime.now(UTC).isoformat()}
         (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if self.remote is not None and not directory.name.startswith("ephemeral-"):
+            self.remote.put_directory(self.key(directory), directory)
 
     def meta(self, path: str) -> dict[str, Any]:
         return json.loads((self.existing(path) / "meta.json").read_text())  # type: ignore[no-any-return]

@@ -31,7 +31,7 @@ from agentjet_server.tinker import losses
 from agentjet_server.tinker.files import LORA_ALPHA, load_adapter_tensors
 from agentjet_server.tinker.futures import Futures
 from agentjet_server.tinker.sampling import SampleJob, sample, split
-from agentjet_server.tinker.store import Checkpoints, Kept, Sequences, Sessions
+from agentjet_server.tinker.store import Checkpoints, Kept, Remote, Sequences, Sessions
 from agentjet_server.tinker.wire import Datum, ForwardBackward, SampleResult
 from agentjet_server.tinker.worker import Worker
 
@@ -66,7 +66,13 @@ class Sampler:
 
 class Workbench:
     def __init__(
-        self, model_path: Path, model_name: str, device: str, state_root: Path, tokenizer_id: str | None = None
+        self,
+        model_path: Path,
+        model_name: str,
+        device: str,
+        state_root: Path,
+        tokenizer_id: str | None = None,
+        remote: Remote | None = None,
     ) -> None:
         from transformers import AutoConfig
 
@@ -79,7 +85,7 @@ class Workbench:
         self.futures = Futures()
         self.sessions = Sessions()
         self.sequences = Sequences()
-        self.checkpoints = Checkpoints(state_root)
+        self.checkpoints = Checkpoints(state_root, remote)
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
         self.snapshots: dict[str, str] = {}  # checkpoint path -> loaded adapter, least recently used first
