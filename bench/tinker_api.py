@@ -1,6 +1,6 @@
 """The Tinker API against AgentJet's native paths on the same work, side by side in one run.
 
-    python bench/tinker.py [--steps 20] [--examples 32] [--samples 64] [--json FILE]
+    python bench/tinker_api.py [--steps 20] [--examples 32] [--samples 64] [--json FILE]
 
 One ``agentjet-server up --lora-rank 16`` (the embedded tiny model). Training: the same chats, rendered with
 the model's chat template into the same tokens and trained positions (``learner.supervised``), one update per
@@ -24,8 +24,6 @@ from pathlib import Path
 import httpx2
 
 ROOT = Path(__file__).resolve().parents[1]
-# this file is named tinker.py: the SDK of that name must not resolve to it
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 from bench._server import served  # noqa: E402
@@ -48,9 +46,10 @@ def chats(n: int) -> list[dict]:  # type: ignore[type-arg]
 
 def tinker_data(model_dir: Path, examples: list[dict]) -> tuple[list, int]:  # type: ignore[type-arg]
     """The chats as Tinker datums with the tokens and trained positions the native SFT path makes."""
+    from tinker import types
+
     from agentjet_server.engine.tokens import ChatTokenizer
     from agentjet_server.learner.supervised import examples_batch
-    from tinker import types
 
     batch = examples_batch(ChatTokenizer(model_dir), examples)
     data, trained = [], 0
@@ -137,6 +136,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     import tinker
+
     from agentjet_server.embedded import ensure_embedded_model
 
     model_dir = ensure_embedded_model()
