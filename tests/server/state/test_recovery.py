@@ -187,8 +187,14 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
     straight = start(model_dir, tmp_path / "straight", checkpoint_every=0, algorithm=algorithm)
     try:
         assert push(straight, trajectories) == ["accepted"] * len(trajectories)
-        # the version moves after the step's weights are live, a moment after the step count
-        wait_for(lambda: straight.loop.learner.steps == 2 * K and straight.version == 2 * K, "2K steps, live")
+        # the version moves after the step's weights are live, a moment after the step count, and the
+        # batch is counted as trained after both
+        wait_for(
+            lambda: straight.loop.learner.steps == 2 * K
+            and straight.version == 2 * K
+            and straight.store.trained == len(trajectories),
+            "2K steps, live and counted",
+        )
         expected = weights(straight)
         expected_critic = critic(straight) if algorithm == "ppo" else {}
         assert straight.version == 2 * K
@@ -213,7 +219,10 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
         assert resumed.engine.version == K
         assert resumed.replayed == half  # the checkpoint had nothing buffered; the rest is replayed
         resumed.start()
-        wait_for(lambda: resumed.loop.learner.steps == 2 * K, "K more steps")
+        wait_for(
+            lambda: resumed.loop.learner.steps == 2 * K and resumed.store.trained >= len(trajectories),
+            "K more steps, counted",
+        )
         time.sleep(0.3)  # nothing more would be trained (nothing left to train twice)
         assert resumed.loop.learner.steps == 2 * K and resumed.buffer.buffered == 0
         diff = max_diff(weights(resumed), expected)

@@ -65,7 +65,12 @@ def resume_from_the_bucket(model_dir, bucket, dead: SwarmRuntime, tmp_path, stra
         assert resumed.loop.learner.steps == K and resumed.version == K
         assert resumed.replayed == HALF  # everything acknowledged after the checkpoint came back from the bucket
         resumed.start()
-        wait_for(lambda: resumed.loop.learner.steps == 2 * K and resumed.version == 2 * K, "K more steps")
+        wait_for(
+            lambda: resumed.loop.learner.steps == 2 * K
+            and resumed.version == 2 * K
+            and resumed.store.trained == len(trajectories),  # counted a moment after the step is live
+            "K more steps, counted",
+        )
         diff = max_diff(weights(resumed), straight)
         print(f"restore from the bucket: max |w_restored - w_straight| = {diff:.3g} after {2 * K} steps")
         assert diff == 0.0
