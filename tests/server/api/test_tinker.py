@@ -216,3 +216,76 @@ def test_saved_states_are_mirrored_to_the_bucket_and_load_from_it(model_dir, tmp
             assert abs(step(copy, data) - step(client, data)) < 1e-4
     finally:
         live.stop()
+
+
+def test_a_full_model_client_trains_a_copy_of_its_own_within_the_servers_limit(service, server):
+    from transformers import AutoModelForCausalLM
+
+    from agentjet_client.finetune.cookbook import create_full_training_client
+
+    lora = service.create_lora_training_client(base_model=MODEL, rank=4, seed=5).result()
+    data = data_of(lora.get_tokenizer())
+    base = service.create_sampling_client(base_model=MODEL).result()
+    probe = types.ModelInput.from_ints(data[0].model_input.to_ints())
+    lora_before = lora.forward(data, "cross_entropy").result().loss_fn_outputs
+    base_before = base.compute_logprobs(probe).result()
+
+    full = create_full_training_client(service, MODEL)
+    info = full.get_info()
+    assert info.is_lora is False and info.lora_rank is None
+    before = loss_per_token(full, data)
+    for _ in range(10):
+        step(full, data, lr=1e-3)
+    after = loss_per_token(full, data)
+    print(f"full-model client: cross-entropy per token {before:.3f} -> {after:.3f} in 10 steps at 1e-3")
+    assert after < before / 2, (before, after)  # every weight trains: far faster than LoRA on this set
+    # a copy of its own: the LoRA clients' frozen base and the base sampler did not move
+    lora_after = lora.forward(data, "cross_entropy").result().loss_fn_outputs
+    assert all(
+        np.array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
+        for a, b in zip(lora_before, lora_after, strict=True)
+    )
+    assert base.compute_logprobs(probe).result() == base_before
+
+    # one full client is this server's limit: a second is refused with the reason, within a second
+    headers = {"X-API-Key": "tml-client-key-1"}
+    start = time.monotonic()
+    refused = httpx2.post(
+        server.url + "/api/v1/create_model",
+        json={"session_id": service.holder.get_session_id(), "model_seq_id": 99, "base_model": MODEL},
+        headers=headers,
+    )
+    assert time.monotonic() - start < 1.0
+    assert refused.status_code == 409 and "--tinker-full-clients 1" in refused.text, refused.text
+
+    # its sampler samples the trained copy: its log-probs are the client's forward's
+    forward = full.forward(data[:1], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    sampler = full.save_weights_and_get_sampling_client().result()
+    ids = [*data[0].model_input.to_ints(), data[0].loss_fn_inputs["target_tokens"].data[-1]]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
+    assert np.abs(np.array(scored[1:]) - forward).max() < 2e-3
+
+    # a saved state is a Hugging Face model directory, and continues like the original once loaded
+    path = full.save_state("full-ten").result().path
+    directory = server.runtime.tinker.bench.checkpoints.directory(path)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(directory))
+    logits = reloaded(input_ids=torch.tensor([data[0].model_input.to_ints()])).logits[0]
+    targets = torch.tensor(data[0].loss_fn_inputs["target_tokens"].data)
+    recompute = torch.log_softmax(logits.float(), -1).gather(1, targets[:, None])[:, 0].detach().numpy()
+    assert np.abs(recompute - forward).max() < 2e-3
+    next_loss = step(full, data, lr=1e-3)
+    unloaded = httpx2.post(server.url + "/api/v1/unload_model", json={"model_id": full.model_id}, headers=headers)
+    assert unloaded.status_code == 200
+    while server.runtime.tinker.bench.full.trainable:  # unloaded on the workbench's thread
+        time.sleep(0.05)
+    copy = service.create_training_client_from_state_with_optimizer(path).result()
+    assert copy.get_info().is_lora is False
+    assert abs(step(copy, data, lr=1e-3) - next_loss) < 1e-4
+    runs = {
+        r.training_run_id: r
+        for r in tinker.RestClient(base_url=server.url, api_key="tml-client-key-1")
+        .list_training_runs()
+        .result()
+        .training_runs
+    }
+    assert runs[full.model_id].is_lora is False and runs[lora.model_id].is_lora is True

@@ -190,9 +190,11 @@ def test_resume_after_a_crash_equals_training_straight_through(model_dir, trajec
         # the version moves after the step's weights are live, a moment after the step count, and the
         # batch is counted as trained after both
         wait_for(
-            lambda: straight.loop.learner.steps == 2 * K
-            and straight.version == 2 * K
-            and straight.store.trained == len(trajectories),
+            lambda: (
+                straight.loop.learner.steps == 2 * K
+                and straight.version == 2 * K
+                and straight.store.trained == len(trajectories)
+            ),
             "2K steps, live and counted",
         )
         expected = weights(straight)

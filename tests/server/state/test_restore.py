@@ -66,9 +66,11 @@ def resume_from_the_bucket(model_dir, bucket, dead: SwarmRuntime, tmp_path, stra
         assert resumed.replayed == HALF  # everything acknowledged after the checkpoint came back from the bucket
         resumed.start()
         wait_for(
-            lambda: resumed.loop.learner.steps == 2 * K
-            and resumed.version == 2 * K
-            and resumed.store.trained == len(trajectories),  # counted a moment after the step is live
+            lambda: (
+                resumed.loop.learner.steps == 2 * K
+                and resumed.version == 2 * K
+                and resumed.store.trained == len(trajectories)
+            ),  # counted a moment after the step is live
             "K more steps, counted",
         )
         diff = max_diff(weights(resumed), straight)

@@ -66,6 +66,13 @@ class LimitOptions(OptionGroup):
         live="the completion limit of requests that set none",
         ge=1,
     )
+    tinker_full_clients: int = setting(
+        1,
+        "full-model training clients the Tinker API holds at once, each a trainable fp32 copy of the model with "
+        "its own AdamW (about 16 bytes a parameter); 0: LoRA clients only",
+        ge=0,
+        le=8,
+    )
     exact_sampling: bool = setting(
         False,
         "refuse the sampling settings that change the model's distribution (logit_bias, presence/frequency "

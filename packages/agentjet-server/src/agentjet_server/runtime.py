@@ -368,7 +368,14 @@ class SwarmRuntime:
         if self._tinker is None:
             device = (self.settings.learner_device_list() or [self.settings.device])[0]
             root = (self.state.root if self.state is not None else Path(self.settings.state_dir)) / "tinker"
-            bench = Workbench(Path(str(self.model_path)), self.engine.model_name, device, root, remote=self.mirror)
+            bench = Workbench(
+                Path(str(self.model_path)),
+                self.engine.model_name,
+                device,
+                root,
+                remote=self.mirror,
+                full_clients=self.settings.tinker_full_clients,
+            )
             self._tinker = Service(bench, bench.vocab, self.engine.max_context)
         return self._tinker
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,38 @@ def register(base_url: str, api_key: str | None = None) -> Registered:
     tokenizer_utils.register_tokenizer(model, load)
     renderers.register_renderer(RENDERER, chatml_renderer)
     return Registered(base_url.rstrip("/"), model, RENDERER, directory)
+
+
+def create_full_training_client(
+    service_client: Any, base_model: str, user_metadata: dict[str, str] | None = None
+) -> Any:
+    """A ``TrainingClient`` that trains every weight of ``base_model`` (a copy of its own on the server; see
+    docs/tinker.md for the memory it takes and the limit the server sets). The SDK (0.38) asks only for LoRA
+    clients; this sends its own ``create_model`` request without a LoRA config, as that method does with one.
+    A client made from a full checkpoint (``create_training_client_from_state``) is a full-model one too."""
+    from tinker import types
+    from tinker.lib.api_future_impl import _APIFuture
+    from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+    from tinker.lib.public_interfaces.training_client import TrainingClient, fetch_training_info
+
+    holder = service_client.holder
+    session_id, model_seq_id = holder.get_session_id(), holder.get_training_client_id()
+
+    async def create() -> Any:
+        with holder.aclient(ClientConnectionPoolType.TRAIN) as client:
+            request = types.CreateModelRequest(
+                session_id=session_id,
+                model_seq_id=model_seq_id,
+                base_model=base_model,
+                lora_config=None,
+                user_metadata=user_metadata,
+                optimizer_config=types.AdamOptimizerConfig(),
+            )
+            future = await client.models.create(request=request)
+        created = await _APIFuture(
+            types.CreateModelResponse, holder, future, request_start_time=time.time(), request_type="CreateModel"
+        ).result_async()
+        info = await fetch_training_info(holder, created.model_id)
+        return TrainingClient(holder, model_seq_id=model_seq_id, model_id=created.model_id, info=info)
+
+    return holder.run_coroutine_threadsafe(create()).result()

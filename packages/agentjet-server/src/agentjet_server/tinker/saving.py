@@ -77,25 +77,33 @@ class Saving:
         existing = self.bench.models.get(str(body.get("model_id"))) if body.get("model_id") else None
         if body.get("model_id") and existing is None:
             self.bench.model(str(body.get("model_id")))
+        full = bool(meta.get("full"))
         if existing is None:
             session_id = self.service.session(body.get("session_id"))
             self.service.room()
             new_id = self.bench.new_model_id(session_id, body.get("model_seq_id"))
-        elif existing.rank != meta["rank"] or existing.targets != meta["targets"]:
-            raise ConflictError(
-                f"{path} is a rank-{meta['rank']} adapter; this training client's is rank {existing.rank}"
-            )
+            if full:
+                self.bench.full.reserve()
+        elif existing.full != full or existing.rank != meta["rank"] or existing.targets != meta["targets"]:
+            raise ConflictError(f"{path} holds {_holds(meta)}; this training client trains {_holds(existing)}")
 
         def work() -> dict[str, Any]:
             trained = existing
-            if trained is None:
-                adapter = f"c{uuid.uuid4().hex[:12]}"
-                self.bench.add_adapter(adapter, int(meta["rank"]), list(meta["targets"]))
-                rank, targets = int(meta["rank"]), list(meta["targets"])
-                trained = TrainingModel(new_id, session_id, adapter, rank, targets, body.get("user_metadata"))
-                self.bench.models[new_id] = trained
             directory = self.bench.checkpoints.existing(path)
-            load_adapter_tensors(self.bench.adapter_params(trained.adapter), trained.adapter, directory)
+            if trained is None:
+                rank, targets = int(meta["rank"]), list(meta["targets"])
+                if full:
+                    name = self.bench.full.create(directory)
+                else:
+                    name = f"c{uuid.uuid4().hex[:12]}"
+                    self.bench.add_adapter(name, rank, targets)
+                    load_adapter_tensors(self.bench.adapter_params(name), name, directory)
+                trained = TrainingModel(new_id, session_id, name, rank, targets, body.get("user_metadata"), full=full)
+                self.bench.models[new_id] = trained
+            elif full:
+                self.bench.full.replace(trained.adapter, directory)
+            else:
+                load_adapter_tensors(self.bench.adapter_params(trained.adapter), trained.adapter, directory)
             trained.optimizer = None
             if with_optimizer:
                 saved = torch.load(directory / "optimizer.pt", weights_only=True)
@@ -120,9 +128,9 @@ class Saving:
             "training_run_id": model_id,
             "base_model": self.bench.model_name,
             "model_owner": "agentjet",
-            "is_lora": True,
+            "is_lora": not (trained.full if trained is not None else meta.get("full", False)),
             "corrupted": False,
-            "lora_rank": trained.rank if trained is not None else meta.get("rank"),
+            "lora_rank": (trained.rank if trained is not None else meta.get("rank")) or None,
             "last_request_time": when.astimezone(UTC).isoformat(),
             "last_checkpoint": last.get("training"),
             "last_sampler_checkpoint": last.get("sampler"),
@@ -143,14 +151,27 @@ def save(trained: TrainingModel, bench: Workbench, kind: str, name: str, optimiz
     path = tinker_path(trained.model_id, kind, check_name(name))
     directory = bench.checkpoints.directory(path)
     directory.mkdir(parents=True, exist_ok=True)
-    params = bench.adapter_params(trained.adapter)
-    tensors = {k.removeprefix("base_model.model."): p.detach().cpu() for k, p in params}
-    spec = LoraSpec(rank=trained.rank, alpha=LORA_ALPHA, targets=",".join(trained.targets))
-    write_adapter(directory, tensors, spec, bench.model_name, name=trained.adapter)
+    if trained.full:  # a Hugging Face model directory
+        bench.full.save(trained.adapter, directory)
+    else:  # peft's adapter format
+        params = bench.adapter_params(trained.adapter)
+        tensors = {k.removeprefix("base_model.model."): p.detach().cpu() for k, p in params}
+        spec = LoraSpec(rank=trained.rank, alpha=LORA_ALPHA, targets=",".join(trained.targets))
+        write_adapter(directory, tensors, spec, bench.model_name, name=trained.adapter)
     if optimizer:
         state = trained.optimizer.state_dict() if trained.optimizer is not None else None
         torch.save({"optimizer": state, "steps": trained.steps}, directory / "optimizer.pt")
-    recorded = {"model_id": trained.model_id, "base_model": bench.model_name, "rank": trained.rank}
+    recorded = {
+        "model_id": trained.model_id,
+        "base_model": bench.model_name,
+        "rank": trained.rank,
+        "full": trained.full,
+    }
     recorded.update(targets=trained.targets, steps=trained.steps, **meta)
     bench.checkpoints.write_meta(directory, recorded)
     return path
+
+
+def _holds(what: TrainingModel | dict[str, Any]) -> str:
+    full, rank = (what.full, what.rank) if isinstance(what, TrainingModel) else (what.get("full"), what["rank"])
+    return "the full model's weights" if full else f"a rank-{rank} adapter"

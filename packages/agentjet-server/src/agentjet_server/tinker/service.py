@@ -57,21 +57,19 @@ class Service:
             raise NotFoundError(
                 f"base_model {base!r}: this server trains {self.bench.model_name!r} (see get_server_capabilities)"
             )
-        lora = body.get("lora_config")
-        if not isinstance(lora, dict):
-            raise ConflictError(
-                "a full-model training client is not offered by the Tinker API here: its base must stay frozen for the "
-                "other clients' adapters; train the full model through the swarm (agentjet-client run), or ask for a "
-                "LoRA client (lora_config)"
-            )
-        rank = lora.get("rank")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
-            raise InvalidRequestError(f"lora_config.rank must be an integer from 1 to {MAX_RANK}", param="lora_config")
         optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
         if optimizer != "adamw":
             raise InvalidRequestError(
                 f"optimizer {optimizer!r}: this server's training clients use adamw", param="optimizer_config"
             )
+        lora = body.get("lora_config")
+        if lora is None:
+            return self._create_full(session_id, body)
+        if not isinstance(lora, dict):
+            raise InvalidRequestError("lora_config must be an object (rank, seed, train_mlp, ...)", param="lora_config")
+        rank = lora.get("rank")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
+            raise InvalidRequestError(f"lora_config.rank must be an integer from 1 to {MAX_RANK}", param="lora_config")
         self.room()
         model_id = self.bench.new_model_id(session_id, body.get("model_seq_id"))
         flags = (
@@ -91,11 +89,26 @@ class Service:
 
         return self.bench.submit("CreateModel", work)
 
+    def _create_full(self, session_id: str, body: dict[str, Any]) -> str:
+        """A full-model training client: a trainable copy of its own (``tinker.full``), if there is room."""
+        self.room()
+        model_id = self.bench.new_model_id(session_id, body.get("model_seq_id"))
+        self.bench.full.reserve()
+
+        def work() -> dict[str, Any]:
+            name = self.bench.full.create()
+            self.bench.models[model_id] = TrainingModel(
+                model_id, session_id, name, 0, [], body.get("user_metadata"), full=True
+            )
+            return {"model_id": model_id, "type": "create_model"}
+
+        return self.bench.submit("CreateModel", work)
+
     def room(self) -> None:
         if len(self.bench.models) >= MAX_MODELS:
             raise ConflictError(
-                f"{MAX_MODELS} training clients are loaded on this server; unload one (TrainingClient.unload, or end "
-                "its session) before creating another"
+                f"{MAX_MODELS} training clients are loaded on this server; unload one (POST /api/v1/unload_model "
+                "with its model_id, or end its session) before creating another"
             )
 
     def unload(self, model_id: str) -> str:
@@ -120,8 +133,8 @@ class Service:
                 "model_name": self.bench.model_name,
                 "tokenizer_id": self.bench.tokenizer_id,
             },
-            "is_lora": True,
-            "lora_rank": trained.rank,
+            "is_lora": not trained.full,
+            "lora_rank": None if trained.full else trained.rank,
             "model_name": self.bench.model_name,
         }
 

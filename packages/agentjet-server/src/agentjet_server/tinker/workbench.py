@@ -29,6 +29,7 @@ import torch
 from agentjet_server.errors import ConflictError, InvalidRequestError, NotFoundError
 from agentjet_server.tinker import losses
 from agentjet_server.tinker.files import LORA_ALPHA, load_adapter_tensors
+from agentjet_server.tinker.full import MAX_FROZEN, FullModels
 from agentjet_server.tinker.futures import Futures
 from agentjet_server.tinker.sampling import SampleJob, sample, split
 from agentjet_server.tinker.store import Checkpoints, Kept, Remote, Sequences, Sessions
@@ -47,10 +48,11 @@ TOKENS_PER_PASS = 16_384  # a forward_backward's datums go through the model in 
 class TrainingModel:
     model_id: str
     session_id: str
-    adapter: str
+    adapter: str  # its LoRA adapter's name, or with ``full`` its trainable copy's (``tinker.full``)
     rank: int
     targets: list[str]
     user_metadata: dict[str, Any] | None = None
+    full: bool = False
     optimizer: torch.optim.Optimizer | None = None
     steps: int = 0
     last_request: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -60,7 +62,7 @@ class TrainingModel:
 class Sampler:
     sampler_id: str
     session_id: str
-    adapter: str | None  # None: the base model
+    adapter: str | None  # an adapter's or a full copy's name; None: the base model
     model_path: str | None
 
 
@@ -73,6 +75,7 @@ class Workbench:
         state_root: Path,
         tokenizer_id: str | None = None,
         remote: Remote | None = None,
+        full_clients: int = 1,
     ) -> None:
         from transformers import AutoConfig
 
@@ -89,6 +92,7 @@ class Workbench:
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
         self.snapshots: dict[str, str] = {}  # checkpoint path -> loaded adapter, least recently used first
+        self.full = FullModels(self.model_path, self.device, full_clients)
         self._base: Any = None
         self._peft: Any = None
         self._tokenizer: Any = None
@@ -161,17 +165,25 @@ class Workbench:
         self._peft.requires_grad_(False)  # a client's parameters take gradients only while it trains
 
     def remove_adapter(self, name: str) -> None:
-        if self._peft is not None and name in self._peft.peft_config:
+        if self.full.holds(name):
+            self.full.remove(name)
+        elif self._peft is not None and name in self._peft.peft_config:
             self._peft.delete_adapter(name)
 
     def adapter_params(self, name: str) -> list[tuple[str, torch.nn.Parameter]]:
+        """What training client ``name`` trains: its adapter's parameters, or a full copy's every one."""
+        if self.full.holds(name):
+            return list(self.full.module(name).named_parameters())
         marker = (f".lora_A.{name}.", f".lora_B.{name}.")
         return [(k, p) for k, p in self._peft.named_parameters() if marker[0] in k or marker[1] in k]
 
     @contextlib.contextmanager
     def using(self, adapter: str | None, train: bool = False) -> Iterator[Any]:
         """The model with ``adapter`` applied (None: the base alone); with ``train``, only its parameters
-        take gradients."""
+        take gradients (a full copy: all of its own)."""
+        if self.full.holds(adapter):
+            yield self.full.module(str(adapter))
+            return
         if adapter is None:
             if self._peft is None:
                 yield self.base
@@ -217,36 +229,12 @@ class Workbench:
         total = 0.0
         with self.using(trained.adapter, train=not request.forward_only) as model:
             for part in _passes(request.data):
-                part_loss, part_outputs = self._pass(model, part, request, fn)
+                part_loss, part_outputs = _pass(model, part, request, fn, self.device)
                 if not request.forward_only and part_loss.requires_grad:
                     part_loss.backward()  # type: ignore[no-untyped-call]
                 total += float(part_loss.detach())
                 outputs.extend(part_outputs)
         return outputs, {"loss:sum": total}
-
-    def _pass(
-        self, model: Any, data: list[Datum], request: ForwardBackward, fn: Callable[..., torch.Tensor]
-    ) -> tuple[torch.Tensor, list[dict[str, np.ndarray]]]:
-        width = max(len(d.tokens) for d in data)
-        ids = torch.zeros(len(data), width, dtype=torch.long, device=self.device)
-        mask = torch.zeros(len(data), width, dtype=torch.long, device=self.device)
-        for row, datum in enumerate(data):
-            ids[row, : len(datum.tokens)] = torch.tensor(datum.tokens, device=self.device)
-            mask[row, : len(datum.tokens)] = 1
-        with torch.set_grad_enabled(not request.forward_only):
-            logits = model(input_ids=ids, attention_mask=mask).logits.float()
-            loss = torch.zeros((), device=self.device)
-            outputs = []
-            for row, datum in enumerate(data):
-                n = len(datum.tokens)
-                logp_all = torch.log_softmax(logits[row, :n], dim=-1)
-                x = {k: torch.as_tensor(v, device=self.device) for k, v in datum.inputs.items()}
-                targets = x["target_tokens"].long()
-                logp = logp_all.gather(1, targets.view(n, -1)).view(targets.shape)
-                x = {k: (v.float() if k != "target_tokens" else v) for k, v in x.items()}
-                loss = loss + fn(logp, x, request.config)
-                outputs.append({"logprobs": logp.detach().cpu().numpy()})
-        return loss, outputs
 
     def optim_step(self, model_id: str, params: dict[str, float]) -> dict[str, Any]:
         trained = self.model(model_id)
@@ -291,15 +279,18 @@ class Workbench:
         if loaded is None:
             loaded = self.load_snapshot(sampler.model_path)
         self.snapshots[sampler.model_path] = loaded  # the most recently used, last
-        while len(self.snapshots) > MAX_SNAPSHOTS:
-            old_path = next(iter(self.snapshots))
-            self.remove_adapter(self.snapshots.pop(old_path))
+        for full, limit in ((False, MAX_SNAPSHOTS), (True, MAX_FROZEN)):
+            kept = [path for path, name in self.snapshots.items() if self.full.holds(name) == full]
+            for old_path in kept[: max(0, len(kept) - limit)]:
+                self.remove_adapter(self.snapshots.pop(old_path))
         return loaded
 
     def load_snapshot(self, path: str) -> str:
         """A saved sampler checkpoint as an adapter of its own (frozen)."""
         directory = self.checkpoints.existing(path)
         meta = self.checkpoints.meta(path)
+        if meta.get("full"):
+            return self.full.load_frozen(directory)
         name = f"s{uuid.uuid4().hex[:12]}"
         self.add_adapter(name, int(meta["rank"]), list(meta["targets"]))
         load_adapter_tensors(self.adapter_params(name), name, directory)
@@ -315,3 +306,29 @@ def _passes(data: list[Datum]) -> Iterator[list[Datum]]:
         part.append(datum)
     if part:
         yield part
+
+
+def _pass(
+    model: Any, data: list[Datum], request: ForwardBackward, fn: Callable[..., torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, list[dict[str, np.ndarray]]]:
+    """One pass of ``data`` through ``model``: the summed loss and each datum's target log-probs."""
+    width = max(len(d.tokens) for d in data)
+    ids = torch.zeros(len(data), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(data), width, dtype=torch.long, device=device)
+    for row, datum in enumerate(data):
+        ids[row, : len(datum.tokens)] = torch.tensor(datum.tokens, device=device)
+        mask[row, : len(datum.tokens)] = 1
+    with torch.set_grad_enabled(not request.forward_only):
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        loss = torch.zeros((), device=device)
+        outputs = []
+        for row, datum in enumerate(data):
+            n = len(datum.tokens)
+            logp_all = torch.log_softmax(logits[row, :n], dim=-1)
+            x = {k: torch.as_tensor(v, device=device) for k, v in datum.inputs.items()}
+            targets = x["target_tokens"].long()
+            logp = logp_all.gather(1, targets.view(n, -1)).view(targets.shape)
+            x = {k: (v.float() if k != "target_tokens" else v) for k, v in x.items()}
+            loss = loss + fn(logp, x, request.config)
+            outputs.append({"logprobs": logp.detach().cpu().numpy()})
+    return loss, outputs
