@@ -28,10 +28,14 @@ def wait_until_up(url: str) -> None:
 
 @contextlib.contextmanager
 def served(
-    model_dir: Path, *extra: str, sources: Path | None = None, env: dict[str, str] | None = None
+    model_dir: Path,
+    *extra: str,
+    sources: Path | None = None,
+    env: dict[str, str] | None = None,
+    pids: list[int] | None = None,
 ) -> Iterator[str]:
     """``sources``: a checkout whose packages' code the server runs instead of the installed one; ``env``:
-    variables the server gets besides this process's."""
+    variables the server gets besides this process's; ``pids``: the server's process id is added to it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -45,6 +49,8 @@ def served(
     command += ["--state-dir", state]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.append(server.pid)
     try:
         wait_until_up(url)
         yield url

@@ -184,16 +184,17 @@ class SwarmClient:
             return self._shared_sync
 
     def shared_async_transport(self) -> httpx2.AsyncBaseTransport:
-        """One connection pool per event loop for every episode's async SDK client."""
+        """One connection pool per event loop for every episode's async SDK client (aiohttp's, under httpx2:
+        ``capture.aio``)."""
         import asyncio
+
+        from agentjet_client.capture.aio import AiohttpTransport
 
         key = id(asyncio.get_running_loop())
         with self._lock:
             if key not in self._shared_async:
                 self._shared_async[key] = (
-                    self._async_transport_factory()
-                    if self._async_transport_factory
-                    else httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=256))
+                    self._async_transport_factory() if self._async_transport_factory else AiohttpTransport(256)
                 )
             return self._shared_async[key]
 

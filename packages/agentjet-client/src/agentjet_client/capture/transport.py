@@ -11,6 +11,8 @@ episode's ``agentjet`` extension added, and its response (whole or streamed) is 
 
 from __future__ import annotations
 
+import datetime
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -24,7 +26,6 @@ from agentjet_client.capture.recorder import (
     api_of,
     chat_form,
     parse_request_body,
-    with_claim,
 )
 
 
@@ -94,18 +95,19 @@ def _with_stream(
     )
 
 
-def _claimed(request: httpx2.Request, claim: dict[str, Any] | None) -> httpx2.Request:
-    """``request`` carrying the claim of which earlier call it continues (see ``EpisodeRecorder.claim``)."""
-    if claim is None:
+def _extended(request: httpx2.Request, data: dict[str, Any], extension: dict[str, Any]) -> httpx2.Request:
+    """``request`` (whose parsed body is ``data``) carrying the ``agentjet`` extension: the agent, and the
+    claim of which earlier call it continues (see ``EpisodeRecorder.claim``)."""
+    if not data or "agentjet" in data:
         return request
-    content = with_claim(request.content, claim)
+    content = json.dumps({**data, "agentjet": extension}).encode()
     headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "content-length"]
     return httpx2.Request(request.method, request.url, headers=headers, content=content, extensions=request.extensions)
 
 
-def _json_or_none(response: httpx2.Response) -> Any:
+def _json_or_none(content: bytes) -> Any:
     try:
-        return response.json()
+        return json.loads(content)
     except ValueError:
         return None
 
@@ -124,13 +126,22 @@ class _Capture:
     def _attributes(self, api: str) -> dict[str, str]:
         return {"agentjet.agent": self.agent, "agentjet.api": api}
 
-    def _call(self, request: httpx2.Request, raw: bytes) -> tuple[str, dict[str, Any]] | None:
-        """The API a request samples from and the chat request it means; None for anything else."""
+    def _call(self, request: httpx2.Request, raw: bytes) -> tuple[str, dict[str, Any], httpx2.Request] | None:
+        """The API a request samples from, the chat request it means and the request to send in its place
+        (with the ``agentjet`` extension); None for anything else."""
         if not self.record:
             return None
         api = api_of(request.method, request.url.path)
-        chat = chat_form(api, parse_request_body(raw)) if api is not None else None
-        return (api, chat) if api is not None and chat is not None else None
+        if api is None:
+            return None
+        data = parse_request_body(raw)
+        chat = chat_form(api, data)
+        if chat is None:
+            return None
+        return api, chat, _extended(request, data, self.recorder.extension(self.agent, chat))
+
+    def _traced(self, api: str) -> Any:
+        return tracing.span("chat", parent=self.recorder.trace, kind="client", attributes=self._attributes(api))
 
 
 class CaptureTransport(_Capture, httpx2.BaseTransport):
@@ -148,22 +159,20 @@ class CaptureTransport(_Capture, httpx2.BaseTransport):
         if call is None:
             return self.inner.handle_request(request)
         started = time.time()
-        api, body = call
-        request = _claimed(request, self.recorder.extension(self.agent, body))
-        with tracing.span("chat", parent=self.recorder.trace, kind="client", attributes=self._attributes(api)):
-            tracing.inject(request.headers)
+        api, body, request = call
+        with self._traced(api) as span:
+            if span is not None:
+                tracing.inject(request.headers)
             response = self.inner.handle_request(request)
         if response.status_code != 200:
             return response
         assert isinstance(response.stream, httpx2.SyncByteStream)
         if _is_sse(response):
             return _with_stream(request, response, _TeeStream(response.stream, self._on_stream_end(body, started, api)))
-        raw = b"".join(response.stream)
-        response.close()
-        out = _with_stream(request, response, httpx2.ByteStream(raw))
-        out.read()
-        self.recorder.record_response(self.agent, body, _json_or_none(out), started, api)
-        return out
+        content = response.read()  # read (and closed) here: the response's elapsed time is set to match
+        response.elapsed = datetime.timedelta(seconds=time.time() - started)
+        self.recorder.record_response(self.agent, body, _json_or_none(content), started, api)
+        return response
 
 
 class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
@@ -189,10 +198,10 @@ class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
         if call is None:
             return await self.inner.handle_async_request(request)
         started = time.time()
-        api, body = call
-        request = _claimed(request, self.recorder.extension(self.agent, body))
-        with tracing.span("chat", parent=self.recorder.trace, kind="client", attributes=self._attributes(api)):
-            tracing.inject(request.headers)
+        api, body, request = call
+        with self._traced(api) as span:
+            if span is not None:
+                tracing.inject(request.headers)
             response = await self.inner.handle_async_request(request)
         if response.status_code != 200:
             return response
@@ -200,9 +209,7 @@ class AsyncCaptureTransport(_Capture, httpx2.AsyncBaseTransport):
         if _is_sse(response):
             stream = _AsyncTeeStream(response.stream, self._on_stream_end(body, started, api))
             return _with_stream(request, response, stream)
-        raw = b"".join([chunk async for chunk in response.stream])
-        await response.aclose()
-        out = _with_stream(request, response, httpx2.ByteStream(raw))
-        await out.aread()
-        self.recorder.record_response(self.agent, body, _json_or_none(out), started, api)
-        return out
+        content = await response.aread()  # read (and closed) here: the response's elapsed time is set to match
+        response.elapsed = datetime.timedelta(seconds=time.time() - started)
+        self.recorder.record_response(self.agent, body, _json_or_none(content), started, api)
+        return response
