@@ -14,14 +14,16 @@ only the client's own CPU is counted (``time.process_time`` over the calls):
     (d)  LangChain's ``ChatOpenAI.ainvoke`` and the Agents SDK's ``Runner.run``: stock, and through capture
 
 Server: the CPU of the event-loop thread (the main thread: the engine's forward runs on a thread of its own
-and is not counted) per chat request, 8 requests in flight:
+and is not counted) per chat request, 8 requests in flight, sent as a GRPO run sends them (each task's prompt
+8 times in a row, every task's its own):
 
     (e)  a bare Starlette route under uvicorn that parses the same JSON and answers the captured body (the floor)
     (f)  agentjet-server's ``/v1/chat/completions`` with the embedded model
+    (f') the same with no prompt ever sent twice (nothing the server kept of a prompt is of use)
 
 Arms run in rounds, interleaved, and each figure is the median over rounds. Run:
 
-    .venv/bin/python bench/overhead.py [--calls 200] [--rounds 5] [--profile ARM]
+    .venv/bin/python bench/overhead.py [--calls 200] [--rounds 5] [--profile ARM] [--client-only | --server-only]
 """
 
 from __future__ import annotations
@@ -267,15 +269,26 @@ def thread_cpu(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK
 
 
-async def load(url: str, body: bytes, requests: int) -> None:
+def request_bodies(requests: int, group: int, first_task: int) -> list[bytes]:
+    """Chat requests as a GRPO run sends them: each task's prompt ``group`` times in a row, every task's
+    prompt its own, tasks numbered from ``first_task`` (``group`` 1: no prompt is sent twice)."""
+    bodies = []
+    for i in range(requests):
+        task = first_task + i // group
+        messages = [{"role": "user", "content": f"Task {task}: write {task % 10} as a digit."}]
+        bodies.append(json.dumps({**REQUEST, "messages": messages, "agentjet": {"agent": "default"}}).encode())
+    return bodies
+
+
+async def load(url: str, bodies: list[bytes]) -> None:
     import aiohttp
 
     headers = {"content-type": "application/json"}
     async with aiohttp.ClientSession() as session:
-        queue = iter(range(requests))
+        queue = iter(bodies)
 
         async def worker() -> None:
-            for _ in queue:
+            for body in queue:
                 async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
                     assert r.status == 200, await r.text()
                     await r.read()
@@ -283,12 +296,12 @@ async def load(url: str, body: bytes, requests: int) -> None:
         await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
 
 
-def measure_server(url: str, pid: int, body: bytes, requests: int) -> float:
-    """ms of the main thread's CPU per request."""
-    asyncio.run(load(url, body, 50))  # warm
+def measure_server(url: str, pid: int, bodies: list[bytes]) -> float:
+    """ms of the main thread's CPU per request, over ``bodies`` after the first 50 (a warm-up)."""
+    asyncio.run(load(url, bodies[:50]))
     before = thread_cpu(pid, pid)
-    asyncio.run(load(url, body, requests))
-    return (thread_cpu(pid, pid) - before) * 1000 / requests
+    asyncio.run(load(url, bodies[50:]))
+    return (thread_cpu(pid, pid) - before) * 1000 / (len(bodies) - 50)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -301,6 +314,7 @@ def main() -> None:
     parser.add_argument("--server-requests", type=int, default=1000, help="requests per server arm per round")
     parser.add_argument("--profile", help="profile the client arm whose name starts with this, e.g. '(c)'")
     parser.add_argument("--client-only", action="store_true", help="the client's arms alone")
+    parser.add_argument("--server-only", action="store_true", help="the server's arms alone")
     parser.add_argument("--aiohttp-stub", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--starlette-stub", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,23 +330,28 @@ def main() -> None:
         answer = httpx2.post(url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
         assert answer.status_code == 200, answer.text
         canned = answer.content
-        server_figures: dict[str, list[float]] = {"(e) bare Starlette route": [], "(f) agentjet-server chat": []}
+        bare, grouped, fresh = "(e) bare Starlette route", "(f) agentjet-server chat", "(f') every prompt new"
+        server_figures: dict[str, list[float]] = {bare: [], grouped: [], fresh: []}
+        requests = args.server_requests + 50
         with stub("starlette-stub", canned) as (bare_url, bare_pid):
             for round_ in range(0 if args.client_only else args.rounds):
-                server_figures["(e) bare Starlette route"].append(
-                    measure_server(bare_url, bare_pid, body, args.server_requests)
-                )
-                server_figures["(f) agentjet-server chat"].append(
-                    measure_server(url, pids[0], body, args.server_requests)
-                )
+                first = 10**6 * (round_ + 1)  # prompts no earlier round sent
+                server_figures[bare].append(measure_server(bare_url, bare_pid, request_bodies(requests, 8, first)))
+                server_figures[grouped].append(measure_server(url, pids[0], request_bodies(requests, 8, first)))
+                server_figures[fresh].append(measure_server(url, pids[0], request_bodies(requests, 1, first * 7)))
                 print(f"  server round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    if args.server_only:
+        return report_lines("server: CPU of the event-loop thread per request (ms)", server_figures)
     with stub("aiohttp-stub", canned) as (stub_url, _):
         client_figures = asyncio.run(measure_client(stub_url, args.calls, args.rounds, args.profile))
-    report(client_figures, server_figures) if not args.client_only else report_client(client_figures)
+    if args.client_only:
+        return report_lines("client: CPU per call (ms, median of rounds)", client_figures)
+    report(client_figures, server_figures)
 
 
-def report_client(client: dict[str, list[float]]) -> None:
-    for name, values in client.items():
+def report_lines(title: str, figures: dict[str, list[float]]) -> None:
+    print(title)
+    for name, values in figures.items():
         print(f"  {name:44s} {statistics.median(values):6.3f}   rounds {' '.join(f'{v:.3f}' for v in values)}")
 
 
@@ -349,11 +368,12 @@ def report(client: dict[str, list[float]], server: dict[str, list[float]]) -> No
         med["(b') OpenAI SDK, AgentJet's transport"],
         med["(c) OpenAI SDK through capture"],
     )
-    e, f = med["(e) bare Starlette route"], med["(f) agentjet-server chat"]
+    e, f, f2 = med["(e) bare Starlette route"], med["(f) agentjet-server chat"], med["(f') every prompt new"]
     print("\nratios")
     print(f"  (c) / (b)   capture over the stock SDK call      {c / b:.2f}x   (target <= 1.25)")
     print(f"  (b') / (b)  our transport under the SDK          {b2 / b:.2f}x   (target <= 0.75)")
     print(f"  (f) / (e)   our chat route over a bare route     {f / e:.2f}x   (target <= 2)")
+    print(f"  (f') / (e)  the same, no prompt sent twice       {f2 / e:.2f}x")
     print(f"  (b) / (a)   the stock SDK call over an aiohttp POST {b / med['(a) aiohttp POST']:.2f}x")
     for framework in ("LangChain ainvoke", "Agents SDK Runner.run"):
         stock = med[f"(d) {framework}, stock"]

@@ -14,9 +14,11 @@ Two cases: the plain demo, and each episode followed by a log-normal environment
 ``--env-median`` s, sigma 1). For TRL the reward function of a batch waits for the slowest of its 160
 environments, as a synchronous trainer with perfectly parallel environments would; AgentJet's client runs
 160 episodes at once in that case (the same parallelism), and its server trains as they arrive: with its
-default admission window (2 batches' worth of episodes ahead of the learner, partial groups included) and
-with ``--admission-batches 4`` (``agentjet+4``), which lets more groups wait on their slowest episodes at
-the price of more policy lag (the lag of trained tokens and the trajectories refused as stale are shown).
+default admission window (at least 2 batches' worth of episodes ahead of the learner, partial groups
+included, widening while the learner waits for complete groups and the lag has room under the staleness
+bound) and with ``--admission-batches 4`` (``agentjet+4``, a least of 4), which lets more groups wait on
+their slowest episodes at the price of more policy lag (the lag of trained tokens, the trajectories refused
+as stale and left out of batches as stale, and the window at the end are shown).
 
 Reported per run: episodes per second, seconds and episodes until the mean reward over three consecutive
 steps (160 episodes each, in finishing order) reaches 0.8, and the mean reward of the last 20% of
@@ -108,6 +110,8 @@ def ours(model_dir: Path, episodes: int, median: float, seed: int, *server_args:
     result.server = {
         "mean_token_lag": sum(int(k) * n for k, n in lag.items()) / max(1, sum(lag.values())),
         "refused_stale": status.trajectories.rejected_by_reason.get("stale", 0),
+        "stale_at_training": status.learner.stale_at_training,
+        "admission_window": status.learner.admission_window or 0.0,
     }
     return result
 
@@ -204,15 +208,19 @@ def main() -> None:
     print()
     for case, results in rows.items():
         print(f"{case}:")
-        print("| run | trainer | episodes/s | s to 0.8 | episodes to 0.8 | last 20% | mean token lag | refused stale |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print(
+            "| run | trainer | episodes/s | s to 0.8 | episodes to 0.8 | last 20% | mean token lag | refused stale "
+            "| stale at training | window at the end |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in results:
             s08 = "-" if r["seconds_to_0.8"] is None else f"{r['seconds_to_0.8']:.0f}"
             e08 = "-" if r["episodes_to_0.8"] is None else f"{r['episodes_to_0.8']:,}"
             lag = f"{r['mean_token_lag']:.2f}" if "mean_token_lag" in r else "0"
             print(
                 f"| {r['run'] + 1} | {r['trainer']} | {r['episodes_per_s']:.1f} | {s08} | {e08} | {r['last_20%']:.3f} "
-                f"| {lag} | {r.get('refused_stale', 0)} |"
+                f"| {lag} | {r.get('refused_stale', 0)} | {r.get('stale_at_training', 0)} "
+                f"| {r.get('admission_window', 0.0):.1f} |"
             )
         for run in range(args.runs):
             pair = {r["trainer"]: r for r in results if r["run"] == run}

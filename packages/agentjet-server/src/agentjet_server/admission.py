@@ -7,6 +7,8 @@ settings each time, so ``admin config --set`` applies at once.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable
 
 from agentjet_client.protocol import TagInfo
@@ -15,6 +17,78 @@ from agentjet_server.errors import PayloadTooLargeError, RateLimitError
 from agentjet_server.ingest.store import TrajectoryStore
 from agentjet_server.learner.loop import TrainingLoop
 from agentjet_server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+# the admission window's steps, in batches: up while the learner waits and the lag has room, down when the lag
+# reaches the bound, and back toward --admission-batches while the learner does not wait
+WINDOW_UP, WINDOW_DOWN, WINDOW_EASE = 0.5, 1.0, 0.25
+STARVED = 0.25  # the learner waited for its batch at least this share of its step's time: episodes are short
+LAG_QUANTILE = 0.95
+
+
+def lag_quantile(lag: Counter[int], q: float = LAG_QUANTILE) -> int:
+    """The ``q`` quantile of trained tokens' lag (``lag``: tokens by versions behind)."""
+    total = sum(lag.values())
+    seen = 0
+    for versions in sorted(lag):
+        seen += lag[versions]
+        if seen >= q * total:
+            return versions
+    return 0
+
+
+class AdmissionWindow:
+    """How many batches' worth of episodes runners are invited to run ahead of the learner.
+
+    ``--admission-batches`` is the least. Episodes that finished wait in the buffer for their group's slowest
+    sibling, and they count against the window: under an environment whose latency has a long tail the window
+    fills with finished episodes while the learner waits for complete groups. So after each step the window
+    grows by half a batch while the learner waited for that batch (``STARVED``) and the trained tokens' lag
+    (its 95th percentile) is at least two versions under ``--max-staleness``; it shrinks by a batch when the
+    lag reaches the bound, and eases back toward the least while the learner did not wait. It never exceeds
+    the bound in batches (the lag of an episode is about the window's batches ahead of it) nor half of
+    what the buffer holds."""
+
+    def __init__(self) -> None:
+        self.batches: float | None = None  # None: at --admission-batches
+
+    def current(self, s: ServerSettings, max_buffered: int) -> float:
+        least = float(s.admission_batches)
+        if self.batches is None:
+            return least
+        most = max(least, min(float(s.max_staleness), max_buffered / (2 * s.batch_groups * s.group_size)))
+        return min(max(self.batches, least), most)
+
+    def after_step(
+        self, s: ServerSettings, max_buffered: int, lag: Counter[int], waited_s: float, step_s: float
+    ) -> None:
+        """(learner thread) Adjust the window to the step just taken."""
+        now, least = self.current(s, max_buffered), float(s.admission_batches)
+        high = lag_quantile(lag) if lag else 0
+        if high >= s.max_staleness:
+            wanted = now - WINDOW_DOWN
+        elif waited_s >= STARVED * step_s and high + 2 <= s.max_staleness:
+            wanted = now + WINDOW_UP
+        elif waited_s < STARVED * step_s / 4:
+            wanted = now - WINDOW_EASE
+        else:
+            return
+        self.batches = wanted
+        after = self.current(s, max_buffered)
+        if after != now:
+            logger.info(
+                "admission window %.1f -> %.1f batches (the learner waited %.2fs for its batch, stepped in %.2fs; "
+                "trained tokens' lag p95 %d, bound %d)",
+                now,
+                after,
+                waited_s,
+                step_s,
+                high,
+                s.max_staleness,
+            )
+        self.batches = after if after != least else None
 
 
 class Admission:
@@ -27,6 +101,20 @@ class Admission:
     ) -> None:
         self._settings = settings
         self.buffer, self.store, self.loop = buffer, store, loop
+        self.window = AdmissionWindow()
+
+    @property
+    def batches(self) -> float:
+        """The admission window now, in batches (``AdmissionWindow``)."""
+        return self.window.current(self.settings, self.max_buffered)
+
+    def after_step(self, lag: Counter[int], step_s: float) -> None:
+        """(learner thread) The window after a step that took ``step_s`` and trained tokens of ``lag``."""
+        self.window.after_step(self.settings, self.max_buffered, lag, self.loop.wait.last_s, step_s)
+
+    def _target(self) -> int:
+        s = self.settings
+        return round(s.batch_groups * s.group_size * self.batches)
 
     @property
     def settings(self) -> ServerSettings:
@@ -65,8 +153,7 @@ class Admission:
         s = self.settings
         if s.serve_only:  # nothing is trained here: no episode is wanted
             return 0
-        target = s.batch_groups * s.group_size * s.admission_batches
-        return max(0, target - self.buffer.buffered)
+        return max(0, self._target() - self.buffer.buffered)
 
     def by_tag(self) -> dict[str, TagInfo]:
         """Per task tag: counts, reward and lag of trained episodes, and under ``--mix`` the tag's
@@ -90,7 +177,7 @@ class Admission:
             )
         if s.mix:
             overall = self.budget()
-            window = s.batch_groups * s.group_size * s.admission_batches
+            window = self._target()
             weights = sum(s.mix.values())
             done = sum(trained[tag] for tag in s.mix)
             for tag, weight in s.mix.items():

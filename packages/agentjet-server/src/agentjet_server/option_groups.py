@@ -184,8 +184,9 @@ class BatchOptions(OptionGroup):
     )
     admission_batches: int = setting(
         2,
-        "batches' worth of episodes clients may run ahead of the learner",
-        live="how many batches' worth of episodes runners are invited to start",
+        "batches' worth of episodes clients may run ahead of the learner, at least: more while the learner "
+        "waits for complete groups and the trained tokens' lag has room under --max-staleness",
+        live="the least batches' worth of episodes runners are invited to start",
         ge=1,
     )
     max_buffered: int | None = setting(

@@ -282,6 +282,7 @@ class SwarmRuntime:
         return self.recovery.save(trainer_state, self.loop, self.settings.model_dump(mode="json"), self.control.live)
 
     def _on_step(self, record: StepRecord, lag: Any) -> None:
+        self.admission.after_step(lag, record.step_seconds + record.weight_update_seconds)
         if self.settings.metrics:
             self.telemetry.record_step(record, lag, self.snapshot())
 
@@ -346,7 +347,7 @@ class SwarmRuntime:
             policy_version=version,
             trajectories=self.store.counts(self.buffer.buffered, self.buffer.aged_out),
             learner=learner_info(self.loop, self.settings, step, self.last_checkpoint_step).model_copy(
-                update=self._mirror_status()
+                update={**self._mirror_status(), "admission_window": self.admission.batches}
             ),
             admission_budget=self.admission.budget(),
             by_tag=self.admission.by_tag(),

@@ -29,6 +29,7 @@ import httpx2
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from agentjet_client.capture.aio import AiohttpTransport
 from agentjet_client.capture.proxy import HOP_HEADERS
 from agentjet_client.capture.recorder import SSECollector, api_of, chat_form, parse_request_body, with_claim
 from agentjet_client.gateway.sessions import LiveSession, SessionBook, prompt_key
@@ -216,8 +217,11 @@ class Forwarder:
         self.fan_out, self.opt_in, self.redact = fan_out, opt_in, redact
         self.fallback = fallback.rstrip("/") if fallback else None
         self.reachable = True
-        limits = httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
-        self.http = httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(600.0, connect=10.0), limits=limits)
+        # upstream calls go out on aiohttp (C parsing, C connection pool) under httpx2's interface: httpx2's own
+        # pure-Python HTTP stack was about half of the gateway's CPU a call (``bench/gateway.py``)
+        self.http = httpx2.AsyncClient(
+            transport=transport or AiohttpTransport(max_connections=1024), timeout=httpx2.Timeout(600.0, connect=10.0)
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()

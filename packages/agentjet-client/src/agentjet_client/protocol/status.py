@@ -50,6 +50,9 @@ class LearnerInfo(_Strict):
     downweighted_tokens: int = 0  # tokens trained with less weight for the same reason
     # trained tokens by how many versions older than the weights they updated ("0", "1", ...; this process)
     trained_token_lag: dict[str, int] = Field(default_factory=dict)
+    # batches' worth of episodes runners are invited to run ahead of the learner now: --admission-batches at
+    # least, more while the learner waits for complete groups and the lag has room under max_staleness
+    admission_window: float | None = None
     policy_loss: str | None = None  # ppo | gspo | cispo | sapo | importance_sampling | dro
     # the last step's sampler-trainer mismatch (pi_old / mu): mismatch_kl, the token and sequence ratio quantiles
     # (mismatch_token_p01 ... mismatch_sequence_p99), mismatch_logprob_corr, and the shares rollout correction masked

@@ -5,7 +5,6 @@ a 4xx before its first frame and later failures as an error frame (``streamed``)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -26,19 +25,43 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+DISCONNECT_POLL_S = 0.25  # how often a request being answered checks that its caller is still there
+
+
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
-    """Run ``work``; if the client hangs up first, cancel it (the engine drops the request) and return None."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.25)
-        if done:
-            return task.result()
+    """Run ``work`` in this task; if the client hangs up first, cancel it (the engine drops the request)
+    and return None. A timer looks for the hang-up every quarter second, so an answer that is ready sooner
+    costs the event loop one timer, not a task of its own."""
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    assert current is not None
+    state: dict[str, Any] = {"done": False, "hung_up": False, "probe": None}
+
+    async def probe() -> None:
         if await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            logger.info("client disconnected from %s; generation cancelled", request.url.path)
-            return None
+            if not state["done"]:
+                state["hung_up"] = True
+                current.cancel()
+        elif not state["done"]:
+            state["timer"] = loop.call_later(DISCONNECT_POLL_S, look)
+
+    def look() -> None:
+        state["probe"] = loop.create_task(probe())
+
+    state["timer"] = loop.call_later(DISCONNECT_POLL_S, look)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not state["hung_up"]:
+            raise
+        current.uncancel()
+        logger.info("client disconnected from %s; generation cancelled", request.url.path)
+        return None
+    finally:
+        state["done"] = True
+        state["timer"].cancel()
+        if state["probe"] is not None and not state["probe"].done():
+            state["probe"].cancel()
 
 
 def check_model(request: Request, body: ChatCompletionRequest | CompletionRequest) -> None:

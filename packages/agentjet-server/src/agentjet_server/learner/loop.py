@@ -136,6 +136,7 @@ class TrainingLoop:
         self.stale_at_training = 0
         self.downweighted_tokens = 0
         self.trained_lag: Counter[int] = Counter()
+        self.wait = WaitClock()  # how long the learner waited for the batch it trained last (admission reads it)
         self.tags = TagFigures()  # per task tag: episodes taken into a step, their rewards and lags
         self._on_trained = on_trained or (lambda n: None)
         self._on_version = on_version or (lambda v: None)
@@ -223,11 +224,13 @@ class TrainingLoop:
         last_sent = time.monotonic()
         while not self._stop.is_set():
             self._carry_out_requests()
+            self.wait.begin()
             groups = None if self.paused else self.buffer.take_batch(timeout=0.5)
             if groups is not None and self.paused:  # paused while waiting for the batch: not trained now
                 self.buffer.put_back()
                 groups = None
             if self.paused:
+                self.wait.reset()  # a pause is not a wait for episodes
                 self._stop.wait(0.2)
             if groups is None:
                 if ctx.enabled and time.monotonic() - last_sent > distributed.HEARTBEAT_SECONDS:
@@ -235,6 +238,7 @@ class TrainingLoop:
                     last_sent = time.monotonic()
                 continue
             last_sent = time.monotonic()
+            self.wait.end()
             # a change that came while the batch was awaited applies to it: "from the next step" holds
             self._carry_out_requests()
             try:
@@ -326,6 +330,25 @@ class TrainingLoop:
         self.buffer.commit()
         self._on_trained(batch.trajectories)
         return stats
+
+
+class WaitClock:
+    """How long the learner waited for a batch: from its first look for one to the batch (pauses left out)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.last_s = 0.0  # the wait for the batch trained last
+
+    def begin(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def reset(self) -> None:
+        self.since = None
+
+    def end(self) -> None:
+        if self.since is not None:
+            self.last_s, self.since = time.monotonic() - self.since, None
 
 
 def _teacher_scores(learner: Learner, batch: Batch) -> bool:

@@ -23,6 +23,7 @@ from agentjet_client.logs import log_context
 from agentjet_client.protocol import Trajectory, TrajectoryResult
 
 TRACED = ("/v1/",)  # what is traced: the API (not the dashboard's files, not /healthz)
+CARRIERS = (b"traceparent", b"baggage")  # the headers that carry a trace or an episode's id
 
 
 class TracingMiddleware:
@@ -34,7 +35,11 @@ class TracingMiddleware:
         if scope["type"] != "http" or not tracing.enabled() or not path.startswith(TRACED):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        raw = scope.get("headers", [])
+        if tracing.tracer("agentjet") is None and not any(k in CARRIERS for k, _ in raw):
+            await self.app(scope, receive, send)  # no span to record and no episode id for the log lines
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw}
         parent = tracing.extract(headers)
         status = {"code": 0}
 

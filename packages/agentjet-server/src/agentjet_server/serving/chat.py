@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,6 +30,26 @@ from agentjet_server.serving.chat_format import without_tool_calls
 from agentjet_server.serving.choice import ChoiceState, Sampler, usage
 from agentjet_server.serving.prompt import PreparedRequest, PromptBuilder
 
+# a prompt seen lately, of at most this many characters, is prepared on the event loop (``ChatTokenizer`` kept
+# its ids, so preparing it costs less than the hop to a worker thread and back); any other is prepared in a
+# worker thread; an answer of at most this many token entries is built on the event loop
+SEEN_PROMPTS = 4096
+INLINE_PROMPT_CHARS = 1 << 16
+INLINE_ANSWER_ENTRIES = 256
+
+
+def fingerprint(request: ChatCompletionRequest) -> tuple[int, int]:
+    """A hash of the conversation's roles and text and of whether it has tools, and its characters: which
+    prompts were sent before (a hint for where to prepare one; what the tokenizer keeps is keyed exactly)."""
+    texts = tuple((m.role, m.text()) for m in request.messages)
+    return hash((bool(request.tools), texts)), sum(len(text) for _, text in texts)
+
+
+def answer_entries(prepared: PreparedRequest, states: list[ChoiceState]) -> int:
+    """How many token entries building the answer decodes: each token, and its top log-probs if asked."""
+    per_token = 1 + (1 + prepared.params.top_logprobs if prepared.want_logprobs else 0)
+    return per_token * sum(len(state.events) for state in states)
+
 
 class ChatService:
     """Serves chat completions: prompts from ``prompts``, tokens from ``sampler``; each answer to a
@@ -38,6 +59,7 @@ class ChatService:
         self.prompts = prompts
         self.sampler = sampler
         self.tool_calls = tool_calls
+        self._seen: OrderedDict[int, None] = OrderedDict()  # prompts sent lately (``fingerprint``), newest last
 
     def _count(self, state: ChoiceState) -> None:
         malformed = state.malformed_call() if self.tool_calls is not None else None
@@ -45,14 +67,26 @@ class ChatService:
             self.tool_calls.record(state.prepared.agent, state.version, malformed)
 
     async def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
-        """``PromptBuilder.prepare_chat`` in a worker thread: rendering a long conversation takes a while."""
-        return await asyncio.to_thread(self.prompts.prepare_chat, request)
+        """``PromptBuilder.prepare_chat``: a prompt sent lately here (its ids are kept), any other in a worker
+        thread (rendering and tokenising a conversation takes a while)."""
+        key, chars = fingerprint(request)
+        if key in self._seen and chars <= INLINE_PROMPT_CHARS:
+            self._seen.move_to_end(key)
+            return self.prompts.prepare_chat(request)
+        prepared = await asyncio.to_thread(self.prompts.prepare_chat, request)
+        self._seen[key] = None
+        if len(self._seen) > SEEN_PROMPTS:
+            self._seen.popitem(last=False)
+        return prepared
 
     async def complete(self, request: ChatCompletionRequest, model_name: str) -> ChatCompletion:
         prepared = await self.prepare(request)
         states = await self.sampler.sample([(prepared, i) for i in range(request.n)])
         # detokenising every token (and its top log-probs) of many choices is CPU work: off the event loop
-        completion = await asyncio.to_thread(self._completion, prepared, states, model_name)
+        if answer_entries(prepared, states) <= INLINE_ANSWER_ENTRIES:
+            completion = self._completion(prepared, states, model_name)
+        else:
+            completion = await asyncio.to_thread(self._completion, prepared, states, model_name)
         for state in states:
             self._count(state)
         return completion

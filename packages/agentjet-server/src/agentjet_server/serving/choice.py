@@ -42,6 +42,9 @@ class ChoiceState:
     _fed: int = 0  # text and tokens handed to ``family`` while streaming
     _fed_ids: int = 0
     _answer: Parsed | None = None
+    # an answer sent whole with no stop strings needs no text until it is complete: one decode then
+    # instead of two per token
+    held: bool = False
 
     def __post_init__(self) -> None:
         if self.prepared.reader is not None:
@@ -57,12 +60,15 @@ class ChoiceState:
         return [e.token_id for e in self.events]
 
     def add(self, event: TokenEvent) -> None:
-        """Take one token; extend ``text`` by what it completes (a window decode, not the whole)."""
+        """Take one token; extend ``text`` by what it completes (a window decode, not the whole). A choice
+        that is ``held`` is decoded once, when it is complete (``settle``)."""
         self.events.append(event)
         if self.stopped_by_string:
             return
         if not self.engine.is_stop_token(event.token_id):
             self._text_ids.append(event.token_id)
+        if self.held:
+            return
         before = len(self.text)
         done = self._decode(self._text_ids[self._prefix : self._read])
         grown = self._decode(self._text_ids[self._prefix :])
@@ -77,6 +83,11 @@ class ChoiceState:
             cut = earliest_stop(self.text[start:], stops)
             if cut is not None:
                 self.text, self.stopped_by_string = self.text[: start + cut], True
+
+    def settle(self) -> None:
+        """The text of a ``held`` choice, decoded whole now that it is complete."""
+        if self.held:
+            self.text, self.held = self._decode(self._text_ids), False
 
     def sendable(self, final: bool) -> str:
         """New text safe to stream: no partial UTF-8, no possible stop-string prefix, no tool call."""
@@ -237,10 +248,12 @@ class Sampler:
 
     async def _run_choice(self, prepared: PreparedRequest, index: int) -> ChoiceState:
         state = self.state(prepared)
+        state.held = not prepared.params.stop  # nothing to watch for while it is sampled
         async for event in self._generate(prepared, index):
             state.add(event)
             if state.stopped_by_string:
                 break
+        state.settle()
         return state
 
     async def sample(self, jobs: Sequence[tuple[PreparedRequest, int]]) -> list[ChoiceState]:
