@@ -45,6 +45,10 @@ def test_the_window_grows_while_the_learner_starves_and_the_lag_has_room() -> No
     assert stepped(window, {1: 10}, waited=1.0) == 4.0  # the bound in batches: no further
     assert stepped(window, {3: 10}, waited=1.0) == 4.0  # waiting, but the lag has no room to grow: held
     assert stepped(window, {4: 10}, waited=1.0) == 3.0  # at the bound: a batch less at once
+    window.after_step(SETTINGS, BUFFERED, Counter({0: 10}), 1.0, 1.0, stale=1)  # an episode aged past it
+    assert window.current(SETTINGS, BUFFERED) == 2.0
+    assert stepped(window, {1: 10}, waited=1.0) == 2.5
+    assert stepped(window, {1: 10}, waited=1.0) == 3.0
     assert [stepped(window, {1: 10}, waited=0.0) for _ in range(5)] == [2.75, 2.5, 2.25, 2.0, 2.0]
     assert window.batches is None  # back at --admission-batches
 

@@ -47,7 +47,8 @@ class AdmissionWindow:
     fills with finished episodes while the learner waits for complete groups. So after each step the window
     grows by half a batch while the learner waited for that batch (``STARVED``) and the trained tokens' lag
     (its 95th percentile) is at least two versions under ``--max-staleness``; it shrinks by a batch when the
-    lag reaches the bound, and eases back toward the least while the learner did not wait. It never exceeds
+    lag reaches the bound or the batch left an episode out as stale (its group waited too long for a slow
+    sibling), and eases back toward the least while the learner did not wait. It never exceeds
     the bound in batches (the lag of an episode is about the window's batches ahead of it) nor half of
     what the buffer holds."""
 
@@ -62,12 +63,19 @@ class AdmissionWindow:
         return min(max(self.batches, least), most)
 
     def after_step(
-        self, s: ServerSettings, max_buffered: int, lag: Counter[int], waited_s: float, step_s: float
+        self,
+        s: ServerSettings,
+        max_buffered: int,
+        lag: Counter[int],
+        waited_s: float,
+        step_s: float,
+        stale: int = 0,
     ) -> None:
-        """(learner thread) Adjust the window to the step just taken."""
+        """(learner thread) Adjust the window to the step just taken (``stale``: the episodes its batch left
+        out, aged past the bound while their groups waited)."""
         now, least = self.current(s, max_buffered), float(s.admission_batches)
         high = lag_quantile(lag) if lag else 0
-        if high >= s.max_staleness:
+        if stale or high >= s.max_staleness:
             wanted = now - WINDOW_DOWN
         elif waited_s >= STARVED * step_s and high + 2 <= s.max_staleness:
             wanted = now + WINDOW_UP
@@ -80,13 +88,14 @@ class AdmissionWindow:
         if after != now:
             logger.info(
                 "admission window %.1f -> %.1f batches (the learner waited %.2fs for its batch, stepped in %.2fs; "
-                "trained tokens' lag p95 %d, bound %d)",
+                "trained tokens' lag p95 %d, bound %d; %d episodes aged past it)",
                 now,
                 after,
                 waited_s,
                 step_s,
                 high,
                 s.max_staleness,
+                stale,
             )
         self.batches = after if after != least else None
 
@@ -102,6 +111,7 @@ class Admission:
         self._settings = settings
         self.buffer, self.store, self.loop = buffer, store, loop
         self.window = AdmissionWindow()
+        self._stale_seen = loop.stale_at_training  # the learner's count of episodes left out as stale, at the last step
 
     @property
     def batches(self) -> float:
@@ -110,7 +120,8 @@ class Admission:
 
     def after_step(self, lag: Counter[int], step_s: float) -> None:
         """(learner thread) The window after a step that took ``step_s`` and trained tokens of ``lag``."""
-        self.window.after_step(self.settings, self.max_buffered, lag, self.loop.wait.last_s, step_s)
+        stale, self._stale_seen = self.loop.stale_at_training - self._stale_seen, self.loop.stale_at_training
+        self.window.after_step(self.settings, self.max_buffered, lag, self.loop.wait.last_s, step_s, stale)
 
     def _target(self) -> int:
         s = self.settings
