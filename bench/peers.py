@@ -111,7 +111,7 @@ def ours(model_dir: Path, episodes: int, median: float, seed: int, *server_args:
         "mean_token_lag": sum(int(k) * n for k, n in lag.items()) / max(1, sum(lag.values())),
         "refused_stale": status.trajectories.rejected_by_reason.get("stale", 0),
         "stale_at_training": status.learner.stale_at_training,
-        "admission_window": status.learner.admission_window or 0.0,
+        "admission_window": getattr(status.learner, "admission_window", None) or 0.0,
     }
     return result
 
@@ -188,6 +188,9 @@ def main() -> None:
     )
     parser.add_argument("--cases", default="plain,latency", help="plain, latency or both")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
+    parser.add_argument(
+        "--trainers", default="trl,agentjet,agentjet+4", help="which to run: trl, agentjet, agentjet+4 (latency only)"
+    )
     args = parser.parse_args()
     from agentjet_server.embedded import ensure_embedded_model
 
@@ -199,6 +202,7 @@ def main() -> None:
         trainers: list[tuple[str, Any, tuple[str, ...]]] = [("trl", trl, ()), ("agentjet", ours, ())]
         if case == "latency":
             trainers.append(("agentjet+4", ours, ("--admission-batches", "4")))
+        trainers = [t for t in trainers if t[0] in args.trainers.split(",")]
         for run in range(args.runs):
             for name, fn, extra in trainers:
                 print(f"{case}, run {run + 1}/{args.runs}: {name}, {episodes:,} episodes ...", flush=True)
@@ -224,7 +228,7 @@ def main() -> None:
             )
         for run in range(args.runs):
             pair = {r["trainer"]: r for r in results if r["run"] == run}
-            for name in [n for n in pair if n != "trl"]:
+            for name in [n for n in pair if n != "trl" and "trl" in pair]:
                 speed = pair[name]["episodes_per_s"] / pair["trl"]["episodes_per_s"]
                 a, t = pair[name]["seconds_to_0.8"], pair["trl"]["seconds_to_0.8"]
                 to08 = "-" if a is None or t is None else f"{a / t:.2f}"
