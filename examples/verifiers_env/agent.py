@@ -17,4 +17,7 @@ agent = verifiers_agent(
     env_args={"digits": os.environ.get("AGENTJET_DIGITS", "0,1,2,3,4,5,6,7,8,9")},
     name="countdown",
     max_tokens=4,
+    # verifiers counts a turn that says nothing as a failed rollout, and a small model can end a turn at its
+    # first token: at least one token before the end (vLLM's min_tokens, which agentjet-server takes too)
+    min_tokens=1,
 )
