@@ -18,6 +18,6 @@ agent = verifiers_agent(
     name="countdown",
     max_tokens=4,
     # verifiers counts a turn that says nothing as a failed rollout, and a small model can end a turn at its
-    # first token: at least one token before the end (vLLM's min_tokens, which agentjet-server takes too)
+    # first token: at least one token before the end (vLLM's min_tokens; AgentJet's server honours it too)
     min_tokens=1,
 )
