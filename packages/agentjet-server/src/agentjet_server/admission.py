@@ -86,7 +86,9 @@ class AdmissionWindow:
         self.batches = wanted
         after = self.current(s, max_buffered)
         if after != now:
-            logger.info(
+            # a shrink is news (the lag reached the bound); growing and easing back go on all the time
+            logger.log(
+                logging.INFO if after < now and wanted == now - WINDOW_DOWN else logging.DEBUG,
                 "admission window %.1f -> %.1f batches (the learner waited %.2fs for its batch, stepped in %.2fs; "
                 "trained tokens' lag p95 %d, bound %d; %d episodes aged past it)",
                 now,

@@ -35,33 +35,37 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     assert current is not None
-    state: dict[str, Any] = {"done": False, "hung_up": False, "probe": None}
+    done = hung_up = False
+    probing: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle  # the next look, set below
 
     async def probe() -> None:
+        nonlocal hung_up, timer
         if await request.is_disconnected():
-            if not state["done"]:
-                state["hung_up"] = True
+            if not done:
+                hung_up = True
                 current.cancel()
-        elif not state["done"]:
-            state["timer"] = loop.call_later(DISCONNECT_POLL_S, look)
+        elif not done:
+            timer = loop.call_later(DISCONNECT_POLL_S, look)
 
     def look() -> None:
-        state["probe"] = loop.create_task(probe())
+        nonlocal probing
+        probing = loop.create_task(probe())
 
-    state["timer"] = loop.call_later(DISCONNECT_POLL_S, look)
+    timer = loop.call_later(DISCONNECT_POLL_S, look)
     try:
         return await work
     except asyncio.CancelledError:
-        if not state["hung_up"]:
+        if not hung_up:
             raise
         current.uncancel()
         logger.info("client disconnected from %s; generation cancelled", request.url.path)
         return None
     finally:
-        state["done"] = True
-        state["timer"].cancel()
-        if state["probe"] is not None and not state["probe"].done():
-            state["probe"].cancel()
+        done = True
+        timer.cancel()
+        if probing is not None and not probing.done():
+            probing.cancel()
 
 
 def check_model(request: Request, body: ChatCompletionRequest | CompletionRequest) -> None:
