@@ -182,7 +182,7 @@ def test_gateway_and_server_killed_under_200_sessions_lose_nothing(tmp_path):
             counts = status["counts"]
             if counts["open"] == counts["waiting"] == 0 and status["spooled"] == 0:
                 break
-            assert time.monotonic() < deadline, status
+            assert time.monotonic() < deadline, (status, (tmp_path / "gateway.log").read_text()[-3000:])
             time.sleep(0.5)
         final = server.status()
     finally:

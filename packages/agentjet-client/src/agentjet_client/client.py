@@ -33,7 +33,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_rand
 
 from agentjet_client.capture.episode import Episode, EpisodeContext
 from agentjet_client.capture.proxy import CaptureProxy
-from agentjet_client.errors import RejectedRequest, ServerError, ServerStarting, ServerUnreachable
+from agentjet_client.errors import RejectedRequest, ServerBusy, ServerError, ServerStarting, ServerUnreachable
 from agentjet_client.protocol import (
     STARTING,
     ClientReport,
@@ -52,6 +52,14 @@ def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, ServerUnreachable):
         return True
     return isinstance(exc, ServerError) and not isinstance(exc, RejectedRequest)
+
+
+def _seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` header's seconds (None when absent or given as a date)."""
+    try:
+        return max(0.0, float(header)) if header else None
+    except ValueError:
+        return None
 
 
 def normalise_server_url(url: str) -> str:
@@ -227,9 +235,11 @@ class SwarmClient:
                 ) from exc
             if response.status_code >= 400:
                 message = ErrorResponse.message_of(response.text)
+                if response.status_code == 429:
+                    raise ServerBusy(429, message, _seconds(response.headers.get("retry-after")))
                 cls = (
                     RejectedRequest
-                    if 400 <= response.status_code < 500 and response.status_code != 429
+                    if 400 <= response.status_code < 500
                     else ServerStarting
                     if response.status_code == 503 and ErrorResponse.type_of(response.text) == STARTING
                     else ServerError
@@ -269,16 +279,17 @@ class SwarmClient:
         return TrajectoryBatchResult(results=results, policy_version=answers[self.server_url].policy_version)
 
     def submit_to(
-        self, server: str, trajectories: list[Trajectory], report: ClientReport | None = None
+        self, server: str, trajectories: list[Trajectory], report: ClientReport | None = None, retry: bool = True
     ) -> TrajectoryBatchResult:
-        """Push trajectories, as they are, to one of this client's servers."""
+        """Push trajectories, as they are, to one of this client's servers (``retry=False``: one attempt,
+        its error raised as it comes: a caller with a backoff of its own, such as a ``Sender``)."""
         if not trajectories:
             raise ValueError("submit() needs at least one trajectory")
         results = []
         version = 0
         for start in range(0, len(trajectories), MAX_SUBMIT_BATCH):
             batch = TrajectoryBatch(trajectories=trajectories[start : start + MAX_SUBMIT_BATCH], client=report)
-            data = self._request("POST", "/v1/trajectories", batch.model_dump(mode="json"), server)
+            data = self._request("POST", "/v1/trajectories", batch.model_dump(mode="json"), server, retry)
             answer = TrajectoryBatchResult.model_validate(data)
             results.extend(answer.results)
             version = answer.policy_version

@@ -3,6 +3,7 @@
     AgentJetError
     ├── ServerError          the server answered with an error (status_code, message)
     │   ├── RejectedRequest  a 4xx: the request itself is wrong; retrying will not help
+    │   ├── ServerBusy       a 429: no room now (a full training buffer); ``retry_after`` says when to ask again
     │   └── ServerStarting   a 503 from a server still starting (building or loading its model)
     ├── ServerUnreachable    no answer from the server (after retries)
     ├── AgentLoadError       the code dir has no usable @swarm_agent, or it fails to import
@@ -39,6 +40,15 @@ class ServerError(AgentJetError):
 
 class RejectedRequest(ServerError):
     """The server refused the request as invalid (4xx)."""
+
+
+class ServerBusy(ServerError):
+    """The server has no room for the request now (429: its training buffer is full); ask again after
+    ``retry_after`` seconds (its ``Retry-After``, when it gave one)."""
+
+    def __init__(self, status_code: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(status_code, message)
+        self.retry_after = retry_after
 
 
 class ServerStarting(ServerError):

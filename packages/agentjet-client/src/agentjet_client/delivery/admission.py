@@ -92,6 +92,7 @@ class Admission:
         assert status is not None
         if server in self._down:
             self._down.discard(server)
+            self.senders[server].answering()  # its spooled items go now, not at the end of a backoff
             logger.warning("server %s is back (policy v%d); starting episodes again", server, status.policy_version)
         if server == self.client.server_url:
             if self.seen.first_version is None:

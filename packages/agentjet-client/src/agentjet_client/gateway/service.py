@@ -200,13 +200,16 @@ class Gateway:
             await self._spool(result.session, made)
 
     async def _watch_server(self) -> None:
+        answered = True
         while True:
             try:
                 status = await asyncio.to_thread(self.client.status, None, False)
                 self.group_size = status.learner.group_size
-                self.forwarder.reachable = True
+                if not answered:  # back: what waits in the spool goes now, not at the end of a backoff
+                    self.senders[self.client.server_url].answering()
+                self.forwarder.reachable = answered = True
             except AgentJetError:
-                self.forwarder.reachable = False
+                self.forwarder.reachable = answered = False
             await asyncio.sleep(self.config.status_s)
 
     async def _report_progress(self, say: Callable[[str], None], every: float = 10.0) -> None:
