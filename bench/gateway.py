@@ -4,7 +4,8 @@ One ``agentjet-server up`` (the embedded model) and one ``agentjet-client gatewa
 processes on loopback. Each round sends the same request (greedy, the same prompt and max_tokens, so
 the same tokens) straight to the server and through the gateway, alternating block by block so both
 paths see the same machine load; each call through the gateway is a session of its own, captured and
-journaled before its answer is released. Reported: p50 and p99 of each path and of the difference.
+journaled before its answer is released. Reported: p50 and p99 of each path and of the difference, and the
+gateway process's CPU (all its threads) per call through it.
 
     .venv/bin/python bench/gateway.py [--requests 400] [--concurrency 1,64]
 """
@@ -55,6 +56,12 @@ async def block(base: str, sessions: int, requests: int, gateway: bool) -> list[
     return latencies
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def gateway_process(server: str, spool: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,23 +92,29 @@ def main() -> None:
                 asyncio.run(block(gateway, sessions, 2 * sessions, True))
                 direct: list[float] = []
                 through: list[float] = []
+                cpu = 0.0
                 per_block = max(sessions, args.requests // args.blocks)
                 for _ in range(args.blocks):
                     direct += asyncio.run(block(server, sessions, per_block, False))
+                    before = cpu_s(proc.pid)
                     through += asyncio.run(block(gateway, sessions, per_block, True))
-                rows.append((sessions, direct, through))
+                    cpu += cpu_s(proc.pid) - before
+                rows.append((sessions, direct, through, cpu / len(through)))
                 print(f"{sessions} at once: {len(direct)} calls each path", flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     print()
-    print("| sessions at once | direct p50 | gateway p50 | added p50 | direct p99 | gateway p99 | added p99 |")
+    print(
+        "| sessions at once | direct p50 | gateway p50 | gateway / direct p50 | direct p99 | gateway p99 "
+        "| gateway CPU a call |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
-    for sessions, direct, through in rows:
+    for sessions, direct, through, cpu in rows:
         d50, g50, d99, g99 = pct(direct, 0.5), pct(through, 0.5), pct(direct, 0.99), pct(through, 0.99)
         print(
-            f"| {sessions} | {d50 * 1e3:.1f} ms | {g50 * 1e3:.1f} ms | {(g50 - d50) * 1e3:+.1f} ms | "
-            f"{d99 * 1e3:.1f} ms | {g99 * 1e3:.1f} ms | {(g99 - d99) * 1e3:+.1f} ms |"
+            f"| {sessions} | {d50 * 1e3:.1f} ms | {g50 * 1e3:.1f} ms | {g50 / d50:.2f}x | "
+            f"{d99 * 1e3:.1f} ms | {g99 * 1e3:.1f} ms | {cpu * 1e3:.2f} ms |"
         )
 
 

@@ -103,7 +103,7 @@ def test_group_commit_puts_concurrent_trajectories_in_few_transactions(tmp_path)
     from agentjet_client.delivery.spool import GroupCommit
 
     spool = Spool(tmp_path)
-    group = GroupCommit(spool)
+    group = GroupCommit(spool.put_many)
 
     async def finish_together() -> list[bool]:
         return await asyncio.gather(*(group.put(trajectory(i)) for i in range(64)), group.put(trajectory(0)))

@@ -3,6 +3,7 @@ feedback and its errors, fan-out, idle ends and expiry, a restart from the journ
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,13 @@ def server(model_dir: Path) -> Iterator[LiveServer]:
 @contextmanager
 def gateway(server_url: str, spool: Path, **options: object) -> Iterator[str]:
     """A gateway in a thread; yields its /v1 base URL."""
+    with running_gateway(server_url, spool, **options) as (_, base):
+        yield base
+
+
+@contextmanager
+def running_gateway(server_url: str, spool: Path, **options: object) -> Iterator[tuple[Gateway, str]]:
+    """A gateway in a thread; yields it and its /v1 base URL."""
     made = Gateway(GatewayConfig(server=server_url, spool_dir=spool, sweep_s=0.1, status_s=0.5, **options))  # type: ignore[arg-type]
     port = free_port()
     uv = uvicorn.Server(uvicorn.Config(made.app, host="127.0.0.1", port=port, log_level="warning"))
@@ -44,7 +52,7 @@ def gateway(server_url: str, spool: Path, **options: object) -> Iterator[str]:
         assert time.monotonic() < deadline and thread.is_alive(), "the gateway did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield made, f"http://127.0.0.1:{port}/v1"
     finally:
         uv.should_exit = True
         thread.join(timeout=20)
@@ -224,6 +232,30 @@ def test_a_restarted_gateway_goes_on_with_its_open_sessions(server, tmp_path, sd
 
     turns = [Turn.model_validate(t) for t in trajectory["turns"]]
     assert len(turns) == 2 and len(build_timelines(turns)) == 1  # the restored turn still continues
+
+
+def test_calls_answered_together_are_journaled_together_and_a_restart_reads_every_one_back(server, tmp_path):
+    async def burst(base: str) -> None:
+        async with openai.AsyncOpenAI(base_url=base, api_key="k") as oa:
+            await asyncio.gather(
+                *[
+                    oa.chat.completions.create(
+                        model="m", messages=ASK, max_tokens=4, extra_headers={"X-AgentJet-Session": key}
+                    )
+                    for key in ["burst"] * 8 + [f"single-{k}" for k in range(8)]
+                ]
+            )
+
+    with running_gateway(server.url, tmp_path) as (made, base):
+        asyncio.run(burst(base))
+        commits = made.book._notes.commits
+        counts = made.journal.counts()
+    assert counts["sessions"] == 9 and counts["calls"] == 16
+    assert commits < 16  # some calls answered together shared a transaction
+    with gateway(server.url, tmp_path) as base:
+        result = feedback(base, session="burst", reward=1.0).json()
+        trajectory = pushed(server, result["trajectories"][0])
+    assert len(trajectory["turns"]) == 8  # every call of the session, read back from the journal
 
 
 def test_opted_out_calls_are_recorded_nowhere(server, tmp_path, sdk):

@@ -87,7 +87,7 @@ class Sender:
         self._limit = batch  # the most the server takes in one push (halved for good on a 413)
         self._batch = batch  # the next push's size (halved on a 429, doubled back after each answered push)
         self._backoff_max = backoff_max
-        self._commits = GroupCommit(spool)
+        self._commits = GroupCommit(spool.put_many)
         self._spooled = asyncio.Event()
         self._answering = asyncio.Event()  # set when a status poll found the server answering
 

@@ -37,11 +37,15 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from filelock import FileLock, Timeout
 
 from agentjet_client.errors import AgentJetError
 from agentjet_client.protocol import Trajectory
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 DEFAULT_MAX_ITEMS = 100_000
 _COUNTERS = ("spooled", "sent", "accepted", "duplicate", "rejected")
@@ -474,21 +478,21 @@ class Spool(_TaskOrders):
             raise SpoolError(f"could not write the spool in {self.directory}: {exc}") from exc
 
 
-class GroupCommit:
-    """The async side of a ``Spool``: ``await put(trajectory)`` returns once it is committed.
-    Trajectories that arrive while a commit is in flight go together into the next one (group
-    commit: one transaction and one fsync for all of them), so durability costs one disk flush per
-    burst of finished episodes, not one per episode."""
+class GroupCommit(Generic[T, R]):
+    """The async side of a blocking batch write (``Spool.put_many``, the gateway journal's call notes):
+    ``await put(item)`` returns that item's result once it is committed. Items that arrive while a commit is
+    in flight go together into the next one (group commit: one worker-thread hop, one transaction and one
+    flush for all of them), so durability costs one disk flush per burst, not one per item."""
 
-    def __init__(self, spool: Spool) -> None:
-        self.spool = spool
+    def __init__(self, commit: Callable[[list[T]], list[R]]) -> None:
+        self._commit = commit
         self.commits = 0
-        self._queue: list[tuple[Trajectory, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[T, asyncio.Future[R]]] = []
         self._committer: asyncio.Task[None] | None = None
 
-    async def put(self, trajectory: Trajectory) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((trajectory, future))
+    async def put(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._run())
         return await future
@@ -497,13 +501,13 @@ class GroupCommit:
         while self._queue:
             batch, self._queue = self._queue, []
             try:
-                inserted = await asyncio.to_thread(self.spool.put_many, [t for t, _ in batch])
-            except Exception as exc:  # e.g. the disk is full: every trajectory of the group gets the error
+                results = await asyncio.to_thread(self._commit, [item for item, _ in batch])
+            except Exception as exc:  # e.g. the disk is full: every item of the group gets the error
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
             self.commits += 1
-            for (_, future), ok in zip(batch, inserted, strict=True):
+            for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
-                    future.set_result(ok)
+                    future.set_result(result)

@@ -150,7 +150,7 @@ async def captured_stream(
         note.update(response_id=final[-1].get("id"), response_items=history)
     else:
         note.pop("response_items", None)
-    await asyncio.to_thread(book.note_call, session, **note)
+    await book.note_call(session, **note)
     if fan and buffer.strip():
         buffer = first_choice_only(buffer) or b""
     if held + buffer:
@@ -258,7 +258,10 @@ class Forwarder:
         if not self.trains(request):
             return await self._untrained(request, agent, path, body, data)
         key = session_key(request, data)
-        session, new = await asyncio.to_thread(self.book.session_for, key, previous)
+        if previous is None:  # in memory only: no worker thread needed
+            session, new = self.book.session_for(key, None)
+        else:  # the previous response's session is looked up in the journal
+            session, new = await asyncio.to_thread(self.book.session_for, key, previous)
         fan = 0
         if new and self.fan_out > 1 and api in ("chat", "completions") and data.get("n") in (None, 1):
             fan = self.fan_out
@@ -333,7 +336,7 @@ class Forwarder:
         session.recorder.record_response(agent, chat, parsed, started, api)
         if api == "responses" and isinstance(parsed, dict):
             note.update(response_id=parsed.get("id"), response_items=[*history, *(parsed.get("output") or [])])
-        await asyncio.to_thread(self.book.note_call, session, **note)
+        await self.book.note_call(session, **note)
         if fan and isinstance(parsed, dict) and parsed.get("choices"):
             parsed = {**parsed, "choices": [c for c in parsed["choices"] if int(c.get("index") or 0) == 0]}
             raw = json.dumps(parsed).encode()
@@ -411,9 +414,7 @@ class Forwarder:
         if self.fallback is None:
             self.book.release(session)
             return self._no_server(agent, reason, tagged)
-        await asyncio.to_thread(
-            self.book.note_call, session, tainted=f"answered by the fallback endpoint: {reason[:200]}"
-        )
+        await self.book.note_call(session, tainted=f"answered by the fallback endpoint: {reason[:200]}")
         response = await self._stream_plain(request, f"{self.fallback}/{path}", body, agent)
         response.headers.update(tagged)
         return response

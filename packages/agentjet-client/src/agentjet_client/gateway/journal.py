@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,23 @@ class SessionRow:
     group_key: str | None = None
     fanout: int = 0  # candidates sampled for its first call (0: none)
     tainted: str | None = None  # why it cannot be trained (a call answered by the fallback endpoint)
+
+
+@dataclass
+class CallNote:
+    """An answered call as the journal keeps it: its captured ``entries`` (numbered from ``first_seq``), the
+    session's last activity, the call's Responses id with its conversation so far (``response_items``: what
+    a later ``previous_response_id`` stands for), any change to the session's row (``update``: ``group_key``,
+    ``fanout``, ``tainted``); with ``opened``, the session's first answered call: its row is written first."""
+
+    session: str
+    first_seq: int
+    entries: list[dict[str, Any]]
+    last: float
+    response_id: str | None = None
+    response_items: list[Any] | None = None
+    update: dict[str, Any] = field(default_factory=dict)
+    opened: SessionRow | None = None
 
 
 @dataclass
@@ -131,42 +148,30 @@ class Journal:
         )
         bump(db, "sessions")
 
-    def add_calls(
-        self,
-        session: str,
-        first_seq: int,
-        entries: list[dict[str, Any]],
-        last: float,
-        *,
-        response_id: str | None = None,
-        response_items: list[Any] | None = None,
-        update: dict[str, Any] | None = None,
-        opened: SessionRow | None = None,
-    ) -> None:
-        """Append a call's captured ``entries`` (numbered from ``first_seq``), note the session's last activity,
-        the call's Responses id with its conversation so far (``response_items``: what a later
-        ``previous_response_id`` stands for), and any change to the session's row (``group_key``, ``fanout``,
-        ``tainted``); with ``opened``, the session's first answered call: its row is written first."""
+    def add_calls(self, notes: list[CallNote]) -> None:
+        """Append answered calls (``CallNote``), all in one transaction."""
+        for note in notes:
+            if set(note.update) - {"group_key", "fanout", "tainted", "ended"}:
+                raise ValueError(f"not a session column: {sorted(note.update)}")
         with self._write() as db:
-            if opened is not None:
-                self._insert_session(db, opened)
-            db.executemany(
-                "INSERT OR REPLACE INTO calls (session, seq, entry) VALUES (?, ?, ?)",
-                [(session, first_seq + k, json.dumps(entry)) for k, entry in enumerate(entries)],
-            )
-            changes = {"last": last, **(update or {})}
-            if set(changes) - {"last", "group_key", "fanout", "tainted", "ended"}:
-                raise ValueError(f"not a session column: {sorted(changes)}")
-            db.execute(
-                f"UPDATE sessions SET {', '.join(f'{name} = ?' for name in changes)} WHERE id = ?",
-                (*changes.values(), session),
-            )
-            if response_id is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO responses (response_id, session, items) VALUES (?, ?, ?)",
-                    (response_id, session, json.dumps(response_items or [])),
+            for note in notes:
+                if note.opened is not None:
+                    self._insert_session(db, note.opened)
+                db.executemany(
+                    "INSERT OR REPLACE INTO calls (session, seq, entry) VALUES (?, ?, ?)",
+                    [(note.session, note.first_seq + k, json.dumps(entry)) for k, entry in enumerate(note.entries)],
                 )
-            bump(db, "calls")
+                changes = {"last": note.last, **note.update}
+                db.execute(
+                    f"UPDATE sessions SET {', '.join(f'{name} = ?' for name in changes)} WHERE id = ?",
+                    (*changes.values(), note.session),
+                )
+                if note.response_id is not None:
+                    db.execute(
+                        "INSERT OR REPLACE INTO responses (response_id, session, items) VALUES (?, ?, ?)",
+                        (note.response_id, note.session, json.dumps(note.response_items or [])),
+                    )
+            bump(db, "calls", len(notes))
 
     def end_session(self, session: str, at: float) -> None:
         """No more calls join ``session``; it waits for its reward."""

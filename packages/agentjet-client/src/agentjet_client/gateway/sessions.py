@@ -27,12 +27,24 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentjet_client.capture.recorder import EpisodeRecorder
+from agentjet_client.delivery.spool import GroupCommit
 from agentjet_client.gateway.episodes import GROUP_BY, Episodes, FeedbackError
-from agentjet_client.gateway.journal import Journal, SessionRow
+from agentjet_client.gateway.journal import CallNote, Journal, SessionRow
 from agentjet_client.protocol import Feedback, FeedbackResult, Trajectory
+
+
+class _Answered(NamedTuple):
+    """A call answered and waiting for its journal commit (``SessionBook.note_call``)."""
+
+    session: LiveSession
+    response_id: str | None
+    response_items: list[Any] | None
+    group_key: str | None
+    fanout: int | None
+    tainted: str | None
 
 
 @dataclass
@@ -83,6 +95,7 @@ class SessionBook:
         self._open_by_key: dict[str, str] = {}  # key -> gateway id of its open session
         self._lock = threading.Lock()
         self._finishing = threading.Lock()  # group membership is read and written by one finish at a time
+        self._notes: GroupCommit[_Answered, None] = GroupCommit(self._journal_calls)
 
     # ------------------------------------------------------------------ sessions
 
@@ -137,7 +150,7 @@ class SessionBook:
         if gone:
             self._forget(session)
 
-    def note_call(
+    async def note_call(
         self,
         session: LiveSession,
         *,
@@ -147,44 +160,51 @@ class SessionBook:
         fanout: int | None = None,
         tainted: str | None = None,
     ) -> None:
-        """Journal what ``session``'s recorder captured since the last call (before the answer is released)."""
+        """Journal what ``session``'s recorder captured since its last journaled call (before the answer is
+        released). Calls answered together are journaled together: one worker-thread hop and one transaction."""
         try:
-            self._note(session, response_id, response_items, group_key, fanout, tainted)
+            await self._notes.put(_Answered(session, response_id, response_items, group_key, fanout, tainted))
         finally:
             with self._lock:
                 session.inflight -= 1
 
-    def _note(
-        self,
-        session: LiveSession,
-        response_id: str | None,
-        response_items: list[Any] | None,
-        group_key: str | None,
-        fanout: int | None,
-        tainted: str | None,
-    ) -> None:
-        with session.lock:
-            update: dict[str, Any] = {}
-            if group_key is not None and session.row.group_key is None:
-                session.row.group_key = update["group_key"] = group_key
-            if fanout is not None:
-                session.row.fanout = update["fanout"] = fanout
-            if tainted is not None and session.row.tainted is None:
-                session.row.tainted = update["tainted"] = tainted
-            entries = session.recorder.entries(session.journaled)
-            session.row.last = self.clock()
-            self.journal.add_calls(
-                session.row.id,
-                session.journaled,
-                entries,
-                session.row.last,
-                response_id=response_id,
-                response_items=response_items,
-                update=update,
-                opened=None if session.saved else session.row,
-            )
-            session.saved = True
-            session.journaled += len(entries)
+    def _journal_calls(self, answered: list[_Answered]) -> list[None]:
+        """(a worker thread) One transaction for the calls in ``answered``. A session's entries are written from
+        what it has journaled to what it has recorded: a second call of it in the same group writes the same
+        rows again (keyed by sequence number, so nothing doubles)."""
+        notes: list[CallNote] = []
+        opened: set[str] = set()
+        for call in answered:
+            session = call.session
+            with session.lock:
+                update: dict[str, Any] = {}
+                if call.group_key is not None and session.row.group_key is None:
+                    session.row.group_key = update["group_key"] = call.group_key
+                if call.fanout is not None:
+                    session.row.fanout = update["fanout"] = call.fanout
+                if call.tainted is not None and session.row.tainted is None:
+                    session.row.tainted = update["tainted"] = call.tainted
+                session.row.last = self.clock()
+                written = session.saved or session.row.id in opened
+                opened.add(session.row.id)
+                notes.append(
+                    CallNote(
+                        session.row.id,
+                        session.journaled,
+                        session.recorder.entries(session.journaled),
+                        session.row.last,
+                        response_id=call.response_id,
+                        response_items=call.response_items,
+                        update=update,
+                        opened=None if written else session.row,
+                    )
+                )
+        self.journal.add_calls(notes)
+        for call, note in zip(answered, notes, strict=True):
+            with call.session.lock:
+                call.session.saved = True
+                call.session.journaled = max(call.session.journaled, note.first_seq + len(note.entries))
+        return [None] * len(answered)
 
     def end(self, session: LiveSession) -> None:
         """No more calls join ``session``; it waits for its reward."""
