@@ -95,7 +95,7 @@ def stub_starlette(port: int, body_file: str) -> None:
         return Response(body, media_type="application/json")
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http="httptools")  # as our server
 
 
 @contextlib.contextmanager

@@ -30,15 +30,7 @@ def test_a_backlog_bigger_than_the_servers_buffer_is_sent_in_smaller_pushes(mode
                 episode.close()
             report = DeliveryCounts()
             sender = Sender(client, server.url, spool, report, lambda s, n: ClientReport(id="t"), backoff_max=0.5)
-
-            async def deliver() -> None:
-                job = asyncio.create_task(sender.run())
-                while spool.depth:
-                    assert not job.done(), job
-                    await asyncio.sleep(0.05)
-                job.cancel()
-
-            asyncio.run(asyncio.wait_for(deliver(), 60))
+            _drain(sender, spool, 60)
             stats = spool.stats()
             spool.close()
     finally:

@@ -5,7 +5,8 @@ or stops reading a streamed answer, open forever; with the common open-file limi
 thousand such connections leave no descriptor for the next client (and no file for the log). So:
 
 - at start the soft open-file limit is raised to the hard one (``raise_open_file_limit``);
-- ``guarded_protocol`` is uvicorn's HTTP/1.1 protocol with three timers and a cap: request
+- ``guarded_protocol`` is uvicorn's HTTP/1.1 protocol on httptools (a C parser: h11's pure-Python one was
+  about a third of the event loop's time a request) with three timers and a cap: request
   headers must be complete ``header_timeout`` seconds after the connection opens (or after the
   previous answer on a kept-alive one); a reader that lets the server's send buffer stay full for
   ``write_timeout`` seconds is disconnected; and at ``max_connections`` a new connection pushes
@@ -23,8 +24,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -103,18 +103,19 @@ class Guards:
         self.idle: OrderedDict[Any, None] = OrderedDict()
 
 
-def guarded_protocol(guards: Guards) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with ``guards`` applied; pass it as ``uvicorn.Config(http=...)``."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"guards": guards})
+def guarded_protocol(guards: Guards) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with ``guards`` applied; pass it as ``uvicorn.Config(http=...)``."""
+    return type("GuardedProtocol", (GuardedProtocol,), {"guards": guards})
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with ``guards`` applied (``guarded_protocol`` makes one class per ``Guards``)."""
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with ``guards`` applied (``guarded_protocol`` makes one class per ``Guards``)."""
 
     guards: Guards
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._headers_in = False  # a request's headers are complete and its answer is not (a request in progress)
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self.idle_since = time.monotonic()
@@ -166,22 +167,27 @@ class GuardedH11Protocol(H11Protocol):
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if not self._headers_in and not self.transport.is_closing():
             self.guards.header_timeouts += 1
             logger.info("closing a connection that sent no complete request in %gs", self.guards.header_timeout)
             self.transport.close()
 
+    def on_headers_complete(self) -> None:
+        self._headers_in = True
+        super().on_headers_complete()
+
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # (this also stops uvicorn's keep-alive timer)
-        if self.conn.their_state is not h11.IDLE:
+        if self._headers_in:
             self._cancel_header_timer()  # the headers are in; the body has its own deadline
             self._now_busy()
         elif self._header_timer is None and not self.transport.is_closing():
             self._arm_header_timer()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # arms uvicorn's keep-alive timer for the idle wait
-        if not self.transport.is_closing():
+        super().on_response_complete()  # arms uvicorn's keep-alive timer, or starts a pipelined request
+        self._headers_in = self.cycle is not None and not self.cycle.response_complete
+        if not self.transport.is_closing() and not self._headers_in:
             self._now_idle()
 
     # -- readers that stop reading -------------------------------------------------------
