@@ -63,6 +63,7 @@ CLIENT_LAYERS = [
     "delivery | envs",
     "client",
     "capture | tasks",
+    "sandbox",
     "protocol | dialects | tracing | logs | failures",
     "errors | version",
 ]

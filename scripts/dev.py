@@ -252,8 +252,9 @@ def pytest(bin_dir: Path, args: list[str]) -> int:
 
 # what the tests drive besides Python: Debian's Chromium (the dashboard test, through playwright's
 # ``executable_path``: its own browser download can't be used offline), Node.js (the JavaScript
-# example) and curl + jq (the shell example). Debian package -> the command it provides.
-SYSTEM_TOOLS = {"chromium": "chromium", "nodejs": "node", "jq": "jq", "curl": "curl"}
+# example), curl + jq (the shell example) and bubblewrap (the local sandbox). Debian package -> the command it
+# provides.
+SYSTEM_TOOLS = {"chromium": "chromium", "nodejs": "node", "jq": "jq", "curl": "curl", "bubblewrap": "bwrap"}
 
 
 def ensure_system_tools() -> None:

@@ -37,6 +37,7 @@ FOREIGN_BY_TOOL = {
     "vllm serve": "--tensor-parallel-size --enable-lora --max-lora-rank --tool-call-parser --enable-auto-tool-choice "
     "--reasoning-parser --gpu-memory-utilization --served-model-name --max-model-len",
     "docker, docker compose": "--build-arg --build --isolation --signal",
+    "bwrap (bubblewrap)": "--die-with-parent --unshare-all --unshare-net --ro-bind --remount-ro",
     "check-jsonschema, mkdocs": "--builtin-schema --strict",
     "every command": "--help --version",
 }

@@ -5,6 +5,9 @@ A task source is a list of dicts, a callable returning an iterable of dicts, or 
 - a JSONL file (one JSON object per line; ``.jsonl``/``.ndjson``), a JSON file holding a list of objects,
   or a CSV file with a header row (every value a string);
 - a Parquet file (needs ``pyarrow``: ``pip install 'agentjet-client[datasets]'``);
+- a directory of terminal tasks in Harbor's format (``instruction.md``, ``task.toml``, ``tests/``, one directory
+  a task; ``sandbox.tasks``): each task is ``{"id", "instruction", "task_dir"}``, run in a sandbox with
+  ``sandbox.task_sandbox``;
 - a directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose
   split ``split`` names; needs ``datasets``, same extra). Nothing is fetched from a hub: only what is
   on disk is read.
@@ -35,12 +38,16 @@ from typing import Any
 
 from agentjet_client.errors import TaskLoadError, extra_hint
 from agentjet_client.failures import describe
+from agentjet_client.sandbox.tasks import is_task_set, read_task_dirs
 
 Task = dict[str, Any]
 TaskSource = Iterable[Task] | Callable[[], Iterable[Task]] | str | os.PathLike[str]
 EvalSource = TaskSource | float
 
-FILE_KINDS = ".jsonl, .ndjson, .json, .csv, .parquet, or a directory saved with datasets' save_to_disk"
+FILE_KINDS = (
+    ".jsonl, .ndjson, .json, .csv, .parquet, a directory saved with datasets' save_to_disk, or a directory of "
+    "terminal task directories (task.toml, instruction.md, tests/test.sh)"
+)
 
 
 def is_path(source: object) -> bool:
@@ -125,7 +132,9 @@ def read_rows(path: Path, split: str | None = None) -> list[Task]:
     if path.is_dir():
         if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
             return _rows_saved_dataset(path, split)
-        raise TaskLoadError(f"{path} is a directory but not one saved with datasets' save_to_disk; give {FILE_KINDS}")
+        if is_task_set(path):
+            return [task.as_task() for task in read_task_dirs(path)]
+        raise TaskLoadError(f"{path} is a directory of neither a saved dataset nor task directories; give {FILE_KINDS}")
     if not path.exists():
         raise TaskLoadError(f"task file {path} does not exist")
     if split is not None:

@@ -1,0 +1,2 @@
+#!/bin/bash
+cat /app/notes/*.txt | wc -w > /app/words.txt

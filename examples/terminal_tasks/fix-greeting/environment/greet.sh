@@ -1,0 +1,3 @@
+#!/bin/bash
+name="$1"
+echo "Helo, $nme!"
