@@ -177,3 +177,32 @@ def test_a_client_killed_mid_episode_leaves_nothing_after_the_next_start(tmp_pat
     while "sleep 1234" in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
         assert time.monotonic() < deadline, "the killed client's sandbox process is still running"
         time.sleep(0.05)
+
+
+def test_a_command_reaches_its_episodes_model_endpoint_and_the_call_is_captured(model_dir: Path, tmp_path: Path) -> None:
+    from agentjet_client import SwarmClient
+    from tests.conftest import LiveServer
+
+    server = LiveServer(model_dir, batch_groups=1, group_size=2, max_staleness=100)
+    body = '{"model": "m", "messages": [{"role": "user", "content": "Write seven as a digit."}], "max_tokens": 3}'
+    call = f"curl -s -X POST \"$OPENAI_BASE_URL/chat/completions\" -H 'content-type: application/json' -d '{body}'"
+
+    async def inside(url: str) -> tuple[str, str]:
+        async with LocalSandbox(root=tmp_path / "boxes", model_url=url) as box:
+            done = await box.exec(f"{call}; echo; {call}")
+            assert done.ok, done.stderr
+            return done.stdout, box.model_url_inside  # type: ignore[attr-defined, return-value]
+
+    try:
+        with SwarmClient(server.url) as client:
+            episode = client.episode("sandboxed")
+            answers, url_inside = run(inside(episode.base_url))
+            trajectory = episode.to_trajectory(1.0)
+            episode.close()
+            pushed = client.submit([trajectory]).results[0]
+    finally:
+        server.stop()
+    assert url_inside.startswith("http://127.0.0.1:8000/episodes/")
+    assert answers.count('"chat.completion"') == 2  # both answered, through the relay
+    assert len(trajectory.turns) == 2 and all(turn.signature for turn in trajectory.turns)  # captured
+    assert pushed.status == "accepted", pushed  # the server verified what it sampled: token-exact

@@ -7,7 +7,10 @@ What a command sees:
   zone); no other directory of the host (not ``/root``, ``/home``, nor another episode's directories);
 - its episode's directories, writable: ``/app`` (where commands start), ``/logs`` and ``/tmp``; ``/tests`` and
   ``/solution`` once something was copied there (the verifier's turn, the oracle);
-- no network: a network namespace of its own with loopback only;
+- no network: a network namespace of its own with loopback only; with a ``model_url`` (the episode's endpoint,
+  the capture proxy on the host's loopback), that endpoint at ``model_url_inside`` (``127.0.0.1:8000`` and the
+  same path, also in ``OPENAI_BASE_URL``), relayed through a Unix socket (``forwarder``; needs the host's
+  ``python3``);
 - its own PID namespace: whatever a command starts dies when it ends, and ``--die-with-parent`` ends it when
   the client dies.
 
@@ -31,10 +34,13 @@ import posixpath
 import resource
 import shutil
 import signal
+import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from agentjet_client.sandbox import forwarder
 from agentjet_client.sandbox.base import MAX_OUTPUT, ExecResult, Limits, Sandbox, SandboxError
 
 logger = logging.getLogger(__name__)
@@ -59,6 +65,13 @@ ETC = (
 WRITABLE = ("/app", "/logs", "/tmp")  # made at start
 ON_COPY = ("/tests", "/solution")  # mounted once something was copied there
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+INSIDE_PORT = 8000  # where the model endpoint listens inside a sandbox
+RELAY = "/run/agentjet"  # inside: the forwarder script and the host's socket
+# with a model endpoint, a command runs once the forwarder listens ($1: the command, $2: the ready file)
+WITH_FORWARDER = (
+    f"python3 {RELAY}/forwarder.py {INSIDE_PORT} {RELAY}/model.sock \"$2\" & "
+    'for _ in $(seq 1000); do [ -e "$2" ] && break; sleep 0.01; done; rm -f "$2"; exec bash -c "$1"'
+)
 _cleaned = False
 _warned_cgroups = False
 
@@ -168,6 +181,8 @@ def clean_stale(root: Path) -> int:
             continue
         Cgroup(f"agentjet-{directory.name}").remove()
         shutil.rmtree(directory, ignore_errors=True)
+        for relay in Path(tempfile.gettempdir()).glob(f"agentjet-{directory.name}-*"):  # its model socket's
+            shutil.rmtree(relay, ignore_errors=True)
         removed += 1
     if removed:
         logger.info("removed %d sandboxes that a killed client left in %s", removed, root)
@@ -188,13 +203,17 @@ async def _read_capped(stream: asyncio.StreamReader) -> str:
 class LocalSandbox(Sandbox):
     """One episode's sandbox on this host under bubblewrap (see the module docstring)."""
 
-    def __init__(self, limits: Limits | None = None, root: Path | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, root: Path | None = None, model_url: str | None = None) -> None:
         self.limits = limits or Limits()
         self.id = uuid.uuid4().hex[:12]
         self.root = (root or default_root()) / self.id
+        self.model_url = model_url
+        self.model_url_inside: str | None = None
         self._cgroup = Cgroup(f"agentjet-{self.id}")
         self._lock = asyncio.Lock()
         self._started = self._stopped = False
+        self._relay: asyncio.Server | None = None
+        self._relay_dir: Path | None = None
 
     # ------------------------------------------------------------------ life
 
@@ -214,7 +233,25 @@ class LocalSandbox(Sandbox):
         (self.root / "owner").write_text(f"{os.getpid()} {_started_at(os.getpid())}")
         if not await asyncio.to_thread(self._cgroup.make, self.limits):
             self._warn_no_cgroups()
+        if self.model_url is not None:
+            await self._open_relay(self.model_url)
         self._started = True
+
+    async def _open_relay(self, url: str) -> None:
+        """Serve the episode's endpoint on a Unix socket for the sandbox's forwarder (see ``forwarder``)."""
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise SandboxError(f"model_url {url!r}: the sandbox relays plain http://host:port/... endpoints")
+        if not shutil.which("python3", path=PATH):
+            raise SandboxError("a sandbox with a model endpoint runs its forwarder with python3, which the host lacks")
+        host, port = parts.hostname, parts.port or 80
+        # a short directory of its own: a Unix socket's path is limited to about 100 bytes
+        self._relay_dir = Path(tempfile.mkdtemp(prefix=f"agentjet-{self.id}-"))
+        shutil.copy2(forwarder.__file__, self._relay_dir / "forwarder.py")
+        self._relay = await asyncio.start_unix_server(
+            forwarder.relay(lambda: asyncio.open_connection(host, port)), path=str(self._relay_dir / "model.sock")
+        )
+        self.model_url_inside = f"http://127.0.0.1:{INSIDE_PORT}{parts.path}"
 
     def _warn_no_cgroups(self) -> None:
         global _warned_cgroups
@@ -230,14 +267,20 @@ class LocalSandbox(Sandbox):
             return
         self._stopped = True
         async with self._lock:
+            if self._relay is not None:
+                self._relay.close()
             await asyncio.to_thread(self._cgroup.remove)
             await asyncio.to_thread(shutil.rmtree, self.root, True)
+            if self._relay_dir is not None:
+                await asyncio.to_thread(shutil.rmtree, self._relay_dir, True)
 
     # ------------------------------------------------------------------ commands
 
     def _arguments(self, command: str, cwd: str, env: dict[str, str]) -> list[str]:
         args = [bwrap(), "--die-with-parent", "--new-session", "--unshare-all", "--hostname", "sandbox"]
         args += ["--clearenv", "--setenv", "PATH", PATH, "--setenv", "HOME", "/app", "--setenv", "LANG", "C.UTF-8"]
+        if self.model_url_inside is not None:
+            env = {"OPENAI_BASE_URL": self.model_url_inside, "AGENTJET_MODEL_URL": self.model_url_inside, **env}
         for name, value in env.items():
             args += ["--setenv", name, value]
         for system in SYSTEM:
@@ -249,8 +292,13 @@ class LocalSandbox(Sandbox):
             host = self.root / inside.lstrip("/")
             if host.is_dir():
                 args += ["--bind", str(host), inside]
+        if self._relay_dir is not None:
+            args += ["--ro-bind", str(self._relay_dir), RELAY]
         args += ["--remount-ro", "/"]  # the sandbox's own root, where bwrap made the mount points: nothing new there
-        return [*args, "--chdir", cwd, "bash", "-c", command]
+        if self._relay_dir is None:
+            return [*args, "--chdir", cwd, "bash", "-c", command]
+        ready = f"/tmp/.agentjet-forwarder-{uuid.uuid4().hex[:8]}"
+        return [*args, "--chdir", cwd, "bash", "-c", WITH_FORWARDER, "agentjet", command, ready]
 
     def _limit(self) -> None:
         """(in the child, before it runs bwrap) Join the cgroup, or bound the address space without one."""
