@@ -179,7 +179,7 @@ def test_a_client_killed_mid_episode_leaves_nothing_after_the_next_start(tmp_pat
         time.sleep(0.05)
 
 
-def test_a_command_reaches_its_episodes_model_endpoint_and_the_call_is_captured(model_dir: Path, tmp_path: Path) -> None:
+def test_a_command_reaches_its_model_endpoint_and_the_call_is_captured(model_dir: Path, tmp_path: Path) -> None:
     from agentjet_client import SwarmClient
     from tests.conftest import LiveServer
 
