@@ -57,9 +57,7 @@ def relay(connect: Connect) -> Callable[[asyncio.StreamReader, asyncio.StreamWri
 
 
 async def _serve_inside(port: int, socket_path: str, ready: str) -> None:
-    server = await asyncio.start_server(
-        relay(lambda: asyncio.open_unix_connection(socket_path)), "127.0.0.1", port
-    )
+    server = await asyncio.start_server(relay(lambda: asyncio.open_unix_connection(socket_path)), "127.0.0.1", port)
     with open(ready, "w"):
         pass
     async with server:

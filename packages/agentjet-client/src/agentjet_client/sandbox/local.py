@@ -69,7 +69,7 @@ INSIDE_PORT = 8000  # where the model endpoint listens inside a sandbox
 RELAY = "/run/agentjet"  # inside: the forwarder script and the host's socket
 # with a model endpoint, a command runs once the forwarder listens ($1: the command, $2: the ready file)
 WITH_FORWARDER = (
-    f"python3 {RELAY}/forwarder.py {INSIDE_PORT} {RELAY}/model.sock \"$2\" & "
+    f'python3 {RELAY}/forwarder.py {INSIDE_PORT} {RELAY}/model.sock "$2" & '
     'for _ in $(seq 1000); do [ -e "$2" ] && break; sleep 0.01; done; rm -f "$2"; exec bash -c "$1"'
 )
 _cleaned = False
