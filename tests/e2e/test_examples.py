@@ -25,7 +25,7 @@ EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").
 # these run on the embedded model that calls the tools a request lists (``--model-size tools``), as
 # docs/guide.md tells users to; on the tiny model, which calls its own warm-up tools' names, the Agents
 # SDK ends most runs at the first call (the agent has no such tool) and no tool result goes back
-USES_TOOLS = {"tool_use", "langchain_agent", "agentscope_agent", "anthropic_agent", "openai_agents"}
+USES_TOOLS = {"tool_use", "langchain_agent", "agentscope_agent", "anthropic_agent", "openai_agents", "terminal_agent"}
 # two GRPO groups of 8, a batch each: the untrained embedded model earns a reward rarely (digits about 1 in
 # 10, AgentScope's adder about 1 in 16), so most groups' rewards are all equal, which alone gives no step;
 # an entropy bonus gives such a group a gradient too, so every batch steps (twelve groups without it
