@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -170,6 +171,7 @@ class LiveServer:
         from agentjet_server.settings import ServerSettings
 
         self.port = port or free_port()
+        self._own_state = "state_dir" not in settings  # made here: removed at stop (a test that reads it names one)
         settings.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="agentjet-state-")))
         self.settings = ServerSettings(port=self.port, **settings)  # type: ignore[arg-type]
         self.engine = engine or TransformersEngine(model_dir, EngineOptions(model_name=name))
@@ -190,6 +192,8 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        if self._own_state and not self.thread.is_alive():
+            shutil.rmtree(self.settings.state_dir, ignore_errors=True)
 
 
 _HTTP: list[Any] = []
